@@ -1,0 +1,276 @@
+"""supervisorctl: one function per verb; each asks the daemon over the control socket and formats.
+
+Exit codes follow supervisorctl's LSB habit: 0 training RUNNING (or FINISHED cleanly), 3 not
+running, 4 daemon unreachable, 1 refused/failed, 2 bad config or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .config import Config, ConfigError, load, parse
+from .control import ClientError, RequestError, request
+from .render import render_alerts, render_status
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+
+
+def _cfg(args: argparse.Namespace) -> Config:
+    return load(args.config)
+
+
+def _socket(args: argparse.Namespace) -> str:
+    if args.socket:
+        return args.socket
+    return _cfg(args).socket
+
+
+def _req(args: argparse.Namespace, cmd: str, a: dict | None = None, timeout: float = 15.0):
+    return request(_socket(args), cmd, a, timeout=timeout)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = _req(args, "status")
+    if args.json:
+        st = {k: v for k, v in st.items() if k != "lines"}
+        sys.stdout.write(json.dumps(st, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(render_status(st) + "\n")
+    state = st.get("training", {}).get("state")
+    if state == "RUNNING" or (state == "FINISHED" and st["training"].get("exit_code") == 0):
+        return EXIT_OK
+    return EXIT_NOT_RUNNING
+
+
+def _print_training(res: dict) -> None:
+    pid = f" (pid {res['pid']})" if res.get("pid") else ""
+    sys.stdout.write(f"{res.get('session', 'train')}: {res.get('state')}{pid}\n")
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    _print_training(_req(args, "start", timeout=30))
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    res = _req(args, "stop")
+    _print_training(res)
+    if args.no_wait:
+        return EXIT_OK
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        st = _req(args, "status")["training"]
+        if st["state"] not in ("STOPPING", "RUNNING", "STARTING"):
+            _print_training(st)
+            return EXIT_OK
+        time.sleep(0.5)
+    sys.stderr.write("training is still stopping (SIGINT, then SIGTERM, then SIGKILL after the grace)\n")
+    return EXIT_FAIL
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    _print_training(_req(args, "restart", timeout=args.timeout))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    argv = [a for a in args.argv if a != "--"] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        sys.stderr.write("usage: supervisorctl run [--] CMD [ARGS...]\n")
+        return EXIT_USAGE
+    _print_training(_req(args, "run", {"argv": argv}, timeout=30))
+    return EXIT_OK
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Reads the log file itself: a long `tail -f` should not hold a daemon connection open."""
+    try:
+        path = _req(args, "status")["training"]["log"]
+    except (ClientError, RequestError):
+        cfg = _cfg(args)
+        path = cfg.training.log or str(Path(cfg.state_dir) / "train.log")
+    try:
+        f = open(path, "rb")  # noqa: SIM115
+    except OSError as e:
+        sys.stderr.write(f"cannot read the training log {path}: {e.strerror}\n")
+        return EXIT_FAIL
+    with f:
+        sys.stdout.buffer.write(_last_lines(f, args.n))
+        sys.stdout.flush()
+        if not args.follow:
+            return EXIT_OK
+        ino = os.fstat(f.fileno()).st_ino
+        try:
+            while True:
+                chunk = f.read(65536)
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                    continue
+                time.sleep(0.5)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                if st.st_ino != ino or st.st_size < f.tell():  # rotated or truncated
+                    f.close()
+                    f = open(path, "rb")  # noqa: SIM115
+                    ino = os.fstat(f.fileno()).st_ino
+        except KeyboardInterrupt:
+            return EXIT_OK
+
+
+def _last_lines(f, n: int) -> bytes:
+    f.seek(0, os.SEEK_END)
+    end = f.tell()
+    block = 65536
+    data = b""
+    pos = end
+    while pos > 0 and data.count(b"\n") <= n:
+        pos = max(0, pos - block)
+        f.seek(pos)
+        data = f.read(end - pos)
+    f.seek(end)
+    lines = data.splitlines(keepends=True)
+    return b"".join(lines[-n:]) if n > 0 else b""
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    tr = _req(args, "status")["training"]
+    if tr["state"] not in ("RUNNING", "STARTING", "STOPPING"):
+        sys.stderr.write(f"training is {tr['state']}: there is no session to attach to "
+                         "(see `supervisorctl tail`)\n")
+        return EXIT_NOT_RUNNING
+    argv = ["tmux", "-S", tr["tmux_socket"], "attach-session", "-t", f"={tr['session']}"]
+    sys.stdout.write("attaching; detach with Ctrl-b d (the training keeps running)\n")
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+    return EXIT_FAIL  # not reached
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    if not args.wait:
+        res = _req(args, "sync", {"wait": False})
+        s = res.get("sync", {})
+        sys.stdout.write(f"sync requested ({s.get('target') or 'no target configured'}: {s.get('state')})\n")
+        return EXIT_OK
+    res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    if res["ok"]:
+        sys.stdout.write(f"in sync: {res['target'] or '(no target configured)'} holds {res['files']} files "
+                         f"({res['bytes']} bytes); uploaded {res['uploaded_files']} now\n")
+        return EXIT_OK
+    sys.stderr.write(f"sync FAILED: {res['error']}\n")
+    for p in res.get("unsynced") or []:
+        sys.stderr.write(f"  not synced: {p}\n")
+    return EXIT_FAIL
+
+
+def cmd_keepalive(args: argparse.Namespace) -> int:
+    if args.cancel:
+        res = _req(args, "keepalive", {"cancel": True})
+    elif args.duration:
+        res = _req(args, "keepalive", {"duration": args.duration})
+    else:
+        sys.stderr.write("usage: supervisorctl keepalive DURATION | --cancel\n")
+        return EXIT_USAGE
+    sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from .config import resolve_path
+
+    path = args.path or resolve_path(args.config)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        sys.stderr.write(f"{path}: cannot read config file: {e.strerror}\n")
+        return EXIT_USAGE
+    except UnicodeDecodeError:
+        sys.stderr.write(f"{path}: not UTF-8 text\n")
+        return EXIT_USAGE
+    try:
+        parse(text, path)
+    except ConfigError as e:
+        for p in e.problems:
+            sys.stderr.write(p + "\n")
+        return EXIT_USAGE
+    sys.stdout.write(f"{path}: OK\n")
+    return EXIT_OK
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    res = _req(args, "alerts", {"n": args.n})
+    if args.json:
+        sys.stdout.write(json.dumps(res, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(render_alerts(res) + "\n")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="supervisorctl", description="control train-supervisor")
+    ap.add_argument("--config", help="config file (for the socket path)")
+    ap.add_argument("--socket", help="control socket path (overrides the config)")
+    sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = sub.add_parser("status", help="training, GPUs, sync, idle clock, alerts")
+    p.add_argument("--json", action="store_true", help="machine-readable (stable contract)")
+    p.set_defaults(fn=cmd_status)
+    sub.add_parser("start", help="start the configured training").set_defaults(fn=cmd_start)
+    p = sub.add_parser("stop", help="stop the training (SIGINT, SIGTERM, SIGKILL after grace)")
+    p.add_argument("--no-wait", action="store_true")
+    p.add_argument("--timeout", type=float, default=300)
+    p.set_defaults(fn=cmd_stop)
+    p = sub.add_parser("restart", help="stop then start the training")
+    p.add_argument("--timeout", type=float, default=300)
+    p.set_defaults(fn=cmd_restart)
+    p = sub.add_parser("run", help="start CMD as the training now")
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("tail", help="the training log")
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("-n", type=int, default=40)
+    p.set_defaults(fn=cmd_tail)
+    sub.add_parser("attach", help="tmux attach to the training session").set_defaults(fn=cmd_attach)
+    p = sub.add_parser("sync", help="sync now")
+    p.add_argument("--wait", action="store_true", help="block until the target holds everything")
+    p.add_argument("--timeout", type=float, default=3600)
+    p.set_defaults(fn=cmd_sync)
+    p = sub.add_parser("keepalive", help="postpone the idle stop, e.g. 2h")
+    p.add_argument("duration", nargs="?")
+    p.add_argument("--cancel", action="store_true")
+    p.set_defaults(fn=cmd_keepalive)
+    p = sub.add_parser("check-config", help="validate the config without starting anything")
+    p.add_argument("path", nargs="?")
+    p.set_defaults(fn=cmd_check_config)
+    p = sub.add_parser("alerts", help="the last alerts sent (or that failed to send)")
+    p.add_argument("-n", type=int, default=30)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_alerts)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ClientError as e:
+        sys.stderr.write(f"supervisorctl: {e}\n")
+        return e.exit_code
+    except RequestError as e:
+        sys.stderr.write(f"supervisorctl: {e}\n")
+        return EXIT_FAIL
+    except ConfigError as e:
+        sys.stderr.write("supervisorctl: the config has problems:\n" + "".join(f"  {p}\n" for p in e.problems))
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The control socket: one JSON request per connection, one JSON reply.
+
+Request:  {"cmd": "status", "args": {...}}\n   (at most MAX_REQUEST bytes, within READ_TIMEOUT)
+Reply:    {"ok": true, "result": ...}  or  {"ok": false, "error": "what is wrong"}
+
+Each connection gets its own thread (a `sync --wait` may block for minutes without holding up a
+`status`), with a cap on concurrent connections. Whatever a client sends, the worst it gets is an
+error reply: a handler's exception is caught and reported, never raised into the server.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("control")
+
+MAX_REQUEST = 64 * 1024
+READ_TIMEOUT = 5.0
+MAX_CONNECTIONS = 32
+
+Handler = Callable[[dict], Any]
+
+
+class RequestError(Exception):
+    """A request that is understood but cannot be done; its message goes back to the client."""
+
+
+class ControlServer:
+    def __init__(self, path: str, handlers: dict[str, Handler], group: str = ""):
+        self.path = path
+        self.handlers = handlers
+        self.group = group
+        self._sock: socket.socket | None = None
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        p = Path(self.path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.exists() or p.is_symlink():
+            # a stale socket from a previous daemon; a live one would mean two daemons
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(1)
+            try:
+                probe.connect(self.path)
+                raise RuntimeError(f"another train-supervisord is already serving {self.path}")
+            except (ConnectionRefusedError, FileNotFoundError, socket.timeout, OSError) as e:
+                if isinstance(e, RuntimeError):
+                    raise
+            finally:
+                probe.close()
+            p.unlink()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o117)  # created 0660: no window where it is world-writable
+        try:
+            s.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o660)
+        if self.group:
+            try:
+                os.chown(self.path, 0 if os.geteuid() == 0 else -1, grp.getgrnam(self.group).gr_gid)
+            except (KeyError, PermissionError) as e:
+                log.error("socket_group_failed", group=self.group, error=str(e))
+        s.listen(64)
+        s.settimeout(0.5)
+        self._sock = s
+        self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
+        self._thread.start()
+        log.info("control_listening", socket=self.path)
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._sock:
+            self._sock.close()
+        if self._thread:
+            self._thread.join(timeout=2)
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._reply(conn, {"ok": False, "error": "too many connections; try again"})
+                conn.close()
+                continue
+            threading.Thread(target=self._handle, args=(conn,), name="control-conn", daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(READ_TIMEOUT)
+            reply = self._dispatch(self._read(conn))
+            self._reply(conn, reply)
+        except Exception:  # noqa: BLE001 - the server must outlive any request
+            log.exception("control_connection_failed")
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _read(self, conn: socket.socket) -> bytes | dict:
+        buf = bytearray()
+        while b"\n" not in buf:
+            try:
+                chunk = conn.recv(8192)
+            except socket.timeout:
+                return {"ok": False, "error": f"request not complete within {READ_TIMEOUT:g}s"}
+            except OSError as e:
+                return {"ok": False, "error": f"read failed: {e}"}
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > MAX_REQUEST:
+                return {"ok": False, "error": f"request larger than {MAX_REQUEST} bytes"}
+        return bytes(buf)
+
+    def _dispatch(self, raw: bytes | dict) -> dict:
+        if isinstance(raw, dict):
+            return raw
+        line = raw.split(b"\n", 1)[0]
+        if not line.strip():
+            return {"ok": False, "error": "empty request"}
+        try:
+            req = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            return {"ok": False, "error": f"request is not JSON: {e}"}
+        if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
+            return {"ok": False, "error": 'request must be an object with a string "cmd"'}
+        args = req.get("args", {})
+        if not isinstance(args, dict):
+            return {"ok": False, "error": '"args" must be an object'}
+        fn = self.handlers.get(req["cmd"])
+        if fn is None:
+            return {"ok": False, "error": f"unknown command {req['cmd'][:40]!r}; known: {', '.join(sorted(self.handlers))}"}
+        try:
+            return {"ok": True, "result": fn(args)}
+        except RequestError as e:
+            return {"ok": False, "error": str(e)}
+        except Exception as e:  # noqa: BLE001
+            log.exception("control_handler_failed", cmd=req["cmd"])
+            return {"ok": False, "error": f"internal error in {req['cmd']}: {type(e).__name__}: {e}"}
+
+    @staticmethod
+    def _reply(conn: socket.socket, reply: dict) -> None:
+        try:
+            conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+        except OSError:
+            pass
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0) -> Any:
+    """Send one request; return the result or raise ClientError with supervisorctl's exit code:
+    4 when the daemon cannot be reached, 1 when the socket refuses us (message says why)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        try:
+            s.connect(path)
+        except FileNotFoundError:
+            raise ClientError(f"cannot reach train-supervisord: no socket at {path} "
+                              "(is the daemon running? systemctl status train-supervisor)", 4) from None
+        except ConnectionRefusedError:
+            raise ClientError(f"{path} refuses connections: the daemon is not running "
+                              "(stale socket; systemctl start train-supervisor)", 1) from None
+        except PermissionError:
+            raise ClientError(f"permission denied on {path}: run as root or join the socket's group "
+                              "(socket_group in the config)", 1) from None
+        except OSError as e:
+            raise ClientError(f"{path} is not a train-supervisor control socket ({e.strerror or e})", 1) from None
+        s.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
+        buf = bytearray()
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                raise ClientError(f"train-supervisord did not answer {cmd!r} within {timeout:g}s", 4) from None
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        s.close()
+    try:
+        reply = json.loads(bytes(buf).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ClientError(f"{path} answered something that is not train-supervisor's protocol", 1) from None
+    if not isinstance(reply, dict) or "ok" not in reply:
+        raise ClientError(f"{path} answered something that is not train-supervisor's protocol", 1)
+    if not reply["ok"]:
+        raise RequestError(str(reply.get("error")))
+    return reply.get("result")

@@ -1,0 +1,286 @@
+"""train-supervisord: wires sensors, decisions and actions together and serves the control socket.
+
+Data flows one way: sensors (NVML, log follower, activity probes, watcher) -> decisions (idle
+machine, alert dedup, completeness, progress) -> actions (tmux, upload, email, stop) -> state.
+Each periodic duty is an APScheduler job that never overlaps itself and coalesces after a stall;
+a duty that raises is logged and tried again next time, never taking the others down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from . import __version__
+from .alerts import Alerts
+from .clock import Clock, SystemClock
+from .config import Config, ConfigError, load
+from .context import Context
+from .control import ControlServer, RequestError
+from .durations import parse_duration
+from .interfaces import TrainingInfo
+from .logging_setup import configure
+from .notify import notify, watchdog_interval
+from .statefile import StateStore
+from .states import TrainingState
+from .training import Training, TrainingError, command_line, describe_end
+
+log = structlog.get_logger("daemon")
+
+
+class Daemon:
+    def __init__(self, cfg: Config, clock: Clock | None = None):
+        self.cfg = cfg
+        self.clock = clock or SystemClock()
+        self.started_at = self.clock.time()
+        os.makedirs(cfg.state_dir, mode=0o750, exist_ok=True)
+        self.store = StateStore(cfg.state_dir)
+        from .mailer import build_mailer
+
+        hostname = cfg.hostname or socket.gethostname()
+        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, build_mailer(cfg), hostname=hostname)
+        self.ctx = Context(cfg, self.clock, self.store, self.alerts)
+        self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end)
+
+        from .gpu import GpuMonitor
+        from .hostcheck import HostCheck
+        from .logfollow import LogFollower
+        from .oom import OomDetector
+        from .progress import ProgressTracker
+        from .sync.engine import SyncEngine
+
+        self.gpu = GpuMonitor(self.ctx, training=self.training)
+        self.sync = SyncEngine(self.ctx)
+        self.progress = ProgressTracker(self.ctx, gpu=self.gpu)
+        self.oom = OomDetector(self.ctx)
+        self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True)
+        disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
+        self.hostcheck = HostCheck(self.ctx, disk_paths)
+
+        from .guard import IdleGuard
+
+        self.guard = IdleGuard(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
+
+        self.scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(8)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
+        )
+        self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group)
+        self._stop = threading.Event()
+
+    # --- wiring -------------------------------------------------------------------------------
+    def _every(self, name: str, seconds: float, fn: Callable[[], Any]) -> None:
+        def duty() -> None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one failing duty must never stop the others
+                log.exception("duty_failed", duty=name)
+
+        self.scheduler.add_job(duty, "interval", seconds=max(seconds, 0.2), id=name, name=name,
+                               next_run_time=None if seconds > 60 else _soon())
+
+    def _on_training_start(self, info: TrainingInfo) -> None:
+        self.follower.switch(info.log_path, start_at_end=True)
+        self.oom.reset(self.clock.time())
+        self.progress.reset(self.clock.time())
+        self.progress.start_run(info.run_id, info.started_at or self.clock.time())
+
+    def _on_training_end(self, info: TrainingInfo) -> None:
+        # read what the job printed last (an OOM traceback) before judging how it ended
+        self.follower.poll(self.clock.time())
+        self.oom.check_exit(info)
+        self.sync.request_sync()
+        self.guard.on_training_ended(info)
+
+    def _checkpoint_dirs(self) -> list[str]:
+        return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
+
+    def start(self) -> None:
+        self.training.adopt()
+        self.follower.switch(self.training.log_path(), start_at_end=True)
+        info = self.training.info()
+        if info.state in (TrainingState.STARTING, TrainingState.RUNNING):
+            self.progress.start_run(info.run_id, info.started_at or self.clock.time())
+        self.sync.start()
+        self.control.start()
+        c = self.cfg
+        self._every("training", 1.0, self.training.poll)
+        self._every("gpu", c.gpu.poll_interval, self.gpu.poll)
+        self._every("log", 2.0, lambda: self.follower.poll(self.clock.time()))
+        self._every("progress", 30.0, lambda: self.progress.scan_checkpoints(self._checkpoint_dirs()))
+        self._every("estimate", 60.0, lambda: self.progress.maybe_early_estimate(self.clock.time()))
+        self._every("idle", c.idle.poll_interval, self.guard.poll)
+        self._every("host", 60.0, self.hostcheck.poll)
+        self._every("alerts", 5.0, self.alerts.tick)
+        wd = watchdog_interval()
+        if wd:
+            self._every("watchdog", wd, lambda: notify("WATCHDOG=1", f"STATUS={self._status_line()}"))
+        self.scheduler.start()
+        self.training.maybe_autostart()
+        notify("READY=1", f"STATUS={self._status_line()}")
+        log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,
+                 socket=c.socket, state_dir=c.state_dir)
+
+    def run_forever(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, lambda *_: self._stop.set())
+        self.start()
+        while not self._stop.wait(1.0):
+            pass
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Leave the training running: a daemon stop or upgrade must never end someone's run."""
+        notify("STOPPING=1")
+        log.info("daemon_stopping", training=self.training.state.value)
+        try:
+            self.scheduler.shutdown(wait=False)
+        except Exception:  # noqa: BLE001
+            pass
+        self.control.close()
+        self.sync.close()
+        self.gpu.close()
+        self.alerts.tick()
+
+    # --- status -------------------------------------------------------------------------------
+    def _status_line(self) -> str:
+        i = self.training.info()
+        idle = self.guard.status().get("idle", {})
+        return f"training {i.state.value}, idle {idle.get('state', '?')}"
+
+    def status(self) -> dict:
+        now = self.clock.time()
+        tr = self.training.status()
+        tr["progress"] = self.progress.snapshot(now)
+        g = self.gpu.status()
+        guard = self.guard.status()
+        return {
+            "version": __version__,
+            "now": now,
+            "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
+                       "config": self.cfg.source, "state_dir": self.cfg.state_dir,
+                       "problems": list(self.store.problems)},
+            "training": tr,
+            "gpus": g.get("gpus", []),
+            "gpu_error": g.get("gpu_error"),
+            "sync": self.sync.status(),
+            "idle": guard.get("idle", {}),
+            "stop": guard.get("stop", {}),
+            "alerts": self.alerts.active(),
+            "cost": self.progress.cost(now),
+            "lines": {"gpus": self.gpu.render_lines(), "sync": self.sync.render_lines(),
+                      "idle": self.guard.render_lines(), "progress": self.progress.render_line(now)},
+        }
+
+    # --- control handlers ----------------------------------------------------------------------
+    def _handlers(self) -> dict[str, Callable[[dict], Any]]:
+        return {
+            "ping": lambda a: {"pong": True, "version": __version__},
+            "status": lambda a: self.status(),
+            "start": lambda a: self._guarded(self.training.start),
+            "stop": lambda a: self._guarded(self.training.stop),
+            "restart": lambda a: self._guarded(self.training.restart),
+            "run": self._h_run,
+            "sync": self._h_sync,
+            "keepalive": self._h_keepalive,
+            "alerts": lambda a: {"active": self.alerts.active(),
+                                 "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
+        }
+
+    @staticmethod
+    def _guarded(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except TrainingError as e:
+            raise RequestError(str(e)) from None
+
+    def _h_run(self, a: dict) -> Any:
+        argv = a.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
+            raise RequestError('"run" needs "argv": a non-empty list of strings')
+        if sum(len(x) for x in argv) > 16384:
+            raise RequestError("command longer than 16 KiB")
+        return self._guarded(lambda: self.training.start(command=command_line(argv), adhoc=True))
+
+    def _h_sync(self, a: dict) -> Any:
+        wait = a.get("wait", False)
+        if not isinstance(wait, bool):
+            raise RequestError('"wait" must be true or false')
+        self.sync.request_sync()
+        if not wait:
+            return {"requested": True, "sync": self.sync.status()}
+        timeout = a.get("timeout_s", 3600)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+            raise RequestError('"timeout_s" must be a number of seconds between 0 and 86400')
+        r = self.sync.wait_idle(float(timeout))
+        return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
+                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50]}
+
+    def _h_keepalive(self, a: dict) -> Any:
+        if a.get("cancel"):
+            return self.guard.cancel_keepalive()
+        d = a.get("duration")
+        if not isinstance(d, str):
+            raise RequestError('"keepalive" needs "duration" like "2h", or "cancel": true')
+        try:
+            secs = parse_duration(d)
+        except ValueError:
+            raise RequestError(f'keepalive: expected a duration like "2h", got {d!r}') from None
+        if not 0 < secs <= 7 * 86400:
+            raise RequestError("keepalive: duration must be between 1s and 7d")
+        return self.guard.keepalive(secs)
+
+
+def _int(v: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}')
+    return v
+
+
+def _soon():
+    import datetime as dt
+
+    return dt.datetime.now() + dt.timedelta(seconds=0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="train-supervisord", description="train-supervisor daemon (foreground)")
+    ap.add_argument("--config", help="config file (default $TRAIN_SUPERVISOR_CONFIG or "
+                                     "/etc/train-supervisor/config.toml)")
+    ap.add_argument("--version", action="version", version=__version__)
+    args = ap.parse_args(argv)
+    try:
+        cfg = load(args.config)
+    except ConfigError as e:
+        sys.stderr.write("train-supervisord: refusing to start, the config has problems:\n")
+        for p in e.problems:
+            sys.stderr.write(f"  {p}\n")
+        return 2
+    configure(cfg.log_level)
+    try:
+        d = Daemon(cfg)
+    except Exception as e:  # noqa: BLE001 - report clearly instead of a traceback in the journal
+        log.exception("daemon_init_failed", error=str(e))
+        return 1
+    try:
+        d.run_forever()
+    except RuntimeError as e:
+        log.error("daemon_failed", error=str(e))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    time.tzset()
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The seams between subsystems, as Protocols. Each side is built and tested against these alone;
+the daemon wires the real objects together. Plain data crosses them, never live objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .states import TrainingState
+
+
+@dataclass(frozen=True)
+class TrainingInfo:
+    """A snapshot of the training job (from supervisor.training)."""
+
+    state: TrainingState
+    pid: int | None = None            # the job's shell inside tmux (host PID)
+    started_at: float | None = None   # wall time
+    ended_at: float | None = None     # wall time of the exit, when ended
+    exit_code: int | None = None      # 0.., or -N when killed by signal N
+    signal: str | None = None         # "SIGKILL" when killed by a signal
+    restarts: int = 0
+    command: str = ""
+    log_path: str = ""
+    workdir: str = ""
+    session: str = ""
+    run_id: int = 0                   # increments with every start; lets listeners tell runs apart
+
+
+class TrainingView(Protocol):
+    def info(self) -> TrainingInfo: ...
+
+    def pids(self) -> set[int]:
+        """The job's process tree now (shell and descendants), for GPU-process and CPU attribution."""
+        ...
+
+
+class GpuView(Protocol):
+    def utilization(self, window_s: float) -> float | None:
+        """Highest per-GPU mean utilization % over the last window_s seconds; None when unknown
+        (no driver, NotSupported, or fewer samples than cover half the window)."""
+        ...
+
+    def status(self) -> dict:
+        """{"gpus": [...], "gpu_error": str | None} as in the status --json contract."""
+        ...
+
+
+@dataclass
+class FinalSyncResult:
+    ok: bool
+    target: str
+    files: int = 0          # files the target verifiably holds for the requested folders
+    bytes: int = 0
+    uploaded_files: int = 0  # sent during this call
+    error: str = ""
+    unsynced: list[str] = field(default_factory=list)  # paths that are not (yet) safe
+
+
+class SyncView(Protocol):
+    def request_sync(self) -> None:
+        """Scan and upload now (non-blocking)."""
+        ...
+
+    def final_sync(self, paths: list[str], timeout_s: float) -> FinalSyncResult:
+        """Upload everything under `paths` that the policy selects, *regardless of the quiet period*
+        (the writer is gone), verify the target holds it, and return; blocks up to timeout_s."""
+        ...
+
+    def status(self) -> dict:
+        """The `sync` block of status --json."""
+        ...
+
+
+class LineListener(Protocol):
+    def feed_line(self, line: str, now: float) -> None:
+        """One line of the training log (decoded with errors='replace', without the newline;
+        tqdm's carriage-return updates arrive as separate lines)."""
+        ...
+
+    def reset(self, now: float) -> None:
+        """A new run started (or the log was truncated): forget per-run state."""
+        ...

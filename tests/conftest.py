@@ -1,0 +1,5 @@
+# Shared fixtures live in tests/fixtures/*.py, one module per real server or fake; register here.
+pytest_plugins = [
+    "tests.fixtures.smtp",
+    "tests.fixtures.clock",
+]
