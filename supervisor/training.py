@@ -193,6 +193,9 @@ class Training:
             if self.state in TRAINING_ALIVE:
                 raise TrainingError(f"training is already {self.state.value} (pid {self.doc.get('child_pid')}); "
                                     "stop it first")
+            if self.tmux.has_session(self.cfg.session) and self._exit_recorded() and \
+                    self.tmux.pane_pid(self.cfg.session) == self.doc.get("runner_pid"):
+                self.tmux.kill_session(self.cfg.session)  # our previous run's pane, closing
             if self.tmux.has_session(self.cfg.session):
                 raise TrainingError(f"a tmux session named {self.cfg.session!r} already exists on "
                                     f"{self.tmux.socket}; not starting a second copy")
@@ -284,7 +287,8 @@ class Training:
         with self._lock:
             st = self.state
             if st in TRAINING_ALIVE:
-                if self._runner_alive():
+                # the exit record is written the moment the job ends; the runner lingers a few ms
+                if self._runner_alive() and not self._exit_recorded():
                     if st == S.STARTING:
                         cp = self._child_pid()
                         if cp:
@@ -304,6 +308,9 @@ class Training:
                     self._save()
         if ended is not None and self.on_end:
             self._safe(self.on_end, ended)
+
+    def _exit_recorded(self) -> bool:
+        return bool(self.doc.get("run_dir")) and (Path(self.doc["run_dir"]) / "exit.json").exists()
 
     def _child_pid(self) -> int | None:
         try:
