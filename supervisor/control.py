@@ -53,12 +53,13 @@ class ControlServer:
             probe.settimeout(1)
             try:
                 probe.connect(self.path)
-                raise RuntimeError(f"another train-supervisord is already serving {self.path}")
-            except (ConnectionRefusedError, FileNotFoundError, socket.timeout, OSError) as e:
-                if isinstance(e, RuntimeError):
-                    raise
+                live = True
+            except OSError:
+                live = False
             finally:
                 probe.close()
+            if live:
+                raise RuntimeError(f"another train-supervisord is already serving {self.path}")
             p.unlink()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o117)  # created 0660: no window where it is world-writable
@@ -82,6 +83,10 @@ class ControlServer:
     def close(self) -> None:
         self._stopping.set()
         if self._sock:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() at once
+            except OSError:
+                pass
             self._sock.close()
         if self._thread:
             self._thread.join(timeout=2)

@@ -1,0 +1,206 @@
+"""The control socket against garbage, oversized, half-sent and concurrent requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+
+import pytest
+
+from supervisor.control import MAX_REQUEST, ClientError, ControlServer, RequestError, request
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def server(tmp_path):
+    release = threading.Event()
+    calls = []
+
+    def boom(a):
+        raise ValueError("handler bug")
+
+    def refuse(a):
+        raise RequestError("cannot do that now")
+
+    def slow(a):
+        release.wait(10)
+        return "slow done"
+
+    handlers = {"echo": lambda a: (calls.append(a), a)[1], "boom": boom, "refuse": refuse, "slow": slow}
+    path = str(tmp_path / "ctl.sock")
+    s = ControlServer(path, handlers)
+    s.start()
+    s.release = release
+    yield s
+    release.set()
+    s.close()
+
+
+def raw(path: str, data: bytes, shutdown: bool = True, timeout: float = 10) -> dict:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(timeout)
+    c.connect(path)
+    try:
+        c.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    if shutdown:
+        c.shutdown(socket.SHUT_WR)
+    buf = b""
+    while True:
+        try:
+            chunk = c.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        buf += chunk
+    c.close()
+    return json.loads(buf)
+
+
+def test_socket_mode_is_0660(server):
+    assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o660
+
+
+def test_roundtrip(server):
+    assert request(server.path, "echo", {"x": 1}) == {"x": 1}
+
+
+@pytest.mark.parametrize("payload, needle", [
+    (b"\n", "empty request"),
+    (b"not json at all\n", "not JSON"),
+    (b"\xff\xfe\x00garbage\n", "not JSON"),
+    (b"[1,2,3]\n", "must be an object"),
+    (b'{"cmd": 5}\n', "must be an object with a string"),
+    (b'{"cmd": "echo", "args": [1]}\n', '"args" must be an object'),
+    (b'{"cmd": "nope"}\n', "unknown command"),
+    (b'{"cmd": "' + b"x" * 5000 + b'"}\n', "unknown command"),
+    (b'{"cmd": "echo"', "not JSON"),  # half-sent, then closed
+])
+def test_garbage_gets_an_error_reply(server, payload, needle):
+    reply = raw(server.path, payload)
+    assert reply["ok"] is False and needle in reply["error"]
+    assert request(server.path, "echo", {"alive": True}) == {"alive": True}
+
+
+def test_oversized_request_is_refused(server):
+    reply = raw(server.path, b'{"cmd": "echo", "args": {"a": "' + b"x" * (MAX_REQUEST * 2) + b'"}}\n')
+    assert reply["ok"] is False and "larger than" in reply["error"]
+    assert request(server.path, "echo", {}) == {}
+
+
+def test_half_sent_request_times_out_without_blocking_others(server, monkeypatch):
+    import supervisor.control as control
+
+    monkeypatch.setattr(control, "READ_TIMEOUT", 0.5)
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(server.path)
+    c.sendall(b'{"cmd": "ec')  # and then nothing
+    assert request(server.path, "echo", {"meanwhile": 1}) == {"meanwhile": 1}
+    c.settimeout(5)
+    reply = json.loads(c.recv(65536))
+    assert reply["ok"] is False and "not complete" in reply["error"]
+    c.close()
+
+
+def test_handler_exception_is_an_error_reply_and_server_survives(server):
+    with pytest.raises(RequestError, match="internal error in boom: ValueError: handler bug"):
+        request(server.path, "boom")
+    with pytest.raises(RequestError, match="cannot do that now"):
+        request(server.path, "refuse")
+    assert request(server.path, "echo", {"ok": 1}) == {"ok": 1}
+
+
+def test_slow_request_does_not_block_status(server):
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("slow", request(server.path, "slow", timeout=20)))
+    t.start()
+    for _ in range(5):
+        assert request(server.path, "echo", {"n": 1}) == {"n": 1}
+    server.release.set()
+    t.join(10)
+    assert result["slow"] == "slow done"
+
+
+def test_many_garbage_connections_in_a_row(server):
+    for i in range(200):
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(server.path)
+        c.sendall(os.urandom(64))
+        c.close()
+    def answered():
+        try:
+            return request(server.path, "echo", {"i": 1}) == {"i": 1}
+        except RequestError:  # "too many connections" while the garbage drains is fine
+            return False
+    wait_until(answered, 10)
+
+
+def test_client_errors_and_exit_codes(tmp_path, server):
+    with pytest.raises(ClientError) as e:
+        request(str(tmp_path / "missing.sock"), "status")
+    assert e.value.exit_code == 4 and "no socket" in str(e.value)
+    stale = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(stale))
+    s.close()  # bound, never listening: what a dead daemon leaves
+    with pytest.raises(ClientError) as e:
+        request(str(stale), "status")
+    assert e.value.exit_code == 1 and "not running" in str(e.value)
+    notsock = tmp_path / "file"
+    notsock.write_text("x")
+    with pytest.raises(ClientError) as e:
+        request(str(notsock), "status")
+    assert e.value.exit_code == 1
+
+
+def test_permission_denied_message(tmp_path, server):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    os.chmod(os.path.dirname(server.path), 0o755)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become nobody and knock
+        try:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            try:
+                request(server.path, "echo")
+                msg = "0 connected"
+            except ClientError as e:
+                msg = f"{e.exit_code} {e}"
+            os.write(w, msg.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    out = os.read(r, 4096).decode()
+    os.close(r)
+    assert out.startswith("1 ") and "permission denied" in out
+
+
+def test_second_server_on_live_socket_refuses(server):
+    other = ControlServer(server.path, {})
+    with pytest.raises(RuntimeError, match="already serving"):
+        other.start()
+    assert request(server.path, "echo", {}) == {}
+
+
+def test_stale_socket_file_is_replaced(tmp_path):
+    path = tmp_path / "ctl.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()
+    srv = ControlServer(str(path), {"echo": lambda a: a})
+    srv.start()
+    try:
+        assert request(str(path), "echo", {"k": 2}) == {"k": 2}
+    finally:
+        srv.close()
