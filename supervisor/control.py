@@ -73,7 +73,7 @@ class ControlServer:
                 os.chown(self.path, 0 if os.geteuid() == 0 else -1, grp.getgrnam(self.group).gr_gid)
             except (KeyError, PermissionError) as e:
                 log.error("socket_group_failed", group=self.group, error=str(e))
-        s.listen(64)
+        s.listen(128)
         s.settimeout(0.5)
         self._sock = s
         self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
@@ -179,6 +179,22 @@ class ClientError(Exception):
         self.exit_code = exit_code
 
 
+def _connect(s: socket.socket, path: str) -> None:
+    """connect(), retrying while the listen backlog is full (EAGAIN on unix sockets)."""
+    import errno
+    import time
+
+    deadline = time.monotonic() + 3.0
+    while True:
+        try:
+            s.connect(path)
+            return
+        except BlockingIOError as e:
+            if e.errno != errno.EAGAIN or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0) -> Any:
     """Send one request; return the result or raise ClientError with supervisorctl's exit code:
     4 when the daemon cannot be reached, 1 when the socket refuses us (message says why)."""
@@ -186,7 +202,7 @@ def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0
     s.settimeout(timeout)
     try:
         try:
-            s.connect(path)
+            _connect(s, path)
         except FileNotFoundError:
             raise ClientError(f"cannot reach train-supervisord: no socket at {path} "
                               "(is the daemon running? systemctl status train-supervisor)", 4) from None
