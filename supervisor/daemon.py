@@ -34,7 +34,7 @@ from .logging_setup import configure
 from .notify import notify, watchdog_interval
 from .statefile import StateStore
 from .states import TrainingState
-from .training import Training, TrainingError, command_line, describe_end
+from .training import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
 
@@ -88,7 +88,7 @@ class Daemon:
                 log.exception("duty_failed", duty=name)
 
         self.scheduler.add_job(duty, "interval", seconds=max(seconds, 0.2), id=name, name=name,
-                               next_run_time=None if seconds > 60 else _soon())
+                               next_run_time=_soon())
 
     def _on_training_start(self, info: TrainingInfo) -> None:
         self.follower.switch(info.log_path, start_at_end=True)
