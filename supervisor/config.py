@@ -8,6 +8,8 @@ so a key cannot be read without being validated, and an unknown key (a typo such
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 import tomllib
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .durations import parse_duration, parse_size
+from .durations import format_duration, parse_duration, parse_size
 
 DEFAULT_PATH = "/etc/train-supervisor/config.toml"
 ENV_VAR = "TRAIN_SUPERVISOR_CONFIG"
@@ -61,7 +63,7 @@ class TrainingConfig:
 
 @dataclass
 class GpuConfig:
-    poll_interval: float = _k("duration", 5.0)
+    poll_interval: float = _k("duration", 5.0, min=0.1)
     window: float = _k("duration", 600.0)
     nvml_library: str = _k("path", "")
     mem_limit_fraction: float = _k("float", 0.98, min=0.5, max=1.0)
@@ -81,7 +83,7 @@ class SyncConfig:
                                         "**/adapter_config.json"])
     exclude: list[str] = _k("strlist", [])
     quiet_period: float = _k("duration", 30.0)
-    rescan_interval: float = _k("duration", 60.0)
+    rescan_interval: float = _k("duration", 60.0, min=0.1)
     concurrency: int = _k("int", 8, min=1, max=64)
     part_size: int = _k("size", 64 * 1024 * 1024, min=5 * 1024 * 1024)
     bandwidth_limit: int = _k("size", 0)
@@ -100,7 +102,7 @@ class IdleConfig:
     stop_after_warning: float = _k("duration", 3600.0)
     gpu_util_threshold: float = _k("float", 5.0, min=0, max=100)
     gpu_window: float = _k("duration", 300.0)
-    poll_interval: float = _k("duration", 30.0)
+    poll_interval: float = _k("duration", 30.0, min=0.1)
     count_ssh: bool = _k("bool", True)
     count_tmux_clients: bool = _k("bool", True)
     count_training_cpu: bool = _k("bool", False)
@@ -132,8 +134,9 @@ class EmailConfig:
     security: str = _k("choice", "starttls", choices=("starttls", "ssl", "none"))
     username: str = _k("str", "")
     password_file: str = _k("path", "")
-    timeout: float = _k("duration", 20.0)
+    timeout: float = _k("duration", 20.0, min=1)
     subject_prefix: str = _k("str", "[train-supervisor]")
+    ca_file: str = _k("path", "")
 
 
 @dataclass
@@ -141,7 +144,7 @@ class AlertsConfig:
     first_delay: float = _k("duration", 10.0)
     repeat_interval: float = _k("duration", 3600.0)
     max_per_hour: int = _k("int", 6, min=1)
-    retry_interval: float = _k("duration", 60.0)
+    retry_interval: float = _k("duration", 60.0, min=1)
     disk_free_min_pct: float = _k("float", 5.0, min=0, max=100)
     host_mem_min_pct: float = _k("float", 5.0, min=0, max=100)
     disk_paths: list[str] = _k("strlist", [])
@@ -186,12 +189,31 @@ def _toml_name(f: dataclasses.Field) -> str:
     return f.name.rstrip("_")  # `from` is a keyword
 
 
-def _show(v: Any) -> str:
-    if isinstance(v, str):
-        return f'"{v}"'
+def _show(v: Any, limit: int = 80) -> str:
+    """A value as it would read in TOML, escaped so a problem stays on one line."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    return repr(v)
+    try:
+        s = json.dumps(v, ensure_ascii=False, default=str)
+    except ValueError:  # nan/inf inside a container
+        s = repr(v)
+    s = _CTRL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+_CTRL_CHARS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def _keyname(name: str) -> str:
+    """A key from the file, quoted when TOML would need quotes (or it could break the line)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _show(name)
+
+
+def _limit(meta: dict, which: str) -> str:
+    v = meta[which]
+    if meta["kind"] != "duration":
+        return f"{v:g}"
+    return f"{v * 1000:g}ms" if v < 1 else format_duration(v)
 
 
 def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
@@ -211,6 +233,10 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
         if "\x00" in value:
             problems.append(f"{key}: contains a NUL byte")
             return bad
+        # Relative paths would resolve against the daemon's cwd, which under systemd is "/".
+        if kind == "path" and value and not os.path.isabs(value):
+            problems.append(f"{key}: expected an absolute path, got {_show(value)}")
+            return bad
         out = value
     elif kind == "bool":
         if not isinstance(value, bool):
@@ -227,8 +253,8 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
             problems.append(f"{key}: expected a number, got {_show(value)}")
             return bad
         out = float(value)
-        if out != out:
-            problems.append(f"{key}: expected a number, got nan")
+        if not math.isfinite(out):
+            problems.append(f"{key}: expected a finite number, got {value!r}")
             return bad
     elif kind == "duration":
         if not isinstance(value, str):
@@ -241,6 +267,8 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
             return bad
     elif kind == "size":
         try:
+            if not isinstance(value, (str, int)):
+                raise TypeError
             out = parse_size(value)
         except (ValueError, TypeError):
             problems.append(f'{key}: expected a size like "64M", got {_show(value)}')
@@ -251,15 +279,20 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
             return bad
         out = list(value)
     elif kind == "strdict":
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        if not isinstance(value, dict):
             problems.append(f"{key}: expected a table of strings, got {_show(value)}")
+            return bad
+        wrong = [k for k, v in value.items() if not isinstance(v, str)]
+        for k in wrong:
+            problems.append(f"{key}.{_keyname(k)}: expected a string, got {_show(value[k])}")
+        if wrong:
             return bad
         out = dict(value)
     if meta.get("min") is not None and isinstance(out, (int, float)) and out < meta["min"]:
-        problems.append(f"{key}: must be at least {meta['min']:g}, got {_show(value)}")
+        problems.append(f"{key}: must be at least {_limit(meta, 'min')}, got {_show(value)}")
         return bad
     if meta.get("max") is not None and isinstance(out, (int, float)) and out > meta["max"]:
-        problems.append(f"{key}: must be at most {meta['max']:g}, got {_show(value)}")
+        problems.append(f"{key}: must be at most {_limit(meta, 'max')}, got {_show(value)}")
         return bad
     return out
 
@@ -267,7 +300,7 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
 def _fill(obj: Any, prefix: str, table: dict, problems: list[str]) -> None:
     fields = {_toml_name(f): f for f in dataclasses.fields(obj) if not f.metadata.get("internal")}
     for name, value in table.items():
-        key = f"{prefix}{name}"
+        key = f"{prefix}{_keyname(name)}"
         f = fields.get(name)
         if f is None:
             hint = _close_match(name, fields)
@@ -300,13 +333,14 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
     t = cfg.training
     if t.autostart and not t.command:
         problems.append("training.autostart: needs training.command")
-    if t.session and not re.fullmatch(r"[A-Za-z0-9_.-]+", t.session):
-        problems.append(f"training.session: only letters, digits, '_', '.', '-' allowed, got {_show(t.session)}")
+    # tmux silently turns '.' and ':' into '_', so such a name would never be found again to re-adopt.
+    if t.session and not re.fullmatch(r"[A-Za-z0-9_-]+", t.session):
+        problems.append(f"training.session: only letters, digits, '_' and '-' allowed, got {_show(t.session)}")
     if not t.session:
         problems.append("training.session: must not be empty")
     for k in t.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            problems.append(f"training.env.{k}: not a valid environment variable name")
+            problems.append(f"training.env.{_keyname(k)}: not a valid environment variable name")
     if cfg.stop.action == "command" and not cfg.stop.command.strip():
         problems.append('stop.command: required when stop.action = "command"')
     if cfg.max_idle_cost is not None and cfg.price_per_hour is None:
