@@ -155,6 +155,8 @@ class ProgressConfig:
     estimate_after: float = _k("duration", 900.0)
     estimate_email: bool = _k("bool", False)
     window: float = _k("duration", 300.0)
+    budget: float | None = _k("optfloat", None, min=0)
+    log_interval: float = _k("duration", 300.0)
 
 
 @dataclass
@@ -345,6 +347,8 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
         problems.append('stop.command: required when stop.action = "command"')
     if cfg.max_idle_cost is not None and cfg.price_per_hour is None:
         problems.append("max_idle_cost: needs price_per_hour")
+    if cfg.progress.budget is not None and cfg.price_per_hour is None:
+        problems.append("progress.budget: needs price_per_hour")
     if cfg.sync.target:
         from .sync.url import parse_target  # local import: keeps config importable alone
 
