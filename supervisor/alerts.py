@@ -19,8 +19,8 @@ import json
 import re
 import threading
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
@@ -28,11 +28,12 @@ import structlog
 
 from .clock import Clock
 from .config import AlertsConfig
+from .statefile import StateStore
 
 log = structlog.get_logger("alerts")
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"
@@ -42,6 +43,15 @@ class Severity(str, Enum):
 # machine is about to stop (or did), and there are at most a handful of them per idle cycle.
 UNCAPPED_KINDS = frozenset({"idle_warning", "stop_cancelled", "stopping", "training_finished",
                             "training_failed", "stop_failed"})
+
+
+# An alert mailed by a daemon that then restarted is remembered; if no subsystem reports it again
+# within this long after the restart, it is taken as cleared (and said so), never reminded forever.
+STALE_AFTER_RESTART = 900.0
+# Cleared records are forgotten after this long (at least two repeat intervals, for dedup).
+FORGET_AFTER = 86400.0
+# Mails waiting for a server that stays down: the oldest capped ones go first beyond this.
+OUTBOX_MAX = 100
 
 
 @dataclass
@@ -59,6 +69,8 @@ class Record:
     mails: int = 0
     resolved_at: float | None = None
     resolve_pending: bool = False
+    stale_since: float | None = None
+    resolve_note: str = ""
 
 
 @dataclass
@@ -72,6 +84,9 @@ class Mail:
     next_try: float = 0.0
     last_error: str = ""
     uncapped: bool = False
+    # A reminder or a one-off event mail says nothing a newer mail for the same key does not:
+    # while the server is down it is replaced instead of piling up.
+    replaceable: bool = False
 
 
 @dataclass
@@ -81,17 +96,39 @@ class AlertState:
     sent_times: list[float] = field(default_factory=list)  # for the hourly cap
 
 
+def queue(state: AlertState, mail: Mail) -> list[Mail]:
+    """Put `mail` in the outbox, superseding queued replaceable mails for its key and keeping the
+    outbox bounded. Returns the mails dropped."""
+    mail.uncapped = mail.kind in UNCAPPED_KINDS
+    dropped = [m for m in state.outbox if m.key == mail.key and m.replaceable]
+    state.outbox = [m for m in state.outbox if not (m.key == mail.key and m.replaceable)]
+    state.outbox.append(mail)
+    while len(state.outbox) > OUTBOX_MAX:
+        victim = next((m for m in state.outbox if not m.uncapped), state.outbox[0])
+        state.outbox = [m for m in state.outbox if m is not victim]
+        dropped.append(victim)
+    return dropped
+
+
 def plan(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
     """Move due records into mails; pure except for mutating `state`. Returns the new mails."""
     new: list[Mail] = []
-    for r in state.records.values():
+    for key in list(state.records):
+        r = state.records[key]
+        if r.active and r.condition and r.stale_since is not None and now - r.stale_since >= STALE_AFTER_RESTART:
+            r.active, r.resolved_at, r.resolve_pending = False, now, True
+            r.resolve_note = "Not reported again since the daemon restarted; taken as cleared."
         if r.resolve_pending:
             r.resolve_pending = False
             if r.mails > 0:
-                new.append(Mail(r.key, r.kind, f"RESOLVED: {r.subject}",
-                                f"{r.body}\n\nResolved at {_ts(now)}.", now))
+                note = r.resolve_note or f"Resolved at {_ts(now)}."
+                new.append(Mail(r.key, r.kind, f"RESOLVED: {r.subject}", f"{r.body}\n\n{note}", now))
             continue
-        if not r.active or not r.condition:
+        if not r.active:
+            if now - r.last_seen >= max(FORGET_AFTER, 2 * cfg.repeat_interval):
+                del state.records[key]
+            continue
+        if not r.condition:
             continue
         if r.last_mailed is None:
             if now - r.first_seen >= cfg.first_delay:
@@ -99,18 +136,18 @@ def plan(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
                 r.last_mailed = now
                 r.mails += 1
         elif now - r.last_mailed >= cfg.repeat_interval:
-            new.append(Mail(r.key, r.kind, f"STILL: {r.subject}", r.body, now))
+            new.append(Mail(r.key, r.kind, f"STILL: {r.subject}", r.body, now, replaceable=True))
             r.last_mailed = now
             r.mails += 1
     for m in new:
-        m.uncapped = m.kind in UNCAPPED_KINDS
-    state.outbox.extend(new)
+        queue(state, m)
     return new
 
 
 def due_mails(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
     """The mails to try now, respecting retry times and the hourly cap."""
-    state.sent_times = [t for t in state.sent_times if now - t < 3600]
+    # A send time in the future means the wall clock went back: count it as now, so the cap holds.
+    state.sent_times = [min(t, now) for t in state.sent_times if now - t < 3600]
     budget = cfg.max_per_hour - len(state.sent_times)
     out = []
     for m in state.outbox:
@@ -124,7 +161,7 @@ def due_mails(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
     return out
 
 
-_CTRL = re.compile(r"[\x00-\x1f\x7f]+")
+_CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
 def sanitize_subject(text: str, limit: int = 150) -> str:
@@ -144,20 +181,65 @@ class Mailer(Protocol):
         """Deliver or raise."""
 
 
+
+
+def _severity(value: Severity | str) -> str:
+    try:
+        return Severity(value).value
+    except ValueError:
+        log.error("alert_bad_severity", severity=str(value))
+        return Severity.WARNING.value
+
+
+_RECORD_FIELDS = {f.name for f in fields(Record)}
+_MAIL_FIELDS = {f.name for f in fields(Mail)}
+
+
+def _record_from(d: dict) -> Record:
+    r = Record(**{k: v for k, v in d.items() if k in _RECORD_FIELDS})
+    for name in ("first_seen", "last_seen"):
+        setattr(r, name, float(getattr(r, name)))
+    for name in ("last_mailed", "resolved_at", "stale_since"):
+        if getattr(r, name) is not None:
+            setattr(r, name, float(getattr(r, name)))
+    r.mails = int(r.mails)
+    if not all(isinstance(getattr(r, n), str) for n in ("key", "kind", "severity", "subject", "body")):
+        raise TypeError("record text fields must be strings")
+    return r
+
+
+def _mail_from(d: dict) -> Mail:
+    m = Mail(**{k: v for k, v in d.items() if k in _MAIL_FIELDS})
+    m.created, m.next_try, m.attempts = float(m.created), float(m.next_try), int(m.attempts)
+    if not all(isinstance(getattr(m, n), str) for n in ("key", "kind", "subject", "body")):
+        raise TypeError("mail text fields must be strings")
+    return m
+
+
 class Alerts:
-    """Thread-safe front door. `tick()` (scheduled every few seconds) plans and delivers."""
+    """Thread-safe front door.
+
+    `fire`/`resolve`/`event` only record and return at once; delivery happens in `tick()`, which
+    the daemon schedules every few seconds, and (with `background`) in a short-lived thread that
+    an event or a resolve starts so the mail does not wait for the next tick. A slow or dead SMTP
+    server therefore never blocks the caller. `flush(timeout)` is for the last words before a
+    stop: it delivers what is due and waits at most `timeout`.
+    """
 
     MAX_LOG = 200
 
     def __init__(self, cfg: AlertsConfig, clock: Clock, state_dir: str | Path | None,
-                 mailer: Mailer | None = None, hostname: str = ""):
+                 mailer: Mailer | None = None, hostname: str = "", *, background: bool = True):
         self.cfg = cfg
         self.clock = clock
         self.mailer = mailer
         self.hostname = hostname
+        self.background = background
         self.state = AlertState()
+        self.problems: list[str] = []
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
+        self._dirty = False
         self._dir = Path(state_dir) if state_dir else None
         self._recent: deque[dict] = deque(maxlen=self.MAX_LOG)
         self._load()
@@ -168,16 +250,23 @@ class Alerts:
         now = self.clock.time()
         with self._lock:
             r = self.state.records.get(key)
-            if r is None or not r.active:
-                r = Record(key, kind, Severity(severity).value, sanitize_subject(subject), body, True, now, now)
+            if r is not None and r.condition and not r.active and r.resolve_pending:
+                # Back before the resolved mail went out: the same alert goes on, no new first mail.
+                r.active, r.resolve_pending, r.resolved_at = True, False, None
+                self._log_event("reraised", r)
+                self._dirty = True
+            elif r is None or not r.active or not r.condition:
+                r = Record(key, kind, _severity(severity), sanitize_subject(subject), body, True, now, now)
                 self.state.records[key] = r
                 self._log_event("raised", r)
-            else:
-                r.last_seen = now
-                r.body = body
-                r.subject = sanitize_subject(subject)
+                self._dirty = True
+            elif r.stale_since is not None:
+                self._dirty = True
+            r.last_seen, r.body, r.subject, r.stale_since = now, body, sanitize_subject(subject), None
+            r.severity = _severity(severity)
 
     def resolve(self, key: str) -> None:
+        """The condition behind `key` cleared; a "resolved" mail follows if it had been mailed."""
         now = self.clock.time()
         with self._lock:
             r = self.state.records.get(key)
@@ -185,31 +274,33 @@ class Alerts:
                 return
             r.active = False
             r.resolved_at = now
+            r.last_seen = now
             r.resolve_pending = r.condition
+            self._dirty = True
             self._log_event("resolved", r)
-        self.tick()
+        self._kick()
 
     def event(self, key: str, kind: str, severity: Severity | str, subject: str, body: str) -> bool:
-        """Something happened. Mailed at once unless the same key was mailed within repeat_interval.
+        """Something happened. Mailed at once unless the same key was mailed within repeat_interval
+        (lifecycle notices that must always reach the owner need a key per occurrence).
         Returns whether a mail was queued."""
         now = self.clock.time()
         with self._lock:
             r = self.state.records.get(key)
-            dup = r is not None and r.last_mailed is not None and now - r.last_mailed < self.cfg.repeat_interval
+            dup = r is not None and r.last_mailed is not None and 0 <= now - r.last_mailed < self.cfg.repeat_interval
             if r is None:
-                r = Record(key, kind, Severity(severity).value, sanitize_subject(subject), body, False, now, now)
+                r = Record(key, kind, _severity(severity), sanitize_subject(subject), body, False, now, now)
                 self.state.records[key] = r
             r.kind, r.subject, r.body, r.last_seen = kind, sanitize_subject(subject), body, now
-            r.active = False
+            r.severity, r.condition, r.active, r.stale_since = _severity(severity), False, False, None
             self._log_event("suppressed" if dup else "event", r)
             if not dup:
-                m = Mail(key, kind, r.subject, body, now, uncapped=kind in UNCAPPED_KINDS)
-                self.state.outbox.append(m)
+                self._queue(Mail(key, kind, r.subject, body, now, replaceable=True))
                 r.last_mailed = now
                 r.mails += 1
+            self._dirty = True
             self._save()
-        if not dup:
-            self.tick()
+        self._kick()
         return not dup
 
     def active(self) -> list[dict]:
@@ -224,21 +315,33 @@ class Alerts:
         with self._lock:
             return len(self.state.outbox)
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Deliver what is due now, waiting at most `timeout` seconds; True when nothing is left
+        waiting. For the moment before a stop, so the "stopping now" mail goes out first."""
+        t = threading.Thread(target=self.tick, kwargs={"wait": True}, name="alerts-flush", daemon=True)
+        t.start()
+        t.join(timeout)
+        return not t.is_alive() and self.outbox_size() == 0
+
     # --- delivery -------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Plan due mails and try to deliver them. Never raises; SMTP runs outside the state lock
-        and only one tick delivers at a time, so a slow server never blocks `fire`."""
-        if not self._send_lock.acquire(blocking=False):
+    def tick(self, wait: bool = False) -> None:
+        """Plan due mails and try to deliver them. Never raises. SMTP runs outside the state lock
+        and only one tick delivers at a time (another one returns at once unless `wait`)."""
+        if not self._send_lock.acquire(blocking=wait):
             return
         try:
             now = self.clock.time()
             with self._lock:
-                plan(self.state, now, self.cfg)
+                for m in plan(self.state, now, self.cfg):
+                    self._dirty = True
+                    self._log_mail("queued", m)
                 if self.mailer is None:
                     for m in self.state.outbox:
                         self._append_log({"at": now, "what": "not_mailed", "key": m.key, "kind": m.kind,
                                           "subject": m.subject, "reason": "no [email] configured"})
-                    self.state.outbox.clear()
+                    if self.state.outbox:
+                        self.state.outbox.clear()
+                        self._dirty = True
                     self._save()
                     return
                 todo = due_mails(self.state, now, self.cfg)
@@ -250,19 +353,23 @@ class Alerts:
                 except Exception as e:  # noqa: BLE001 - any delivery failure is retried
                     with self._lock:
                         m.attempts += 1
-                        m.last_error = f"{type(e).__name__}: {e}"[:300]
-                        m.next_try = now + min(self.cfg.retry_interval * (2 ** min(m.attempts - 1, 5)), 3600)
+                        m.last_error = sanitize_subject(f"{type(e).__name__}: {e}", 300)
+                        m.next_try = now + min(self.cfg.retry_interval * (2 ** min(m.attempts - 1, 6)), 3600)
+                        self._dirty = True
                         self._append_log({"at": now, "what": "mail_failed", "key": m.key, "kind": m.kind,
                                           "subject": m.subject, "error": m.last_error,
-                                          "attempts": m.attempts})
+                                          "attempts": m.attempts, "next_try": m.next_try})
                     log.warning("alert_mail_failed", key=m.key, error=m.last_error, attempts=m.attempts)
-                    continue
+                    # The server is most likely down for all of them: the rest wait for the next
+                    # tick instead of each waiting out its own timeout now.
+                    break
+                sent_at = self.clock.time()
                 with self._lock:
-                    if m in self.state.outbox:
-                        self.state.outbox.remove(m)
-                    self.state.sent_times.append(now)
-                    self._append_log({"at": now, "what": "mailed", "key": m.key, "kind": m.kind,
-                                      "subject": m.subject})
+                    self.state.outbox = [x for x in self.state.outbox if x is not m]
+                    self.state.sent_times.append(sent_at)
+                    self._dirty = True
+                    self._append_log({"at": sent_at, "what": "mailed", "key": m.key, "kind": m.kind,
+                                      "subject": m.subject, "attempts": m.attempts + 1})
                 log.info("alert_mailed", key=m.key, kind=m.kind, subject=m.subject)
             with self._lock:
                 self._save()
@@ -271,10 +378,21 @@ class Alerts:
         finally:
             self._send_lock.release()
 
+    def _kick(self) -> None:
+        if self.mailer is None:
+            self.tick()  # no I/O beyond the log file: cheap enough to do in the caller
+        elif self.background:
+            threading.Thread(target=self.tick, name="alerts-deliver", daemon=True).start()
+
+    def _queue(self, m: Mail) -> None:
+        for d in queue(self.state, m):
+            self._log_mail("superseded" if d.key == m.key else "dropped", d)
+        self._log_mail("queued", m)
+
     # --- persistence ----------------------------------------------------------------------
     def _public(self, r: Record) -> dict:
         return {"key": r.key, "kind": r.kind, "severity": r.severity, "subject": r.subject,
-                "since": r.first_seen, "mails": r.mails}
+                "since": r.first_seen, "mails": r.mails, "last_mailed": r.last_mailed}
 
     def _log_event(self, what: str, r: Record) -> None:
         entry = {"at": self.clock.time(), "what": what, "key": r.key, "kind": r.kind,
@@ -282,6 +400,13 @@ class Alerts:
         self._append_log(entry)
         lvl = "warning" if r.severity != "info" else "info"
         getattr(log, lvl)("alert", what=what, key=r.key, kind=r.kind, subject=r.subject)
+
+    def _log_mail(self, what: str, m: Mail) -> None:
+        if what == "queued":
+            return  # the raise/event entry already says it; queued mails show up as mailed or failed
+        self._append_log({"at": self.clock.time(), "what": what, "key": m.key, "kind": m.kind,
+                          "subject": m.subject})
+        log.warning("alert_mail_" + what, key=m.key, subject=m.subject)
 
     def _append_log(self, entry: dict) -> None:
         self._recent.append(entry)
@@ -298,40 +423,62 @@ class Alerts:
             log.error("alert_log_write_failed", error=str(e))
 
     def _save(self) -> None:
-        if self._dir is None:
+        """Persist when something changed (not on every tick: no fsync every few seconds)."""
+        if self._dir is None or not self._dirty:
             return
-        from .statefile import StateStore
-
         data = {"records": {k: asdict(v) for k, v in self.state.records.items()},
                 "outbox": [asdict(m) for m in self.state.outbox],
                 "sent_times": self.state.sent_times}
         try:
             StateStore(self._dir).save("alerts", data)
+            self._dirty = False
         except OSError as e:
             log.error("alert_state_save_failed", error=str(e))
 
     def _load(self) -> None:
         if self._dir is None:
             return
-        from .statefile import StateStore
-
         store = StateStore(self._dir)
         data = store.load("alerts", None)
+        self.problems.extend(store.problems)
         try:
-            if data:
-                self.state.records = {k: Record(**v) for k, v in data.get("records", {}).items()}
-                self.state.outbox = [Mail(**m) for m in data.get("outbox", [])]
-                self.state.sent_times = [float(t) for t in data.get("sent_times", [])]
+            if data is not None:
+                if not isinstance(data, dict):
+                    raise TypeError(f"expected an object, got {type(data).__name__}")
+                records = {str(k): _record_from(v) for k, v in data.get("records", {}).items()}
+                outbox = [_mail_from(m) for m in data.get("outbox", [])]
+                sent = [float(t) for t in data.get("sent_times", [])]
+                self.state = AlertState(records, outbox, sent)
         except (TypeError, ValueError, AttributeError) as e:
-            log.error("alert_state_unusable", error=str(e))
+            self._set_aside(store, f"unusable alert state ({e})")
             self.state = AlertState()
+        now = self.clock.time()
+        for r in self.state.records.values():
+            if r.active and r.condition:
+                r.stale_since = now
         p = self._dir / "alerts.jsonl"
         try:
             with open(p, encoding="utf-8", errors="replace") as f:
                 for line in deque(f, maxlen=self.MAX_LOG):
                     try:
-                        self._recent.append(json.loads(line))
+                        entry = json.loads(line)
                     except json.JSONDecodeError:
                         continue
+                    if isinstance(entry, dict):
+                        self._recent.append(entry)
         except OSError:
             pass
+
+    def _set_aside(self, store: StateStore, why: str) -> None:
+        import os
+        import time
+
+        p = store.path("alerts")
+        aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
+        try:
+            os.replace(p, aside)
+        except OSError:
+            aside = p
+        msg = f"{p}: {why}; set aside as {aside.name}, starting from no alerts"
+        self.problems.append(msg)
+        log.error("state_file_problem", problem=msg)
