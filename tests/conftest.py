@@ -2,4 +2,5 @@
 pytest_plugins = [
     "tests.fixtures.smtp",
     "tests.fixtures.clock",
+    "tests.fixtures.smtp_tls",
 ]
