@@ -62,6 +62,11 @@ class SmtpMailer:
             detail = getattr(e, "verify_message", "") or ""
             raise MailError(self._scrub(f"{self._where()}: TLS failed: {e.reason or e}"
                                         + (f" ({detail})" if detail else ""), password)) from None
+        except smtplib.SMTPServerDisconnected as e:
+            # smtplib turns a read timeout into "Connection unexpectedly closed: timed out".
+            if "timed out" in str(e):
+                raise MailError(f"{self._where()}: timed out after {self.cfg.timeout:g}s") from None
+            raise MailError(self._scrub(f"{self._where()}: {e}", password)) from None
         except smtplib.SMTPException as e:
             raise MailError(self._scrub(f"{self._where()}: {type(e).__name__}: {e}", password)) from None
         except TimeoutError:
