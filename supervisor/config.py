@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .durations import format_duration, parse_duration, parse_size
+from .durations import format_bytes, format_duration, parse_duration, parse_size
 
 DEFAULT_PATH = "/etc/train-supervisor/config.toml"
 ENV_VAR = "TRAIN_SUPERVISOR_CONFIG"
@@ -213,6 +213,8 @@ def _keyname(name: str) -> str:
 
 def _limit(meta: dict, which: str) -> str:
     v = meta[which]
+    if meta["kind"] == "size":
+        return format_bytes(v)
     if meta["kind"] != "duration":
         return f"{v:g}"
     return f"{v * 1000:g}ms" if v < 1 else format_duration(v)
