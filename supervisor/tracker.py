@@ -23,6 +23,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import structlog
@@ -362,8 +363,8 @@ class ProgressTracker:
                 total_s = f["elapsed_s"] + f["eta_s"] if f["elapsed_s"] is not None and f["eta_s"] is not None else None
                 return {
                     "step": r.step, "max_steps": r.max_steps, "epoch": _sig(r.epoch, 6), "loss": _sig(r.loss, 6),
-                    "tokens_per_s": _sig(f["tokens_per_s"], 5), "eta_s": _round(f["eta_s"], 1),
-                    "steps_per_s": _sig(f["steps_per_s"], 4),
+                    "tokens_per_s": _round(f["tokens_per_s"], 2), "eta_s": _round(f["eta_s"], 1),
+                    "steps_per_s": _sig(f["steps_per_s"], 6),
                     "percent": _round(f["fraction"] * 100.0, 2) if f["fraction"] is not None else None,
                     "elapsed_s": _round(f["elapsed_s"], 1), "total_s": _round(total_s, 1),
                     "learning_rate": _sig(r.learning_rate, 6), "tokens": r.tokens, "num_epochs": r.num_epochs,
@@ -672,10 +673,12 @@ def _round(x: float | None, nd: int) -> float | None:
 
 
 def _money(x: float | None, currency: str) -> str:
-    if x is None:
+    """Cents rounded half up, as on an invoice (8.125 -> 8.13; binary floats would say 8.12)."""
+    if x is None or not math.isfinite(x):
         return "unknown"
+    cents = Decimal(repr(round(x, 6))).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
     sym = _CURRENCY.get(currency)
-    return f"{sym}{x:,.2f}" if sym else f"{currency} {x:,.2f}"
+    return f"{sym}{cents:,}" if sym else f"{currency} {cents:,}"
 
 
 def _steps_rate(sps: float) -> str:
