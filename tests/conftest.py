@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.fixtures.smtp",
     "tests.fixtures.clock",
     "tests.fixtures.smtp_tls",
+    "tests.fixtures.idle",
 ]

@@ -1,0 +1,391 @@
+"""Activity probes: is a person or a working job on this machine right now?
+
+Each probe looks afresh on every poll (nothing is cached between polls: a cached session map
+once hid a new login and a cluster was stopped under its user) and returns `(active, reason)`,
+where the reason is a short line a user reads in status and mails. No probe raises: a probe
+that fails reports inactive with the error as its reason, and logs it once.
+
+The few probes that need a previous reading to see a change (log growth, CPU time) keep only
+that reading, never a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import psutil
+import structlog
+
+from .durations import format_duration
+from .interfaces import GpuView
+
+log = structlog.get_logger("activity")
+
+Probe = tuple[bool, str]
+
+# the per-connection server processes a remote shell hangs from (OpenSSH >= 9.8 forks
+# "sshd-session"; mosh-server detaches from sshd but is a remote terminal all the same)
+SSH_SERVERS = frozenset({"sshd", "sshd-session", "mosh-server", "dropbear"})
+
+_logged: dict[str, str] = {}
+
+
+def _log_once(key: str, message: str, **kw) -> None:
+    """Log a probe problem when it first appears or changes, not on every poll."""
+    if _logged.get(key) != message:
+        _logged[key] = message
+        log.warning("probe_problem", probe=key, problem=message, **kw)
+
+
+def _log_cleared(key: str) -> None:
+    if _logged.pop(key, None) is not None:
+        log.info("probe_recovered", probe=key)
+
+
+def safe(name: str, fn: Callable[..., Probe], *args, **kwargs) -> Probe:
+    """Run a probe; any exception becomes (False, "<name>: probe failed: ...")."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a probe must never take the guard down
+        msg = f"{type(e).__name__}: {e}"[:200]
+        _log_once(f"{name}:crash", msg)
+        return False, f"{name}: probe failed ({msg})"
+
+
+def _ago(seconds: float) -> str:
+    return format_duration(max(0.0, seconds))
+
+
+# --- SSH -----------------------------------------------------------------------------------------
+def _pts_devices() -> dict[int, str]:
+    """Device number -> /dev/pts/N, read now. psutil's Process.terminal() uses a map it builds
+    once per process and memoizes, so a terminal opened later is never recognised: exactly the
+    cached-map bug that stopped a cluster under a freshly logged-in user."""
+    out: dict[int, str] = {}
+    for path in glob.glob("/dev/pts/[0-9]*"):
+        try:
+            out[os.stat(path).st_rdev] = path
+        except OSError:
+            continue
+    return out
+
+
+def _tty_nr(pid: int) -> int:
+    """The controlling terminal's device number from /proc/PID/stat (0: none)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return 0
+    rest = raw[raw.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session tty_nr
+    try:
+        return int(rest[4])
+    except (IndexError, ValueError):
+        return 0
+
+
+def ssh_sessions() -> list[dict]:
+    """Remote terminal sessions now: every /dev/pts/* with an sshd ancestor (what SkyPilot counts,
+    so `ssh -N` tunnels, which have no terminal, do not count), plus utmp logins whose process
+    is alive (utmp is often absent in containers, and can hold stale entries)."""
+    procs: dict[int, dict] = {}
+    for p in psutil.process_iter(["pid", "ppid", "name", "username"]):
+        procs[p.info["pid"]] = p.info
+    pts = _pts_devices()
+    found: dict[str, dict] = {}
+    servers: dict[str, int] = {}
+    for pid, info in procs.items():
+        tty = pts.get(_tty_nr(pid)) if pts else None
+        if not tty or tty in found:
+            continue
+        server = _server_ancestor(pid, procs)
+        if server is None:
+            continue
+        found[tty] = {"user": info.get("username") or "?", "tty": tty[len("/dev/"):], "host": "", "pid": pid}
+        servers[tty] = server
+    if found:
+        peers = _peers()
+        for tty, server in servers.items():
+            found[tty]["host"] = _peer_of(server, procs, peers)
+    try:
+        users = psutil.users()
+    except Exception as e:  # noqa: BLE001 - a broken utmp is reported, the /proc view still counts
+        _log_once("ssh:utmp", f"{type(e).__name__}: {e}")
+        users = []
+    for u in users:
+        term = u.terminal or ""
+        key = f"/dev/{term}" if term and not term.startswith("/") else term
+        if not key or key in found:
+            continue
+        if getattr(u, "pid", None) and not psutil.pid_exists(u.pid):
+            continue  # a stale utmp record of a session that is gone
+        found[key] = {"user": u.name, "tty": term, "host": u.host or "", "pid": getattr(u, "pid", None)}
+    return sorted(found.values(), key=lambda s: s["tty"])
+
+
+def _server_ancestor(pid: int, procs: dict[int, dict]) -> int | None:
+    seen = 0
+    cur = procs.get(pid)
+    while cur is not None and seen < 64:
+        if cur.get("name") in SSH_SERVERS:
+            return cur["pid"]
+        ppid = cur.get("ppid")
+        if not ppid or ppid == cur["pid"]:
+            return None
+        cur = procs.get(ppid)
+        seen += 1
+    return None
+
+
+def _peers() -> dict[int, str]:
+    """pid -> remote address of its first established TCP connection."""
+    out: dict[int, str] = {}
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return out
+    for c in conns:
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.pid and c.pid not in out:
+            out[c.pid] = c.raddr.ip
+    return out
+
+
+def _peer_of(server: int, procs: dict[int, dict], peers: dict[int, str]) -> str:
+    """The session sshd's socket, or its privileged monitor's (the parent holds it too)."""
+    cur = procs.get(server)
+    for _ in range(4):
+        if cur is None or cur.get("name") not in SSH_SERVERS:
+            break
+        if cur["pid"] in peers:
+            return peers[cur["pid"]]
+        cur = procs.get(cur.get("ppid") or 0)
+    return ""
+
+
+def describe_session(s: dict) -> str:
+    where = f" from {s['host']}" if s.get("host") else ""
+    return f"ssh: {s['user']}{where} ({s['tty']})"
+
+
+def probe_ssh() -> Probe:
+    sessions = ssh_sessions()
+    if not sessions:
+        return False, "ssh: nobody logged in"
+    text = "; ".join(describe_session(s) for s in sessions[:3])
+    if len(sessions) > 3:
+        text += f" and {len(sessions) - 3} more"
+    return True, text
+
+
+# --- tmux ----------------------------------------------------------------------------------------
+def probe_tmux(socket: str, session: str, binary: str = "tmux") -> Probe:
+    """Clients attached to the training's tmux session: someone is watching it."""
+    if not socket or not os.path.exists(socket):
+        return False, "tmux: no training session"
+    try:
+        cp = subprocess.run([binary, "-S", socket, "list-clients", "-t", f"={session}", "-F", "#{client_tty}"],
+                            capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return False, "tmux: not installed"
+    except subprocess.TimeoutExpired:
+        _log_once("tmux", "list-clients timed out")
+        return False, "tmux: list-clients timed out"
+    ttys = [t.strip() for t in cp.stdout.splitlines() if t.strip()] if cp.returncode == 0 else []
+    if not ttys:
+        return False, f"tmux: nobody attached to {session}"
+    n = len(ttys)
+    return True, f"tmux: {n} client{'s' if n > 1 else ''} attached to {session} ({', '.join(ttys[:3])})"
+
+
+# --- Jupyter -------------------------------------------------------------------------------------
+def _parse_ts(v: object) -> float | None:
+    if not isinstance(v, str) or not v:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)  # Jupyter Server writes UTC
+    return t.timestamp()
+
+
+class JupyterProbe:
+    """A Jupyter Server's REST API. `/api/status` is free to poll; the kernel and terminal lists
+    are asked for with `?no_track_activity=1`, or polling them would itself count as activity.
+    Unreachable or refusing counts as no activity, logged once."""
+
+    def __init__(self, url: str, token_file: str = "", timeout: float = 3.0):
+        self.base = url.rstrip("/")
+        self.token_file = token_file
+        self.timeout = timeout
+
+    def _token(self) -> str:
+        if not self.token_file:
+            return os.environ.get("JUPYTER_TOKEN", "")
+        return Path(self.token_file).read_text(encoding="utf-8").strip()
+
+    def _get(self, path: str, token: str) -> object:
+        req = urllib.request.Request(self.base + path, headers={"Accept": "application/json"})
+        if token:
+            req.add_header("Authorization", f"token {token}")
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310 - the configured URL
+            return json.loads(r.read(4 * 1024 * 1024).decode("utf-8", "replace"))
+
+    def probe(self, now_wall: float, window: float) -> Probe:
+        if not self.base:
+            return False, "jupyter: not configured"
+        try:
+            token = self._token()
+        except OSError as e:
+            _log_once("jupyter", f"cannot read jupyter_token_file: {e.strerror or e}")
+            return False, f"jupyter: cannot read the token file {self.token_file}"
+        try:
+            status = self._get("/api/status", token)
+            kernels = self._get("/api/kernels?no_track_activity=1", token)
+        except urllib.error.HTTPError as e:
+            why = "token rejected" if e.code in (401, 403) else f"HTTP {e.code}"
+            _log_once("jupyter", f"{why} at {self.base}")
+            return False, f"jupyter: {why}"
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            _log_once("jupyter", f"unreachable at {self.base}: {reason}")
+            return False, "jupyter: unreachable (counted as no activity)"
+        _log_cleared("jupyter")
+        try:
+            terminals = self._get("/api/terminals?no_track_activity=1", token)
+        except (urllib.error.URLError, OSError, ValueError):
+            terminals = []  # terminals are an optional extension; 404 when disabled
+        kernels = kernels if isinstance(kernels, list) else []
+        terminals = terminals if isinstance(terminals, list) else []
+        for k in kernels:
+            if isinstance(k, dict) and k.get("execution_state") == "busy":
+                return True, f"jupyter: kernel {k.get('name') or k.get('id', '?')} busy"
+        recent: list[tuple[float, str]] = []
+        for k in kernels:
+            if isinstance(k, dict) and (t := _parse_ts(k.get("last_activity"))) is not None:
+                recent.append((now_wall - t, f"kernel {k.get('name') or '?'}"))
+        for term in terminals:
+            if isinstance(term, dict) and (t := _parse_ts(term.get("last_activity"))) is not None:
+                recent.append((now_wall - t, f"terminal {term.get('name') or '?'}"))
+        recent.sort()
+        if recent and recent[0][0] < window:
+            return True, f"jupyter: {recent[0][1]} active {_ago(recent[0][0])} ago"
+        # the server's own clock covers every request (an open notebook tab polls it)
+        t = _parse_ts(status.get("last_activity")) if isinstance(status, dict) else None
+        if t is not None:
+            recent.append((now_wall - t, "request"))
+            if now_wall - t < window:
+                return True, f"jupyter: last request {_ago(now_wall - t)} ago"
+        if recent:
+            n = len(kernels)
+            return False, f"jupyter: quiet for {_ago(min(recent)[0])} ({n} kernel{'s' if n != 1 else ''})"
+        return False, "jupyter: no activity recorded"
+
+
+# --- GPU -----------------------------------------------------------------------------------------
+class GpuProbe:
+    """GPU load over the rolling window, above the threshold.
+
+    Unknown utilization is not idleness when a training runs on a GPU that exists (too few samples
+    after a restart, an NVML timeout): it counts as busy, but only for `2 x window`, so a GPU that
+    never reports utilization (MIG, NotSupported) cannot keep a stalled job alive forever; the
+    training is then judged by its log output. No GPU or no driver at all never keeps the machine up.
+    """
+
+    def __init__(self) -> None:
+        self.unknown_since: float | None = None
+
+    def probe(self, gpu: GpuView | None, now_mono: float, window: float, threshold: float,
+              training_alive: bool) -> Probe:
+        if gpu is None:
+            return False, "gpu: not monitored"
+        util = gpu.utilization(window)
+        span = format_duration(window)
+        if util is not None:
+            self.unknown_since = None
+            if util > threshold:
+                return True, f"gpu: {util:.0f}% over {span}"
+            return False, f"gpu: {util:.0f}% over {span} (idle below {threshold:g}%)"
+        st = gpu.status() or {}
+        if not st.get("gpus"):
+            return False, f"gpu: none ({st.get('gpu_error') or 'no GPU found'})"
+        if not training_alive:
+            self.unknown_since = None
+            return False, "gpu: utilization unknown, no training running"
+        if self.unknown_since is None:
+            self.unknown_since = now_mono
+        unknown_for = now_mono - self.unknown_since
+        if unknown_for < 2 * window:
+            return True, "gpu: utilization unknown while training runs (counted as busy)"
+        return False, f"gpu: utilization unknown for {_ago(unknown_for)} (no longer counted)"
+
+
+# --- the training's own signs of life ------------------------------------------------------------
+class OutputProbe:
+    """The training log grew within `window`. Growth is seen by comparing size/mtime between polls
+    on the monotonic clock, so a wall-clock jump cannot make an old log look fresh; only the very
+    first look falls back to the file's mtime."""
+
+    def __init__(self) -> None:
+        self._last: tuple | None = None
+        self._grew_mono: float | None = None
+
+    def probe(self, path: str, now_mono: float, now_wall: float, window: float) -> Probe:
+        if not path:
+            return False, "training: no log file"
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False, "training: no log output yet"
+        key = (path, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._last is None or self._last[0] != path or self._grew_mono is None:
+            self._grew_mono = now_mono - max(0.0, now_wall - st.st_mtime)
+        elif key != self._last:
+            self._grew_mono = now_mono
+        self._last = key
+        age = max(0.0, now_mono - self._grew_mono)
+        if age < window:
+            return True, f"training: log written {_ago(age)} ago"
+        return False, f"training: no log output for {_ago(age)}"
+
+
+class CpuProbe:
+    """The training's process tree used at least `threshold` % of one core since the last poll
+    (opt-in: a CPU-bound hang would otherwise keep the machine forever)."""
+
+    def __init__(self) -> None:
+        self._prev: dict[int, tuple[float, float]] = {}
+        self._prev_mono: float | None = None
+
+    def probe(self, pids: Iterable[int], now_mono: float, threshold: float) -> Probe:
+        cur: dict[int, tuple[float, float]] = {}
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                t = p.cpu_times()
+                cur[pid] = (p.create_time(), t.user + t.system)
+            except (psutil.Error, ValueError):
+                continue
+        prev, prev_mono = self._prev, self._prev_mono
+        self._prev, self._prev_mono = cur, now_mono
+        if prev_mono is None or now_mono - prev_mono <= 0:
+            return False, "training cpu: measuring"
+        used = 0.0
+        for pid, (ctime, total) in cur.items():
+            before = prev.get(pid)
+            # a process new since the last poll is skipped: its earlier CPU time is not from now
+            if before is not None and abs(before[0] - ctime) < 1.0:
+                used += max(0.0, total - before[1])
+        pct = 100.0 * used / (now_mono - prev_mono)
+        if pct >= threshold:
+            return True, f"training cpu: {pct:.0f}% of a core"
+        return False, f"training cpu: {pct:.0f}% of a core (below {threshold:g}%)"
