@@ -2,6 +2,7 @@
 pytest_plugins = [
     "tests.fixtures.smtp",
     "tests.fixtures.clock",
+    "tests.fixtures.nvml",
     "tests.fixtures.smtp_tls",
     "tests.fixtures.idle",
 ]
