@@ -333,13 +333,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 
 def _parse_segment(seg: str) -> Observation | None:
-    seg = _ANSI.sub("", seg).strip()
+    if "\x1b" in seg:
+        seg = _ANSI.sub("", seg)
+    seg = seg.strip()
     if not seg:
         return None
-    for parse in (_parse_tsup, _parse_tqdm, _parse_dict, _parse_text):
-        obs = parse(seg)
-        if obs is not None:
-            return obs
+    # cheap substring tests first: most lines of a training log are none of these
+    if "TSUP {" in seg and (obs := _parse_tsup(seg)) is not None:
+        return obs
+    if "%|" in seg and (obs := _parse_tqdm(seg)) is not None:
+        return obs
+    if "{" in seg and (obs := _parse_dict(seg)) is not None:
+        return obs
+    if (" = " in seg or "/s" in seg or "tok" in seg or "Tok" in seg or "global step" in seg) \
+            and (obs := _parse_text(seg)) is not None:
+        return obs
     return None
 
 

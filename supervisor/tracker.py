@@ -60,6 +60,7 @@ class _Run:
     loss_from_log: bool = False
     learning_rate: float | None = None
     tokens: int | None = None
+    tokens_step: int | None = None         # the step `tokens` was counted at, when the same line said both
     tokens_direct: float | None = None     # tokens/s a line printed, used without a token count
     tokens_direct_at: float | None = None
     bar_rate: float | None = None          # tqdm's own it/s, used before our window is long enough
@@ -75,7 +76,7 @@ class _Run:
     tokens_s: Series = field(default_factory=Series)
     epochs: Series = field(default_factory=Series)
 
-    _INT = ("run_id", "step", "max_steps", "max_steps_rank", "tokens", "bar_total")
+    _INT = ("run_id", "step", "max_steps", "max_steps_rank", "tokens", "tokens_step", "bar_total")
     _NUM = ("started_at", "ended_at", "step_at", "epoch", "epoch_at", "num_epochs", "loss", "learning_rate",
             "tokens_direct", "tokens_direct_at", "bar_rate", "bar_rate_at", "finished_at", "last_logged")
     _BOOL = ("loss_from_log", "bar_committed", "finished", "estimate_sent")
@@ -146,6 +147,12 @@ class ProgressTracker:
             self.run = _Run(run_id=run_id, started_at=started_at)
             log.info("progress_run_started", run_id=run_id, started_at=started_at)
             self._save(force=True)
+        reset_peak = getattr(self.gpu, "reset_peak", None)
+        if callable(reset_peak):
+            try:
+                reset_peak()  # "peak GPU memory" in the estimate means this run's
+            except Exception:  # noqa: BLE001
+                log.warning("gpu_reset_peak_failed", exc_info=True)
 
     def end_run(self, run_id: int, ended_at: float) -> None:
         """The run ended (any way): figures freeze at ended_at; the cost stops growing."""
@@ -222,6 +229,11 @@ class ProgressTracker:
     def _apply(self, obs: Observation, t: float, now: float) -> None:
         r = self.run
         src = obs.source
+        if obs.bar and r.step_source == "tsup" and not r.finished:
+            # the user's own line owns the step; the bar still knows its speed before our window does
+            if obs.max_steps == r.max_steps and obs.steps_per_s is not None:
+                r.bar_rate, r.bar_rate_at = obs.steps_per_s, t
+            return
         if obs.bar and not self._bar_ok(obs):
             return
         self._dirty = True
@@ -254,6 +266,7 @@ class ProgressTracker:
                 r.tokens_s.clear()
                 r.tokens_s.add(t, obs.tokens, obs.tokens_err)
             r.tokens = obs.tokens
+            r.tokens_step = obs.step if obs.step else None
         if obs.tokens_per_s is not None:
             r.tokens_direct, r.tokens_direct_at = obs.tokens_per_s, t
         if obs.steps_per_s is not None:
@@ -269,8 +282,6 @@ class ProgressTracker:
             return False  # bars after the end are evaluation or prediction
         if r.max_steps_rank >= 2:
             return total == r.max_steps
-        if r.step_source == "tsup":
-            return False
         if r.bar_total is None:
             if n == total:
                 return False  # first seen complete: some other job's bar
@@ -332,6 +343,8 @@ class ProgressTracker:
         if tps is None and r.tokens_direct is not None and r.tokens_direct_at is not None \
                 and te - r.tokens_direct_at <= W:
             tps = r.tokens_direct
+        if tps is None and sps is not None and r.tokens is not None and r.tokens_step:
+            tps = sps * r.tokens / r.tokens_step  # early on: the step rate times tokens per step so far
         pct_f = fraction(r.step, r.max_steps)
         eta = None
         if r.finished:

@@ -76,14 +76,17 @@ class Recorder(FileSystemEventHandler):
         self.lock = threading.Lock()
 
     def on_any_event(self, event):
-        if event.event_type in ("created", "modified", "closed") and not event.is_directory:
+        # only IN_CLOSE_WRITE: watchdog makes up "created" events, in listing order, for what it
+        # finds in a folder that appeared before its watch was added
+        if event.event_type == "closed" and not event.is_directory:
             with self.lock:
                 self.events.append((event.event_type, event.src_path))
 
 
 def test_checkpoint_layout_rotation_and_order(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
+    for step in (20, 40, 60):   # watched from the start, so no write can beat the watch
+        (out / f"checkpoint-{step}").mkdir(parents=True)
     rec = Recorder()
     obs = Observer()
     obs.schedule(rec, str(out), recursive=True)
@@ -189,3 +192,42 @@ def test_paced_run_reports_its_rate(tmp_path):
 def test_bad_arguments(tmp_path, bad):
     r = train(tmp_path / "out", *bad)
     assert r.returncode == 2 and b"error:" in r.stderr
+
+
+def test_live_run_through_the_log_follower(tmp_path):
+    """The demo's path in miniature: the job writes its log, the real LogFollower reads it, the
+    status line shows a bar, the step, an ETA and the cost while it runs."""
+    from supervisor.clock import SystemClock
+    from supervisor.logfollow import LogFollower
+    from tests.waiting import wait_until
+
+    clock = SystemClock()
+    cfg = config.from_dict({"state_dir": str(tmp_path / "state"), "price_per_hour": 3.90, "currency": "EUR"})
+    ctx = Context(cfg, clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None))
+    tr = ProgressTracker(ctx)
+    log_path = tmp_path / "train.log"
+    tr.start_run(1, clock.time())
+    follower = LogFollower(str(log_path), [tr])
+    out = tmp_path / "out"
+    with open(log_path, "wb") as logf:
+        job = subprocess.Popen([sys.executable, "-I", "-S", str(TRAINER), "--output", str(out), "--steps", "150",
+                                "--step-time", "0.02", "--save-steps", "50"], stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        def running_line():
+            follower.poll(clock.time())
+            line = tr.render_line(clock.time())
+            return line if re.search(r"\[[#-]{20}\]  \d+/150 .* ETA \d+s? .*spent €", line) else None
+
+        line = wait_until(running_line, timeout=30, interval=0.05, what="a live progress line with ETA and cost")
+        assert "tok/s" in line and "to finish ~€" in line
+        assert job.wait(timeout=60) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    follower.poll(clock.time())
+    tr.scan_checkpoints([str(out)])
+    s = tr.snapshot(clock.time())
+    assert (s["step"], s["max_steps"], s["finished"], s["eta_s"]) == (150, 150, True, 0.0)
+    assert "done in" in tr.render_line(clock.time())
+    follower.close()
