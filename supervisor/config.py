@@ -108,6 +108,7 @@ class IdleConfig:
     count_training_cpu: bool = _k("bool", False)
     training_cpu_threshold: float = _k("float", 50.0, min=0)
     count_training_output: bool = _k("bool", True)
+    activity_window: float = _k("duration", 600.0)
     jupyter_url: str = _k("url", "")
     jupyter_token_file: str = _k("path", "")
 
