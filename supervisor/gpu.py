@@ -25,6 +25,7 @@ GIB = 1024**3
 PIDS_REFRESH_S = 30.0        # the training's process tree, re-read at most this often ...
 PIDS_UNKNOWN_REFRESH_S = 5.0  # ... or this often while a GPU process belongs to nobody we know
 RESOLVE_MARGIN = 0.02        # memory must fall this far below the limit to clear the alert
+MAX_PROCS_SHOWN = 3
 
 # Xid codes that mean the hardware (not the program) failed; others are usually the application's
 # own fault (13, 31, 43, 45: illegal access, page fault, stopped, killed) and only warned about.
@@ -279,7 +280,11 @@ def render_gpu(g: GpuSample, train_of: dict[int, bool] | None = None) -> str:
     if g.util_pct is None and g.mig:
         util += " (MIG)"
     parts = [head, f"util {util}", f"mem {_gib(g.mem_used_bytes)}/{_gib(g.mem_total_bytes)} GiB"]
-    for p in g.processes:
+    # the training's processes first; a crowded GPU is summarised instead of wrapping the screen
+    procs = sorted(g.processes, key=lambda p: (not train_of.get(p.pid), -(p.mem_bytes or 0)))
+    for p in procs[:MAX_PROCS_SHOWN]:
         who = "train" if train_of.get(p.pid) else "other"
         parts.append(f"{who} pid {p.pid} {_gib(p.mem_bytes)} GiB")
+    if len(procs) > MAX_PROCS_SHOWN:
+        parts.append(f"+{len(procs) - MAX_PROCS_SHOWN} more")
     return "  ".join(parts)

@@ -48,13 +48,13 @@ class LogFollower:
 
     # --- control -------------------------------------------------------------------------------
     def switch(self, path: str, start_at_end: bool = False) -> None:
-        """Follow `path` from now on. The same file as now keeps its position (nothing is read twice
-        or skipped); another file is opened at its end when start_at_end (a daemon restart must
-        not re-alert old OOM lines), else at its start. A file that does not exist yet is read from
-        its beginning once it appears."""
+        """Follow `path` from now on. The path followed now keeps its position (nothing is read twice
+        or skipped; a file replaced meanwhile is handled by `poll` like a rotation); another file is
+        opened at its end when start_at_end (a daemon restart must not re-alert old OOM lines), else
+        at its start. A file that does not exist yet is read from its beginning once it appears."""
         with self._lock:
             path = path or ""
-            if self._fd is not None and path == self.path and self._same_file():
+            if path == self.path:
                 return
             self._close()
             self.path = path

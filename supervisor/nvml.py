@@ -339,6 +339,8 @@ class NvmlProbe:
             v = _query(pynvml.nvmlDeviceGetMemoryInfo, handle, version=pynvml.nvmlMemory_v2)
             if not isinstance(v, Unknown):
                 return v
+            if v.code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                return _query(pynvml.nvmlDeviceGetMemoryInfo, handle)  # this GPU only (vGPU...)
             if v.code not in (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
                               pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
                 return v

@@ -301,3 +301,13 @@ def test_direct_probe_injection(fake_nvml, tmp_path, clock):
     m.poll()
     assert len(m.status()["gpus"]) == 3
     m.close()
+
+
+def test_crowded_gpu_line_is_summarised():
+    from supervisor.nvml import GpuProcess
+
+    g = GpuSample(0, "NVIDIA L4", "u", 50.0, 10 * GIB, 24 * GIB,
+                  tuple(GpuProcess(100 + i, i * GIB) for i in range(6)))
+    line = render_gpu(g, {100: True})
+    assert line == ("GPU0 NVIDIA L4  util  50%  mem 10.0/24.0 GiB  train pid 100 0.0 GiB  "
+                    "other pid 105 5.0 GiB  other pid 104 4.0 GiB  +3 more")

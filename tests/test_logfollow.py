@@ -265,3 +265,29 @@ def test_any_chunking_gives_the_same_lines(tmp_path_factory, chunks):
     data = b"".join(chunks) + b"\n"
     expected = [x.decode("utf-8", "replace") for x in data.replace(b"\r", b"\n").split(b"\n") if x]
     assert r.lines == expected
+
+
+def test_switch_same_path_after_the_file_appeared_reads_it_from_the_start(tmp_path):
+    """The daemon followed a log that did not exist yet; the new run created it before the
+    on-start switch: its first lines (the banner) are new and must be read."""
+    p = tmp_path / "train.log"
+    r = Rec()
+    f = LogFollower(str(p), [r], start_at_end=True)
+    f.poll(0)
+    p.write_bytes(b"===== run 1 started\n")
+    f.switch(str(p), start_at_end=True)
+    f.poll(1)
+    assert r.lines == ["===== run 1 started"]
+
+
+def test_switch_same_path_replaced_file_is_read_whole(tmp_path):
+    p = tmp_path / "train.log"
+    p.write_bytes(b"old run\n")
+    r = Rec()
+    f = LogFollower(str(p), [r], start_at_end=True)
+    f.poll(0)
+    p.unlink()
+    p.write_bytes(b"new run line\n")
+    f.switch(str(p), start_at_end=True)
+    f.poll(1)
+    assert r.lines == ["new run line"]

@@ -259,3 +259,10 @@ def test_unknown_is_falsy_with_reason():
     u = Unknown(3, "Not Supported")
     assert not u and "Not Supported" in repr(u)
     assert "not found" in describe_init_error(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+
+
+def test_memory_v2_not_supported_on_one_gpu_uses_v1_there(fake_nvml, probe):
+    fake_nvml.write([gpu(used=GIB, reserved=GIB, mem_v2_rc=pynvml.NVML_ERROR_NOT_SUPPORTED),
+                     gpu(used=GIB, reserved=GIB)])
+    a, b = probe.sample().gpus
+    assert a.mem_used_bytes == 2 * GIB and b.mem_used_bytes == GIB  # the other keeps v2
