@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Install train-supervisor from the checkout this script lives in:
+#   - its own venv in /opt/train-supervisor (never pip into the system Python),
+#   - the systemd unit in /etc/systemd/system, enabled for boot,
+#   - a commented default config in /etc/train-supervisor/config.toml (only if there is none),
+#   - /usr/local/bin/supervisorctl pointing into the venv.
+# Meant for image builds (no systemd running: the unit is enabled offline) as well as live
+# machines. Idempotent: run it again to upgrade; a running daemon is restarted, the training
+# keeps running (see KillMode in the unit).
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: systemd/install.sh [options]
+  --prefix DIR     install below DIR instead of / (staging, tests); paths stay literal, so the
+                   unit's ExecStart becomes DIR/opt/train-supervisor/bin/train-supervisord
+  --python PY      interpreter for the venv (default: python3; needs 3.11+)
+  --group NAME     create system group NAME (if missing) and, in a newly written config,
+                   let its members use supervisorctl (socket_group)
+  --pip-arg ARG    pass ARG to pip install (repeatable), e.g. --pip-arg=--no-index
+  --no-enable      do not enable the unit
+  --now            also start the daemon now (live machines)
+  -h, --help       this text
+EOF
+}
+
+log() { printf 'install.sh: %s\n' "$*"; }
+die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
+
+PREFIX=""
+PYTHON="python3"
+GROUP=""
+ENABLE=1
+START=0
+PIP_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) PREFIX="${2:?--prefix needs a directory}"; shift 2 ;;
+    --prefix=*) PREFIX="${1#*=}"; shift ;;
+    --python) PYTHON="${2:?--python needs an interpreter}"; shift 2 ;;
+    --python=*) PYTHON="${1#*=}"; shift ;;
+    --group) GROUP="${2:?--group needs a name}"; shift 2 ;;
+    --group=*) GROUP="${1#*=}"; shift ;;
+    --pip-arg) PIP_ARGS+=("${2:?--pip-arg needs an argument}"); shift 2 ;;
+    --pip-arg=*) PIP_ARGS+=("${1#*=}"); shift ;;
+    --no-enable) ENABLE=0; shift ;;
+    --now) START=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option: $1" ;;
+  esac
+done
+
+if [ -n "$PREFIX" ]; then
+  mkdir -p "$PREFIX"
+  PREFIX="$(cd "$PREFIX" && pwd)"
+  [ "$PREFIX" != "/" ] || PREFIX=""
+fi
+if [ -n "$GROUP" ] && ! [[ "$GROUP" =~ ^[a-z_][a-z0-9_-]*$ ]]; then
+  die "--group: not a valid group name: $GROUP"
+fi
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+[ -f "$REPO/pyproject.toml" ] && [ -d "$REPO/supervisor" ] || die "run me from a train-supervisor checkout ($REPO)"
+
+VENV="$PREFIX/opt/train-supervisor"
+ETC="$PREFIX/etc/train-supervisor"
+CONFIG="$ETC/config.toml"
+UNIT_DIR="$PREFIX/etc/systemd/system"
+UNIT="train-supervisor.service"
+BIN_DIR="$PREFIX/usr/local/bin"
+SYSTEMD_RUNNING=0
+if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then SYSTEMD_RUNNING=1; fi
+
+# --- Python and the venv ---------------------------------------------------------------------
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found (install Python 3.11+ or pass --python)"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "needs Python 3.11 or newer; $PYTHON is $("$PYTHON" -V 2>&1)"
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+  if [ -z "$PREFIX" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing python3-venv (the venv module is missing)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv >/dev/null
+  else
+    die "$PYTHON has no venv module (Debian/Ubuntu: apt-get install python3-venv)"
+  fi
+fi
+
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  log "using the existing venv $VENV"
+else
+  # Missing, or its interpreter is gone (the system Python was upgraded): build it afresh.
+  log "creating the venv $VENV"
+  mkdir -p "$(dirname "$VENV")"
+  "$PYTHON" -m venv --clear "$VENV"
+fi
+log "installing train-supervisor from $REPO"
+# A local directory is always rebuilt and reinstalled by pip, so an upgrade with an unchanged
+# version number still gets the new code.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$REPO"
+"$VENV/bin/train-supervisord" --version >/dev/null || die "the installed train-supervisord does not run"
+
+# --- supervisorctl on PATH ---------------------------------------------------------------------
+mkdir -p "$BIN_DIR"
+LINK="$BIN_DIR/supervisorctl"
+if [ -e "$LINK" ] && [ ! -L "$LINK" ]; then
+  # Most likely PyPI's unrelated `supervisor` (supervisord): never clobber it.
+  log "warning: $LINK exists and is not ours; use $VENV/bin/supervisorctl"
+else
+  ln -sfn "$VENV/bin/supervisorctl" "$LINK"
+fi
+
+# --- the group ---------------------------------------------------------------------------------
+if [ -n "$GROUP" ]; then
+  if [ -n "$PREFIX" ]; then
+    log "not creating group $GROUP under --prefix (create it in the image: groupadd --system $GROUP)"
+  elif getent group "$GROUP" >/dev/null; then
+    log "group $GROUP exists"
+  else
+    groupadd --system "$GROUP"
+    log "created group $GROUP (add users with: usermod -aG $GROUP USER)"
+  fi
+fi
+
+# --- config (written once, never overwritten) ---------------------------------------------------
+mkdir -p "$ETC"
+if [ -e "$CONFIG" ]; then
+  log "keeping the existing $CONFIG"
+else
+  tmp="$(mktemp "$ETC/.config.toml.XXXXXX")"
+  "$VENV/bin/python" - "$GROUP" >"$tmp" <<'PY'
+import sys
+from importlib.resources import files
+
+text = files("supervisor").joinpath("default-config.toml").read_text(encoding="utf-8")
+group = sys.argv[1]
+if group:
+    text = text.replace('#socket_group = ""', f'socket_group = "{group}"', 1)
+sys.stdout.write(text)
+PY
+  chmod 0644 "$tmp"
+  mv "$tmp" "$CONFIG"
+  log "wrote the commented default config $CONFIG"
+fi
+
+# --- the unit ----------------------------------------------------------------------------------
+mkdir -p "$UNIT_DIR"
+tmp="$(mktemp "$UNIT_DIR/.$UNIT.XXXXXX")"
+sed "s#^ExecStart=/opt/train-supervisor/#ExecStart=$VENV/#" "$REPO/systemd/$UNIT" >"$tmp"
+chmod 0644 "$tmp"
+if cmp -s "$tmp" "$UNIT_DIR/$UNIT"; then
+  rm -f "$tmp"
+else
+  mv "$tmp" "$UNIT_DIR/$UNIT"
+  log "installed $UNIT_DIR/$UNIT"
+fi
+
+if [ "$ENABLE" = 1 ]; then
+  if [ "$SYSTEMD_RUNNING" = 1 ]; then
+    systemctl daemon-reload
+    systemctl enable --quiet "$UNIT"
+    if systemctl is-active --quiet "$UNIT"; then
+      systemctl restart "$UNIT"  # upgrade: the training lives outside the unit and keeps running
+      log "restarted the running daemon"
+    elif [ "$START" = 1 ]; then
+      systemctl start "$UNIT"
+      log "started $UNIT"
+    else
+      log "enabled $UNIT; start it now with: systemctl start train-supervisor"
+    fi
+  elif command -v systemctl >/dev/null; then
+    # No systemd running (an image build, a container, --prefix): enable offline for next boot.
+    if out="$(systemctl --root="${PREFIX:-/}" enable "$UNIT" 2>&1)"; then
+      log "enabled $UNIT for the next boot (systemd is not running here)"
+    else
+      log "systemctl --root=${PREFIX:-/} enable failed ($out); linking by hand"
+      mkdir -p "$UNIT_DIR/multi-user.target.wants"
+      ln -sfn "/etc/systemd/system/$UNIT" "$UNIT_DIR/multi-user.target.wants/$UNIT"
+    fi
+  else
+    mkdir -p "$UNIT_DIR/multi-user.target.wants"
+    ln -sfn "/etc/systemd/system/$UNIT" "$UNIT_DIR/multi-user.target.wants/$UNIT"
+    log "enabled $UNIT for the next boot (no systemctl here: linked by hand)"
+  fi
+else
+  log "not enabled (--no-enable); later: systemctl enable --now train-supervisor"
+fi
+
+# --- a config the daemon would refuse is reported now, not at boot -----------------------------
+if ! "$VENV/bin/supervisorctl" check-config "$CONFIG" >/dev/null; then
+  die "$CONFIG has problems (listed above); the daemon will not start until they are fixed"
+fi
+log "done: $("$VENV/bin/train-supervisord" --version) in $VENV; config $CONFIG OK"

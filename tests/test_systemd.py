@@ -1,0 +1,180 @@
+"""The systemd unit (checked by `systemd-analyze verify`, whose exit code ignores unknown keys:
+we read its stderr) and install.sh, run for real into a temporary prefix."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+UNIT = REPO / "systemd" / "train-supervisor.service"
+INSTALL = REPO / "systemd" / "install.sh"
+ANALYZE = shutil.which("systemd-analyze")
+needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed (apt-get install systemd)")
+
+
+def unit_settings(text: str) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            out[section] = {}
+            continue
+        key, _, value = line.partition("=")
+        assert key not in out[section], f"{key} set twice in [{section}]"
+        out[section][key] = value
+    return out
+
+
+def verify(path: Path) -> list[str]:
+    """Problems systemd-analyze reports about `path` (it exits 0 on many of them)."""
+    r = subprocess.run([ANALYZE, "verify", "--man=no", str(path)], capture_output=True, text=True, timeout=60)
+    lines = (r.stdout + r.stderr).splitlines()
+    problems = [line for line in lines if path.name in line or str(path) in line]
+    if r.returncode != 0:
+        problems.append(f"exit {r.returncode}: {r.stderr.strip()}")
+    return problems
+
+
+def daemon_exe() -> str:
+    p = Path(sys.executable).with_name("train-supervisord")
+    return str(p) if p.exists() else "/bin/true"
+
+
+def unit_copy(tmp_path: Path, extra: str = "") -> Path:
+    """The unit with ExecStart on an executable that exists here (verify checks it)."""
+    text = UNIT.read_text()
+    text = re.sub(r"^ExecStart=\S+", f"ExecStart={daemon_exe()}", text, count=1, flags=re.M)
+    text = text.replace("[Install]", extra + "\n[Install]") if extra else text
+    p = tmp_path / "train-supervisor.service"
+    p.write_text(text)
+    return p
+
+
+@needs_analyze
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    assert verify(unit_copy(tmp_path)) == []
+
+
+@needs_analyze
+def test_verify_check_does_see_mistakes(tmp_path):
+    """The check above is only worth something if a typo makes it fail."""
+    problems = verify(unit_copy(tmp_path, "[Service]\nKillMod=process\nWatchdogSec=soon\n"))
+    assert any("KillMod" in p for p in problems) and any("soon" in p for p in problems), problems
+
+
+def test_unit_contract():
+    s = unit_settings(UNIT.read_text())
+    svc = s["Service"]
+    assert svc["Type"] == "notify" and svc["NotifyAccess"] == "main"
+    assert svc["ExecStart"] == "/opt/train-supervisor/bin/train-supervisord"
+    assert svc["WatchdogSec"] in ("60", "60s") and svc["Restart"] == "on-failure"
+    assert svc["KillMode"] in ("process", "mixed")
+    assert svc["RuntimeDirectory"] == "train-supervisor" and svc["RuntimeDirectoryPreserve"] == "yes"
+    assert svc["StateDirectory"] == "train-supervisor" and svc["ConfigurationDirectory"] == "train-supervisor"
+    assert s["Install"]["WantedBy"] == "multi-user.target"
+    assert s["Unit"].get("StartLimitIntervalSec") == "0"  # never gives up restarting
+
+
+def test_hardening_leaves_the_training_and_poweroff_working():
+    svc = unit_settings(UNIT.read_text())["Service"]
+    assert svc.get("NoNewPrivileges", "no") == "no"  # sudo in the training
+    assert svc.get("ProtectSystem", "no") in ("no", "full")  # never strict
+    for key in ("ProtectHome", "PrivateDevices", "PrivateNetwork", "PrivateTmp", "ProtectKernelLogs",
+                "ProtectKernelModules", "PrivateUsers", "DynamicUser", "RestrictSUIDSGID",
+                "MemoryDenyWriteExecute"):
+        assert svc.get(key, "no") == "no", f"{key} would break the training, GPUs, SMTP or the kernel log"
+    for key in ("SystemCallFilter", "CapabilityBoundingSet", "DevicePolicy", "DeviceAllow",
+                "RestrictAddressFamilies", "InaccessiblePaths", "ReadOnlyPaths", "User"):
+        assert key not in svc, f"{key}: inherited by the training (or blocks poweroff over D-Bus)"
+
+
+def test_each_setting_is_explained():
+    lines = UNIT.read_text().splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        if "=" in line and not line.startswith("#"):
+            j = i - 1
+            while j >= 0 and "=" in lines[j] and not lines[j].startswith("#"):
+                j -= 1  # a group of settings shares the comment above it
+            if j < 0 or not lines[j].startswith("#") or i - j > 4:
+                bare.append(line)
+    assert not bare, f"settings without a comment saying why: {bare}"
+
+
+# --- install.sh ---------------------------------------------------------------------------------
+
+def _copy_checkout(dst: Path) -> Path:
+    shutil.copytree(REPO, dst, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", ".ruff_cache",
+        ".hypothesis", "*.pyc"))
+    return dst
+
+
+def _install(src: Path, prefix: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "TRAIN_SUPERVISOR_"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(str(Path(sys.executable).parent)))
+    return subprocess.run(["bash", str(src / "systemd" / "install.sh"), "--prefix", str(prefix), *args],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_install_usage_errors(tmp_path):
+    r = subprocess.run(["bash", str(INSTALL), "--bogus"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "unknown option: --bogus" in r.stderr and "usage:" in r.stderr
+    r = subprocess.run(["bash", str(INSTALL), "--prefix", str(tmp_path), "--group", "Bad Name"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "not a valid group name" in r.stderr
+    r = subprocess.run(["bash", str(INSTALL), "--prefix", str(tmp_path), "--python", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "not found" in r.stderr
+    assert not (tmp_path / "opt").exists()
+
+
+@pytest.mark.slow
+def test_install_into_a_prefix_then_upgrade(tmp_path):
+    src = _copy_checkout(tmp_path / "checkout")
+    prefix = tmp_path / "root"
+    r = _install(src, prefix, "--group", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    venv = prefix / "opt" / "train-supervisor"
+    config = prefix / "etc" / "train-supervisor" / "config.toml"
+    unit = prefix / "etc" / "systemd" / "system" / "train-supervisor.service"
+    ctl = prefix / "usr" / "local" / "bin" / "supervisorctl"
+    assert ctl.is_symlink() and os.readlink(ctl) == str(venv / "bin" / "supervisorctl")
+    assert 'socket_group = "train"' in config.read_text() and "[idle]" in config.read_text()
+    # the venv's supervisorctl accepts the config it wrote
+    c = subprocess.run([str(ctl), "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert c.returncode == 0, c.stderr
+    # the unit points into this venv and verifies as installed
+    assert f"ExecStart={venv}/bin/train-supervisord\n" in unit.read_text()
+    wants = prefix / "etc" / "systemd" / "system" / "multi-user.target.wants" / "train-supervisor.service"
+    assert wants.is_symlink() and os.readlink(wants) == "/etc/systemd/system/train-supervisor.service"
+    if ANALYZE:
+        assert verify(unit) == []
+
+    # upgrade: new code, an edited (here: broken) config that must be kept, a foreign supervisorctl
+    marker = "# upgrade marker 7f3a\n"
+    with open(src / "supervisor" / "durations.py", "a") as f:
+        f.write(marker)
+    config.write_text('[idle]\nwarn_after = "soon"\n')
+    ctl.unlink()
+    ctl.write_text("#!/bin/sh\necho supervisord's\n")
+    r = _install(src, prefix)
+    assert r.returncode == 1 and 'idle.warn_after: expected a duration like "2h", got "soon"' in r.stderr
+    assert "has problems" in r.stderr
+    assert config.read_text() == '[idle]\nwarn_after = "soon"\n'
+    assert not ctl.is_symlink() and "is not ours" in r.stdout
+    installed = list(venv.glob("lib/python3*/site-packages/supervisor/durations.py"))
+    assert installed and installed[0].read_text().endswith(marker)
+    assert "using the existing venv" in r.stdout
