@@ -57,7 +57,7 @@ class Daemon:
         from .hostcheck import HostCheck
         from .logfollow import LogFollower
         from .oom import OomDetector
-        from .progress import ProgressTracker
+        from .tracker import ProgressTracker
         from .sync.engine import SyncEngine
 
         self.gpu = GpuMonitor(self.ctx, training=self.training)
@@ -121,7 +121,7 @@ class Daemon:
         self._every("progress", 30.0, lambda: self.progress.scan_checkpoints(self._checkpoint_dirs()))
         self._every("estimate", 60.0, lambda: self.progress.maybe_early_estimate(self.clock.time()))
         self._every("idle", c.idle.poll_interval, self.guard.poll)
-        self._every("host", 60.0, self.hostcheck.poll)
+        self._every("host", 15.0, self.hostcheck.poll)  # host RAM exhaustion is followed fast by the OOM killer
         self._every("alerts", 5.0, self.alerts.tick)
         wd = watchdog_interval()
         if wd:
