@@ -1,0 +1,401 @@
+"""Stopping the machine: the stop actions, and the stop sequence recorded in `stop.json`.
+
+The sequence is final sync -> (verified, or forced) -> "stopping now" mail -> action -> done. Every
+step is written to `stop.json` before the next begins, so a daemon killed mid-stop resumes where
+it was instead of starting over, and a stop from an earlier boot is never resumed.
+
+Exactly once, after a `kill -9` between "action started" and "action done":
+- `dry-run`: the record *is* the action (one atomic write), so it cannot happen twice;
+- `command`: runs detached from the daemon under a wrapper that writes its exit status to a file
+  named in the record, with the wrapper's PID and start time recorded before the wait. A new daemon
+  reads the exit file if it is there, waits for the recorded process if it still runs, and runs
+  the command again only when neither exists (the command was killed, or never started);
+- `poweroff` and `ec2`: re-running them is harmless (a second `systemctl poweroff` or
+  StopInstances on a stopping instance changes nothing), so an unfinished one is simply re-run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import psutil
+import structlog
+
+from .config import Config, StopConfig
+from .interfaces import FinalSyncResult
+
+log = structlog.get_logger("stop")
+
+PHASES = ("final_sync", "acting", "done", "cancelled")
+COMMAND_TIMEOUT_S = 600.0
+MAX_ACTION_ATTEMPTS = 5
+
+
+class StopActionError(Exception):
+    """The action ran and did not stop the machine; the message says why."""
+
+
+# --- the actions ---------------------------------------------------------------------------------
+def poweroff(timeout: float = 60.0) -> str:
+    """`systemctl poweroff`: on EC2 (EBS-backed) this stops the instance; `halt` would keep billing."""
+    try:
+        cp = subprocess.run(["systemctl", "poweroff"], capture_output=True, text=True, timeout=timeout,
+                            stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise StopActionError("systemctl not found: use stop.action = \"command\" with your own command") from None
+    except subprocess.TimeoutExpired:
+        raise StopActionError(f"systemctl poweroff did not return within {timeout:.0f}s") from None
+    if cp.returncode != 0:
+        raise StopActionError(f"systemctl poweroff exited {cp.returncode}: {(cp.stderr or cp.stdout).strip()[:300]}")
+    return "systemctl poweroff accepted"
+
+
+def imds_instance(imds_url: str, region: str = "", timeout: float = 3.0) -> tuple[str, str]:
+    """(instance id, region) from the instance metadata service, IMDSv2 (session token first)."""
+    base = imds_url.rstrip("/")
+    try:
+        req = urllib.request.Request(f"{base}/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the configured IMDS
+            token = r.read().decode().strip()
+
+        def get(path: str) -> str:
+            rq = urllib.request.Request(f"{base}{path}", headers={"X-aws-ec2-metadata-token": token})
+            with urllib.request.urlopen(rq, timeout=timeout) as resp:  # noqa: S310
+                return resp.read().decode().strip()
+
+        iid = get("/latest/meta-data/instance-id")
+        reg = region or get("/latest/meta-data/placement/region")
+    except OSError as e:
+        raise StopActionError(f"instance metadata (IMDSv2) at {base} unavailable: {getattr(e, 'reason', e)}; "
+                              "is this an EC2 instance?") from None
+    if not iid.startswith("i-"):
+        raise StopActionError(f"instance metadata returned an unexpected instance id {iid[:40]!r}")
+    return iid, reg
+
+
+def ec2_stop(cfg: StopConfig) -> str:
+    """StopInstances on this instance, through boto3 (credentials from the usual chain)."""
+    iid, region = imds_instance(cfg.imds_url, cfg.ec2_region)
+    import boto3
+    from botocore.config import Config as BotoConfig
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = boto3.session.Session().client(
+        "ec2", region_name=region, endpoint_url=cfg.ec2_endpoint_url or None,
+        config=BotoConfig(connect_timeout=10, read_timeout=30, retries={"max_attempts": 4, "mode": "standard"}))
+    try:
+        resp = client.stop_instances(InstanceIds=[iid])
+    except (BotoCoreError, ClientError) as e:
+        raise StopActionError(f"ec2 StopInstances {iid} in {region} failed: {e}") from None
+    states = resp.get("StoppingInstances") or [{}]
+    prev = states[0].get("PreviousState", {}).get("Name", "?")
+    cur = states[0].get("CurrentState", {}).get("Name", "?")
+    return f"ec2 StopInstances {iid} in {region}: {prev} -> {cur}"
+
+
+def _proc_ctime(pid: int | None) -> float | None:
+    if not pid:
+        return None
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except psutil.Error:
+        return None
+
+
+def start_command(command: str, exit_file: Path, log_file: Path, env: dict[str, str]) -> int:
+    """Start the stop command detached from the daemon (it outlives a kill -9 of the daemon); the
+    wrapper shell writes the command's exit status to `exit_file` when it ends. Returns the PID."""
+    wrapper = 'sh -c "$1"; rc=$?; printf "%s\\n" "$rc" > "$2.tmp" && mv "$2.tmp" "$2"'
+    exit_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        p = subprocess.Popen(["/bin/sh", "-c", wrapper, "train-supervisor-stop", command, str(exit_file)],
+                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True, close_fds=True)
+    return p.pid
+
+
+def read_exit(exit_file: Path) -> int | None:
+    try:
+        txt = exit_file.read_text().strip()
+    except OSError:
+        return None
+    return int(txt) if txt.lstrip("-").isdigit() else None
+
+
+# --- the persisted sequence ----------------------------------------------------------------------
+@dataclass
+class StopRecord:
+    id: str
+    boot_id: str
+    cycle: int
+    reason: str                  # idle | finished
+    action: str
+    planned_at: float            # wall time the stop began
+    phase: str = "final_sync"
+    attempts: int = 0            # final-sync attempts
+    next_try_mono: float = 0.0
+    last_error: str = ""
+    synced: dict | None = None   # the last FinalSyncResult, as a dict
+    forced: str = ""             # why the action ran although the final sync did not verify
+    mailed: bool = False         # the "stopping now" mail is out
+    action_attempts: int = 0
+    action_started_at: float | None = None
+    action_pid: int | None = None
+    action_ctime: float | None = None
+    exit_file: str = ""
+    result: str = ""
+    done_at: float | None = None
+    done_mono: float | None = None
+    history: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StopRecord:
+        if not isinstance(d, dict):
+            raise ValueError("stop record is not a JSON object")
+        names = {f.name for f in fields(cls)}
+        try:
+            rec = cls(**{k: v for k, v in d.items() if k in names})
+        except TypeError as e:
+            raise ValueError(f"stop record: {e}") from None
+        if rec.phase not in PHASES:
+            raise ValueError(f"stop record: unknown phase {rec.phase!r}")
+        return rec
+
+    def note(self, wall: float, text: str) -> None:
+        import datetime as dt
+
+        stamp = dt.datetime.fromtimestamp(wall, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        self.history = (self.history + [f"{stamp} {text}"])[-30:]
+
+
+def may_act_without_sync(cfg: Config, idle_cost: float | None) -> str:
+    """Why the action may run although the final sync did not verify ("" = it may not)."""
+    if cfg.stop.stop_even_if_sync_fails:
+        return "stop.stop_even_if_sync_fails is set"
+    if cfg.max_idle_cost is not None and idle_cost is not None and idle_cost >= cfg.max_idle_cost:
+        return (f"the idle cost {idle_cost:.2f} {cfg.currency} reached max_idle_cost "
+                f"{cfg.max_idle_cost:.2f} {cfg.currency}")
+    return ""
+
+
+def sync_summary(r: FinalSyncResult) -> dict:
+    return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
+            "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50])}
+
+
+class StopSequence:
+    """Owns stop.json. Not thread-safe by itself: the guard calls it from one worker at a time
+    and reads it under its own lock."""
+
+    NAME = "stop"
+
+    def __init__(self, cfg: Config, store, *, runners: dict[str, Callable[[StopConfig], str]] | None = None,
+                 env: dict[str, str] | None = None):
+        self.cfg = cfg
+        self.store = store
+        self.dir = Path(cfg.state_dir)
+        self.runners = {"poweroff": lambda c: poweroff(), "ec2": ec2_stop, **(runners or {})}
+        self.env = env
+        self.rec: StopRecord | None = None
+        raw = store.load(self.NAME, None)
+        if raw is not None:
+            try:
+                self.rec = StopRecord.from_dict(raw)
+            except ValueError as e:
+                store.problems.append(f"stop.json: {e}; no stop is resumed")
+                log.error("stop_record_unusable", error=str(e))
+
+    def save(self) -> None:
+        if self.rec is not None:
+            self.store.save(self.NAME, asdict(self.rec))
+
+    # --- the moves --------------------------------------------------------------------------------
+    def begin(self, boot_id: str, cycle: int, reason: str, wall: float) -> StopRecord:
+        """Start (or, after a restart in the same boot, resume) the stop for this idle cycle."""
+        sid = f"{boot_id}:{cycle}"
+        if self.rec is not None and self.rec.id == sid and self.rec.phase in ("final_sync", "acting"):
+            self.rec.note(wall, "resumed after a daemon restart")
+            self.save()
+            log.warning("stop_resumed", id=sid, phase=self.rec.phase)
+            return self.rec
+        if self.rec is not None and self.rec.id == sid and self.rec.phase == "done":
+            return self.rec
+        self.rec = StopRecord(id=sid, boot_id=boot_id, cycle=cycle, reason=reason, action=self.cfg.stop.action,
+                              planned_at=wall)
+        self.rec.note(wall, f"stop begun ({reason}); action {self.cfg.stop.action}")
+        self.save()
+        log.warning("stop_begun", id=sid, reason=reason, action=self.cfg.stop.action)
+        return self.rec
+
+    def current(self, boot_id: str) -> StopRecord | None:
+        """The record of a stop of this boot (a previous boot's stop is history, never resumed)."""
+        if self.rec is not None and self.rec.boot_id == boot_id:
+            return self.rec
+        return None
+
+    def cancel(self, wall: float, why: str) -> None:
+        if self.rec is not None and self.rec.phase == "final_sync":
+            self.rec.phase = "cancelled"
+            self.rec.note(wall, f"cancelled: {why}")
+            self.save()
+            log.info("stop_cancelled", id=self.rec.id, why=why)
+
+    def record_sync(self, r: FinalSyncResult, wall: float, mono: float) -> None:
+        rec = self._rec()
+        rec.attempts += 1
+        rec.synced = sync_summary(r)
+        if r.ok:
+            rec.last_error = ""
+            rec.note(wall, f"final sync verified: {r.files} files, {r.bytes} bytes at {r.target or '(no target)'}")
+        else:
+            rec.last_error = f"final sync failed: {r.error or 'not verified'}"
+            rec.next_try_mono = mono + self.cfg.stop.retry_interval
+            rec.note(wall, rec.last_error)
+        self.save()
+
+    def force(self, why: str, wall: float) -> None:
+        rec = self._rec()
+        rec.forced = why
+        rec.note(wall, f"stopping although the final sync failed: {why}")
+        self.save()
+
+    def mark_mailed(self) -> None:
+        self._rec().mailed = True
+        self.save()
+
+    def act(self, wall: float, mono: float) -> str:
+        """Run the action (or finish one a killed daemon left in flight). Returns what it reported;
+        raises StopActionError when the machine was not stopped."""
+        rec = self._rec()
+        action = rec.action
+        resuming = rec.phase == "acting"
+        if action == "dry-run":
+            rec.phase, rec.done_at, rec.done_mono = "done", wall, mono
+            rec.result = f"dry-run: would have stopped the machine ({rec.reason})"
+            rec.action_attempts += 1
+            rec.note(wall, rec.result)
+            self.save()  # the record is the action: written once, atomically
+            log.warning("stop_dry_run", id=rec.id, reason=rec.reason)
+            return rec.result
+        if action == "command":
+            return self._act_command(rec, wall, mono, resuming)
+        if resuming:
+            rec.note(wall, f"re-running {action} (a daemon restart interrupted it; harmless to repeat)")
+        rec.phase = "acting"
+        rec.action_attempts += 1
+        rec.action_started_at = wall
+        self.save()
+        try:
+            result = self.runners[action](self.cfg.stop)
+        except StopActionError as e:
+            self._action_failed(rec, str(e), wall, mono)
+            raise
+        except Exception as e:  # noqa: BLE001 - boto3 and friends raise their own types
+            self._action_failed(rec, f"{type(e).__name__}: {e}", wall, mono)
+            raise StopActionError(str(e)) from e
+        self._done(rec, result, wall, mono)
+        return result
+
+    def _act_command(self, rec: StopRecord, wall: float, mono: float, resuming: bool) -> str:
+        exit_file = Path(rec.exit_file) if rec.exit_file else None
+        code = read_exit(exit_file) if (resuming and exit_file) else None
+        ctime = _proc_ctime(rec.action_pid) if resuming else None
+        alive = ctime is not None and (rec.action_ctime is None or abs(ctime - rec.action_ctime) < 1.0)
+        if code is None and not alive:
+            if resuming:
+                rec.note(wall, "the stop command left no exit status and is not running: running it again"
+                         if rec.action_pid else "the stop command had not started: starting it")
+            rec.phase = "acting"
+            rec.action_attempts += 1
+            rec.action_started_at = wall
+            exit_file = self.dir / "stop-actions" / f"{rec.id.replace(':', '-')}-{rec.action_attempts}.exit"
+            rec.exit_file, rec.action_pid, rec.action_ctime = str(exit_file), None, None
+            self.save()
+            env = dict(self.env if self.env is not None else os.environ)
+            env.update(self.cfg.training.env or {})
+            pid = start_command(self.cfg.stop.command, exit_file, self.dir / "stop-action.log", env)
+            rec.action_pid, rec.action_ctime = pid, _proc_ctime(pid)
+            rec.note(wall, f"stop command started (pid {pid}): {self.cfg.stop.command}")
+            self.save()
+            log.warning("stop_command_started", pid=pid, command=self.cfg.stop.command)
+        elif code is None:
+            rec.note(wall, f"waiting for the stop command already running (pid {rec.action_pid})")
+            self.save()
+        assert exit_file is not None
+        code = self._wait_exit(rec, exit_file)
+        if code is None:
+            msg = f"stop command did not finish within {COMMAND_TIMEOUT_S:.0f}s"
+            self._action_failed(rec, msg, wall, mono)
+            raise StopActionError(msg)
+        if code != 0:
+            msg = f"stop command exited {code}: {self._log_tail()}"
+            self._action_failed(rec, msg, wall, mono)
+            raise StopActionError(msg)
+        result = f"stop command succeeded: {self.cfg.stop.command}"
+        self._done(rec, result, wall, mono)
+        return result
+
+    def _wait_exit(self, rec: StopRecord, exit_file: Path) -> int | None:
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        pid = rec.action_pid
+        while time.monotonic() < deadline:
+            code = read_exit(exit_file)
+            if code is not None:
+                return code
+            if pid and _proc_ctime(pid) is None:
+                try:  # reap our own child; a previous daemon's is reaped by init
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                return read_exit(exit_file) if read_exit(exit_file) is not None else -1
+            time.sleep(0.05)
+        return None
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.dir / "stop-action.log", "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 400))
+                return f.read().decode("utf-8", "replace").strip().replace("\n", " | ")[-300:]
+        except OSError:
+            return ""
+
+    def _action_failed(self, rec: StopRecord, msg: str, wall: float, mono: float) -> None:
+        rec.phase = "final_sync"  # sync again (cheap when nothing changed) before the next try
+        rec.last_error = f"stop action failed: {msg}"
+        rec.next_try_mono = mono + self.cfg.stop.retry_interval
+        rec.note(wall, rec.last_error)
+        self.save()
+        log.error("stop_action_failed", id=rec.id, action=rec.action, error=msg)
+
+    def _done(self, rec: StopRecord, result: str, wall: float, mono: float) -> None:
+        rec.phase, rec.result, rec.done_at, rec.done_mono, rec.last_error = "done", result, wall, mono, ""
+        rec.note(wall, result)
+        self.save()
+        log.warning("stop_action_done", id=rec.id, action=rec.action, result=result)
+
+    def _rec(self) -> StopRecord:
+        if self.rec is None:
+            raise RuntimeError("no stop in progress")
+        return self.rec
+
+
+def describe_action(cfg: StopConfig) -> str:
+    if cfg.action == "command":
+        return f"run `{cfg.command}`"
+    if cfg.action == "ec2":
+        return "ec2 StopInstances on this instance"
+    if cfg.action == "dry-run":
+        return "dry-run (nothing is stopped; the stop is only logged and recorded)"
+    return "systemctl poweroff"
