@@ -1,0 +1,77 @@
+"""Run the sync engine without the daemon, from the same config.
+
+    python -m supervisor.sync --config CFG --once            # upload what is complete, verify, exit
+    python -m supervisor.sync --config CFG --final /w/out    # the stop logic's final sync, by hand
+    python -m supervisor.sync --config CFG --serve           # watch and upload until SIGTERM
+
+Exit status 0 when the target holds everything asked for, 1 when it does not (the reason on
+stderr), 2 for a bad config, 3 when the daemon already runs the sync for this target. The result
+is printed as one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import signal
+import sys
+import threading
+
+from ..alerts import Alerts
+from ..clock import SystemClock
+from ..config import ConfigError, load
+from ..context import Context
+from ..logging_setup import configure
+from ..statefile import StateStore
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m supervisor.sync", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=None)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--once", action="store_true", help="upload what is complete now, then exit")
+    mode.add_argument("--final", nargs="+", metavar="PATH", help="final sync of these folders")
+    mode.add_argument("--serve", action="store_true", help="keep watching until SIGTERM")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--log-level", default=None)
+    args = ap.parse_args(argv)
+    try:
+        cfg = load(args.config)
+    except ConfigError as e:
+        for p in e.problems:
+            sys.stderr.write(p + "\n")
+        return 2
+    configure(args.log_level or cfg.log_level, json=True)
+    import structlog
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # stdout: the result
+    clock = SystemClock()
+    store = StateStore(cfg.state_dir)
+    ctx = Context(cfg, clock, store, Alerts(cfg.alerts, clock, cfg.state_dir))
+    from .engine import SyncEngine
+
+    engine = SyncEngine(ctx)
+    if engine.enabled and engine.ledger is None:
+        sys.stderr.write(f"{engine.status()['last_error']}\n")
+        return 3
+    engine.start()
+    try:
+        if args.serve:
+            stop = threading.Event()
+            for s in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(s, lambda *_: stop.set())
+            while not stop.wait(1.0):
+                pass
+            return 0
+        r = engine.wait_idle(args.timeout) if args.once else engine.final_sync(args.final, args.timeout)
+        sys.stdout.write(json.dumps(dataclasses.asdict(r)) + "\n")
+        if not r.ok:
+            sys.stderr.write(f"sync failed: {r.error}\n")
+        return 0 if r.ok else 1
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

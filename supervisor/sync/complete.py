@@ -1,0 +1,165 @@
+"""Is a checkpoint folder (or a single file) complete? Pure functions of observations and `now`.
+
+A unit is complete when all of these hold:
+- it has at least one file, and no file in it has a temporary name;
+- its writer has gone quiet: every file's mtime is at least `quiet` seconds old by the wall clock
+  (an mtime far in the future, from a skewed clock, is ignored), and no file's size or mtime has
+  been *seen* to change for `quiet` seconds (monotonic, so a clock step cannot fake it);
+- every file whose format can tell says it is whole (a safetensors file has exactly the bytes its
+  header promises; a torch zip archive ends with its central directory);
+- a Hugging Face Trainer checkpoint (`checkpoint-N` holding Trainer files) has its
+  `trainer_state.json`, which the Trainer writes last.
+
+`forced` (final sync: the writer is gone) skips the waiting, ignores leftover temp files and
+uploads what is whole, but a checkpoint that never got its `trainer_state.json` or holds a
+truncated file is *partial*: its files go up, it never gets a manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+
+from .policy import is_temp_name
+
+FUTURE_SKEW_S = 5.0  # mtimes further ahead than this are a clock problem, not activity
+HF_CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
+HF_LAST_FILE = "trainer_state.json"
+# Files only a Trainer checkpoint has; their presence makes trainer_state.json mandatory.
+_HF_MARKERS = re.compile(r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.pt|rng_state(_\d+)?\.pth|"
+                         r"scaler\.pt)$")
+
+
+@dataclass(frozen=True)
+class FileObs:
+    rel: str                       # path inside the unit ("" prefix-free), POSIX
+    size: int
+    mtime: float                   # wall seconds
+    stable_since: float | None     # monotonic time this (size, mtime) was first seen; None: already
+                                   # settled when the engine first looked
+    whole: bool | None = None      # format check: True whole, False truncated, None cannot tell
+
+
+@dataclass(frozen=True)
+class Verdict:
+    complete: bool
+    reason: str                    # why not (or "complete")
+    ready_in: float | None = None  # seconds until it may become complete if nothing changes
+    partial: bool = False          # forced, but can never be complete: upload without a manifest
+    skip: tuple[str, ...] = ()     # files not to upload (truncated ones, under forced)
+
+
+def is_hf_checkpoint(unit_name: str, files: list[FileObs]) -> bool:
+    base = unit_name.rsplit("/", 1)[-1]
+    if not HF_CHECKPOINT_RE.match(base):
+        return False
+    return any(_HF_MARKERS.match(f.rel) or f.rel == HF_LAST_FILE for f in files)
+
+
+def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono_now: float,
+          quiet: float, forced: bool = False) -> Verdict:
+    """The verdict for one unit. `kind` is "dir" or "file"; `files` are all files observed in
+    the unit (selected or not: any activity counts)."""
+    if not files:
+        return Verdict(False, "empty")
+    temps = [f.rel for f in files if any(is_temp_name(p) for p in f.rel.split("/"))]
+    real = [f for f in files if f.rel not in temps]
+    if not real:
+        return Verdict(False, f"only temporary files ({temps[0]})", None if forced else quiet)
+    truncated = tuple(f.rel for f in real if f.whole is False)
+
+    if forced:
+        missing = kind == "dir" and is_hf_checkpoint(unit_name, real) and \
+            not any(f.rel == HF_LAST_FILE for f in real)
+        if missing or truncated:
+            why = f"never finished: no {HF_LAST_FILE}" if missing else f"truncated: {truncated[0]}"
+            return Verdict(False, why, None, partial=True, skip=truncated)
+        return Verdict(True, "complete")
+
+    if temps:
+        return Verdict(False, f"still writing ({temps[0]})", quiet)
+    wait = 0.0
+    for f in real:
+        age = wall_now - f.mtime
+        if age < -FUTURE_SKEW_S:
+            age = float("inf")  # skewed mtime: only our own observation can tell
+        elif age < 0:
+            age = 0.0
+        wait = max(wait, quiet - age)
+        if f.stable_since is not None:
+            wait = max(wait, quiet - (mono_now - f.stable_since))
+    if wait > 0:
+        return Verdict(False, f"writer active (quiet in {wait:.0f}s)", wait)
+    if truncated:
+        return Verdict(False, f"{truncated[0]} is truncated", None)
+    if kind == "dir" and is_hf_checkpoint(unit_name, real) and not any(f.rel == HF_LAST_FILE for f in real):
+        return Verdict(False, f"waiting for {HF_LAST_FILE}", None)
+    return Verdict(True, "complete")
+
+
+# --- format checks (pure: given the bytes read from the file) -----------------------------------
+
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+
+
+def safetensors_header_len(first8: bytes) -> int | None:
+    if len(first8) < 8:
+        return None
+    (n,) = struct.unpack("<Q", first8[:8])
+    return n if 0 < n <= MAX_SAFETENSORS_HEADER else None
+
+
+def safetensors_whole(first8: bytes, header: bytes, size: int) -> bool:
+    """True when the file holds exactly the bytes its header promises (8 + header + data)."""
+    n = safetensors_header_len(first8)
+    if n is None or len(header) < n:
+        return False
+    try:
+        meta = json.loads(header[:n].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(meta, dict):
+        return False
+    end = 0
+    for k, v in meta.items():
+        if k == "__metadata__":
+            continue
+        try:
+            a, b = v["data_offsets"]
+            a, b = int(a), int(b)
+        except (TypeError, KeyError, ValueError):
+            return False
+        if a < 0 or b < a:
+            return False
+        end = max(end, b)
+    return size == 8 + n + end
+
+
+ZIP_LOCAL_MAGIC = b"PK\x03\x04"
+ZIP_EOCD_MAGIC = b"PK\x05\x06"
+ZIP_TAIL = 22 + 65535  # end-of-central-directory record plus the longest comment
+
+
+def zip_whole(tail: bytes) -> bool:
+    """True when `tail` (the last bytes of a zip file, up to ZIP_TAIL) ends with a consistent
+    end-of-central-directory record: torch.save's archive format is only whole once it is."""
+    i = tail.rfind(ZIP_EOCD_MAGIC)
+    while i != -1:
+        if len(tail) - i >= 22:
+            (comment_len,) = struct.unpack("<H", tail[i + 20:i + 22])
+            if i + 22 + comment_len == len(tail):
+                return True
+        i = tail.rfind(ZIP_EOCD_MAGIC, 0, i)
+    return False
+
+
+def checkable(name: str) -> str | None:
+    """Which format check applies to a file name: "safetensors", "zip" (torch archives) or None."""
+    low = name.lower()
+    if low.endswith(".safetensors"):
+        return "safetensors"
+    if low.endswith((".pt", ".pth", ".bin", ".ckpt")):
+        return "zip"
+    return None

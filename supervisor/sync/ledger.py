@@ -1,0 +1,310 @@
+"""What the target verifiably holds, persisted in state_dir so a restart never re-sends it.
+
+An append-only journal (`journal.jsonl`) plus a compacted snapshot (`snapshot.json`), one pair per
+target. A file enters the ledger (`done`) only after the target confirmed and we verified it;
+`begin`/`part` records say what was in flight, so after a crash the engine can ask the target
+whether an upload finished, or resume a multipart upload, instead of sending it again.
+
+Survives kill -9 at any point: each record is one `write` of one line; a torn last line is
+skipped on load (and a newline is added before appending again); compaction writes the new
+snapshot atomically before emptying the journal, and a journal whose generation is older than
+the snapshot's is ignored, so the crash between the two steps replays nothing twice. Losing
+records (a power cut before fsync) can only cause a re-send, never a false "uploaded".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from ..statefile import atomic_write
+
+log = structlog.get_logger("sync.ledger")
+
+COMPACT_MIN_LINES = 20000
+
+
+@dataclass(frozen=True)
+class Entry:
+    size: int
+    mtime_ns: int
+    sha256: str
+    etag: str = ""      # the target's own fingerprint (S3 ETag / checksum), for later checks
+    src: str = ""
+    at: float = 0.0
+
+    def pack(self) -> list:
+        return [self.size, self.mtime_ns, self.sha256, self.etag, self.src, self.at]
+
+    @staticmethod
+    def unpack(v: list) -> Entry:
+        return Entry(int(v[0]), int(v[1]), str(v[2]), str(v[3]), str(v[4]), float(v[5]))
+
+
+class LedgerBusy(Exception):
+    """Another process (the daemon, or a one-shot sync) holds this ledger."""
+
+
+def target_slug(target_id: str) -> str:
+    readable = re.sub(r"[^A-Za-z0-9]+", "-", target_id).strip("-")[:40]
+    return f"{readable}-{hashlib.sha1(target_id.encode()).hexdigest()[:10]}"
+
+
+class Ledger:
+    def __init__(self, state_dir: str | Path, target_id: str):
+        self.target_id = target_id
+        self.dir = Path(state_dir) / "sync" / target_slug(target_id)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # one writer per ledger: a one-shot sync beside the daemon would corrupt the journal
+        self._lock_fd: int | None = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise LedgerBusy(f"{self.dir} is in use by another process (is train-supervisord running?)") from None
+        self.journal_path = self.dir / "journal.jsonl"
+        self.snapshot_path = self.dir / "snapshot.json"
+        self._lock = threading.RLock()
+        self.files: dict[str, Entry] = {}
+        self.inflight: dict[str, dict] = {}
+        self.manifests: dict[str, dict] = {}
+        self.gen = 0
+        self.skipped_lines = 0
+        self._lines = 0
+        self._fd: int | None = None
+        self._unsynced = False
+        self._bytes = 0
+        self._load()
+        self._open()
+
+    # --- queries ------------------------------------------------------------------------------
+    def get(self, key: str) -> Entry | None:
+        with self._lock:
+            return self.files.get(key)
+
+    def current(self, key: str, size: int, mtime_ns: int) -> Entry | None:
+        """The entry when the target holds exactly this version of the file."""
+        with self._lock:
+            e = self.files.get(key)
+            return e if e is not None and e.size == size and e.mtime_ns == mtime_ns else None
+
+    def in_flight(self, key: str) -> dict | None:
+        with self._lock:
+            v = self.inflight.get(key)
+            return json.loads(json.dumps(v)) if v is not None else None
+
+    def manifest(self, unit_key: str) -> dict | None:
+        with self._lock:
+            return self.manifests.get(unit_key)
+
+    def totals(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self.files), self._bytes
+
+    def keys_under(self, prefix: str) -> list[str]:
+        p = prefix.rstrip("/")
+        with self._lock:
+            if not p:
+                return list(self.files)
+            return [k for k in self.files if k == p or k.startswith(p + "/")]
+
+    def manifests_under(self, prefix: str) -> list[str]:
+        p = prefix.rstrip("/")
+        with self._lock:
+            return [u for u in self.manifests if not p or u == p or u.startswith(p + "/")]
+
+    # --- records ------------------------------------------------------------------------------
+    def begin(self, key: str, size: int, mtime_ns: int, info: dict | None = None) -> None:
+        rec = {"op": "begin", "k": key, "size": size, "mtime_ns": mtime_ns, "i": info or {}}
+        with self._lock:
+            self._append(rec)
+            self._apply(rec)
+
+    def part(self, key: str, n: int, etag: str, checksum: str, size: int) -> None:
+        rec = {"op": "part", "k": key, "n": n, "etag": etag, "cs": checksum, "size": size}
+        with self._lock:
+            self._append(rec)
+            self._apply(rec)
+
+    def done(self, key: str, entry: Entry) -> None:
+        rec = {"op": "done", "k": key, "e": entry.pack()}
+        with self._lock:
+            self._append(rec)
+            self._apply(rec)
+            self._unsynced = True
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            if key in self.files or key in self.inflight:
+                rec = {"op": "forget", "k": key}
+                self._append(rec)
+                self._apply(rec)
+
+    def manifest_done(self, unit_key: str, digest: str, at: float) -> None:
+        rec = {"op": "man", "u": unit_key, "d": digest, "at": at}
+        with self._lock:
+            self._append(rec)
+            self._apply(rec)
+            self._unsynced = True
+
+    def manifest_forget(self, unit_key: str) -> None:
+        with self._lock:
+            if unit_key in self.manifests:
+                rec = {"op": "unman", "u": unit_key}
+                self._append(rec)
+                self._apply(rec)
+
+    def sync(self) -> None:
+        """fsync what was appended (done records are coalesced; a crash before this only costs
+        a re-check or re-send)."""
+        with self._lock:
+            if self._fd is not None and self._unsynced:
+                try:
+                    os.fsync(self._fd)
+                except OSError as e:
+                    log.warning("ledger_fsync_failed", error=str(e))
+                self._unsynced = False
+            if self._lines > max(COMPACT_MIN_LINES, 4 * (len(self.files) + len(self.inflight))):
+                self.compact()
+
+    def close(self) -> None:
+        with self._lock:
+            self.sync()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    # --- persistence ---------------------------------------------------------------------------
+    def _apply(self, rec: dict) -> None:
+        op = rec.get("op")
+        if op == "begin":
+            self.inflight[rec["k"]] = {"size": int(rec["size"]), "mtime_ns": int(rec["mtime_ns"]),
+                                       "info": dict(rec.get("i") or {}), "parts": {}}
+        elif op == "part":
+            f = self.inflight.get(rec["k"])
+            if f is not None:
+                f["parts"][str(int(rec["n"]))] = [rec["etag"], rec["cs"], int(rec["size"])]
+        elif op == "done":
+            e = Entry.unpack(rec["e"])
+            old = self.files.get(rec["k"])
+            if old is not None:
+                self._bytes -= old.size
+            self.files[rec["k"]] = e
+            self._bytes += e.size
+            self.inflight.pop(rec["k"], None)
+        elif op == "forget":
+            old = self.files.pop(rec["k"], None)
+            if old is not None:
+                self._bytes -= old.size
+            self.inflight.pop(rec["k"], None)
+        elif op == "man":
+            self.manifests[rec["u"]] = {"digest": rec["d"], "at": float(rec.get("at", 0))}
+        elif op == "unman":
+            self.manifests.pop(rec["u"], None)
+        elif op == "gen":
+            pass
+        else:
+            raise ValueError(f"unknown ledger op {op!r}")
+
+    def _append(self, rec: dict) -> None:
+        if self._fd is None:
+            self._open()
+        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        assert self._fd is not None
+        os.write(self._fd, line)
+        self._lines += 1
+
+    def _open(self) -> None:
+        new = not self.journal_path.exists() or self.journal_path.stat().st_size == 0
+        self._fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if new:
+            os.write(self._fd, (json.dumps({"op": "gen", "gen": self.gen, "target": self.target_id}) + "\n").encode())
+        else:
+            with open(self.journal_path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    os.write(self._fd, b"\n")  # a torn last line must not swallow the next record
+
+    def _load(self) -> None:
+        snap_gen = -1
+        try:
+            raw = self.snapshot_path.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        if raw is not None:
+            try:
+                data = json.loads(raw)
+                snap_gen = int(data["gen"])
+                files = {k: Entry.unpack(v) for k, v in data["files"].items()}
+                self.files = files
+                self.inflight = dict(data.get("inflight") or {})
+                self.manifests = dict(data.get("manifests") or {})
+                self.gen = snap_gen
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                aside = self.snapshot_path.with_name(f"snapshot.json.corrupt-{int(time.time())}")
+                os.replace(self.snapshot_path, aside)
+                log.error("ledger_snapshot_corrupt", path=str(self.snapshot_path), error=str(e),
+                          set_aside=aside.name)
+                self.files, self.inflight, self.manifests = {}, {}, {}
+                snap_gen = -1
+        self._bytes = sum(e.size for e in self.files.values())
+        try:
+            fh = open(self.journal_path, "rb")
+        except FileNotFoundError:
+            return
+        with fh:
+            first = True
+            replay = True
+            for raw_line in fh:
+                self._lines += 1
+                try:
+                    rec = json.loads(raw_line)
+                    if not isinstance(rec, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    if raw_line.strip():
+                        self.skipped_lines += 1
+                    continue
+                if first:
+                    first = False
+                    if rec.get("op") == "gen":
+                        jgen = int(rec.get("gen", 0))
+                        if jgen < snap_gen:
+                            replay = False  # compaction crashed after writing the snapshot
+                        self.gen = max(self.gen, jgen)
+                        continue
+                if not replay:
+                    continue
+                try:
+                    self._apply(rec)
+                except (KeyError, ValueError, TypeError, IndexError):
+                    self.skipped_lines += 1
+        if self.skipped_lines:
+            log.warning("ledger_lines_skipped", count=self.skipped_lines, path=str(self.journal_path))
+
+    def compact(self) -> None:
+        with self._lock:
+            self.gen += 1
+            data = {"gen": self.gen, "target": self.target_id,
+                    "files": {k: e.pack() for k, e in self.files.items()},
+                    "inflight": self.inflight, "manifests": self.manifests}
+            atomic_write(self.snapshot_path, json.dumps(data, separators=(",", ":")).encode())
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            atomic_write(self.journal_path,
+                         (json.dumps({"op": "gen", "gen": self.gen, "target": self.target_id}) + "\n").encode())
+            self._lines = 1
+            self._open()

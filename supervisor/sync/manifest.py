@@ -1,0 +1,125 @@
+"""The small JSON file written LAST into every uploaded folder on the target.
+
+Its presence says "this remote folder is complete"; its content (path, size, sha256 of every
+file) lets anyone check the remote copy without trusting us:
+
+    python -m supervisor.sync.manifest check /mnt/remote/checkpoint-1200
+
+A folder on the target without `_MANIFEST.json` is partial (still uploading, or its writer never
+finished it) and must not be used as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from .policy import MANIFEST_NAME
+
+FORMAT = "train-supervisor-manifest/1"
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str      # relative to the folder, POSIX
+    size: int
+    sha256: str
+
+
+def digest(files: list[ManifestFile]) -> str:
+    """A fingerprint of the content list alone (not of the timestamp), to tell whether a folder's
+    manifest on the target still describes it."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.size}\0{f.sha256}\n".encode())
+    return h.hexdigest()
+
+
+def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "") -> bytes:
+    fs = sorted(files, key=lambda f: f.path)
+    doc = {
+        "format": FORMAT,
+        "complete": True,
+        "unit": unit,
+        "created_at": dt.datetime.fromtimestamp(created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": host,
+        "source": source,
+        "file_count": len(fs),
+        "total_bytes": sum(f.size for f in fs),
+        "digest": digest(fs),
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in fs],
+    }
+    return (json.dumps(doc, indent=1) + "\n").encode()
+
+
+def parse(data: bytes) -> list[ManifestFile]:
+    """The files a manifest lists; ValueError naming what is wrong."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"manifest is not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError("not a train-supervisor manifest")
+    out = []
+    for i, f in enumerate(doc.get("files") or []):
+        try:
+            out.append(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"])))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"manifest entry {i} is malformed") from None
+    if doc.get("digest") and doc["digest"] != digest(out):
+        raise ValueError("manifest digest does not match its file list")
+    return out
+
+
+def check_folder(folder: str) -> list[str]:
+    """Problems found comparing a local copy of a folder with its manifest; [] when it matches."""
+    try:
+        with open(os.path.join(folder, MANIFEST_NAME), "rb") as fh:
+            files = parse(fh.read())
+    except FileNotFoundError:
+        return [f"{folder}: no {MANIFEST_NAME} (partial upload)"]
+    except ValueError as e:
+        return [f"{folder}: {e}"]
+    problems = []
+    for f in files:
+        p = os.path.join(folder, f.path)
+        try:
+            h = hashlib.sha256()
+            n = 0
+            with open(p, "rb") as fh:
+                while chunk := fh.read(8 << 20):
+                    h.update(chunk)
+                    n += len(chunk)
+        except OSError as e:
+            problems.append(f"{f.path}: {e.strerror or e}")
+            continue
+        if n != f.size:
+            problems.append(f"{f.path}: size {n}, manifest says {f.size}")
+        elif h.hexdigest() != f.sha256:
+            problems.append(f"{f.path}: sha256 differs from the manifest")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] != "check":
+        sys.stderr.write("usage: python -m supervisor.sync.manifest check FOLDER...\n")
+        return 2
+    bad = 0
+    for folder in args[1:]:
+        problems = check_folder(folder)
+        for p in problems:
+            sys.stderr.write(p + "\n")
+        if problems:
+            bad += 1
+        else:
+            sys.stdout.write(f"{folder}: OK\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

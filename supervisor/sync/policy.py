@@ -1,0 +1,233 @@
+"""Which files under a watched folder are uploaded, and how they group into units.
+
+Pure: every function works on relative POSIX paths (relative to the watched folder) and names.
+
+- include/exclude are globs relative to the watched folder: `*` and `?` never cross `/`, `**`
+  is any number of whole folders (`checkpoint-*/**` is everything inside a checkpoint folder,
+  `**/adapter_config.json` is that name at any depth, top level included).
+- Never uploaded whatever the globs say: temporary names (`tmp-checkpoint-*`, `*.tmp`, `*.part`,
+  `*.incomplete`, rsync's `.name.XXXXXX`, editor locks) and the Hugging Face model cache
+  (`models--*`, `datasets--*`, `.cache`, and the folders HF_HOME & co. point at).
+- A *unit* is what completes as a whole and gets a manifest: the shortest folder matching an
+  include pattern of the form `PATTERN/**` (checkpoint-1200/), else the folder holding an
+  `adapter_config.json` (a PEFT adapter saved anywhere), else the single file itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+MANIFEST_NAME = "_MANIFEST.json"
+
+# Names whose presence means "someone is still writing" and that are never uploaded as final.
+_TEMP_RE = re.compile(
+    r"""(?ix)
+    ^tmp-checkpoint-.*$            # transformers' temporary checkpoint folder (some releases)
+    | .*\.(tmp|temp|part|partial|incomplete|crdownload|lock|swp|swx)$
+    | ^\.\#.*$ | .*~$ | ^\.~.*$     # editor backups and locks
+    | ^\.nfs[0-9a-f]+.*$           # NFS silly-renamed files
+    | ^\..+\.[A-Za-z0-9]{6}$       # rsync's in-progress name .NAME.XXXXXX
+    | ^\..*\.tsync-[0-9a-f]+$      # our own in-progress name on a local target
+    """
+)
+
+# Folder names that are caches or tool state, never training output.
+_CACHE_DIR_RE = re.compile(r"^(models--|datasets--|spaces--).+$|^(\.cache|\.locks|\.git|__pycache__|"
+                           r"\.ipynb_checkpoints|\.rsync-partial|\.Trash.*|\.huggingface|huggingface)$")
+
+# Environment variables that point at Hugging Face caches.
+HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
+                 "HF_DATASETS_CACHE", "HF_XET_CACHE")
+
+ADAPTER_MARKER = "adapter_config.json"
+
+
+def is_temp_name(name: str) -> bool:
+    return bool(_TEMP_RE.match(name))
+
+
+def is_cache_dir(name: str) -> bool:
+    return bool(_CACHE_DIR_RE.match(name))
+
+
+def has_temp_component(rel: str) -> bool:
+    return any(is_temp_name(p) for p in rel.split("/"))
+
+
+def has_cache_component(rel: str) -> bool:
+    return any(is_cache_dir(p) for p in rel.split("/")[:-1])
+
+
+# --- globs -------------------------------------------------------------------------------------
+
+def _component_regex(part: str) -> str:
+    out = []
+    i = 0
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = part.find("]", i + 2 if i + 1 < len(part) and part[i + 1] in "!^" else i + 1)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                body = part[i + 1:j]
+                neg = body[:1] in ("!", "^")
+                if neg:
+                    body = body[1:]
+                body = body.replace("\\", "\\\\").replace("/", "")
+                out.append(f"[{'^' if neg else ''}{body}]" if body else "(?!)")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def normalize_glob(pattern: str) -> str:
+    p = pattern.strip().replace("\\", "/")
+    while p.startswith("./"):
+        p = p[2:]
+    p = p.lstrip("/")
+    p = re.sub(r"/+", "/", p)
+    if p.endswith("/"):
+        p += "**"  # "checkpoint-*/" means the folder's contents
+    return p
+
+
+@lru_cache(maxsize=512)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a glob over relative POSIX paths (see module doc for the syntax)."""
+    parts = normalize_glob(pattern).split("/")
+    out = ""
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            out += ".*" if last else "(?:[^/]+/)*"
+        else:
+            out += _component_regex(part) + ("" if last else "/")
+    return re.compile(out, re.DOTALL)
+
+
+def glob_match(pattern: str, rel: str) -> bool:
+    return glob_regex(pattern).fullmatch(rel) is not None
+
+
+def _component_match(part: str, name: str) -> bool:
+    return re.fullmatch(_component_regex(part), name, re.DOTALL) is not None
+
+
+def could_match_below(pattern: str, reldir: str) -> bool:
+    """Could a path inside folder `reldir` match `pattern`? (prunes the walk)."""
+    pparts = normalize_glob(pattern).split("/")
+    dparts = [d for d in reldir.split("/") if d]
+
+    def rec(pi: int, di: int) -> bool:
+        if di == len(dparts):
+            return pi < len(pparts)  # something after the folder may still match
+        if pi == len(pparts):
+            return False
+        if pparts[pi] == "**":
+            return True
+        return _component_match(pparts[pi], dparts[di]) and rec(pi + 1, di + 1)
+
+    return rec(0, 0)
+
+
+def folder_prefix(pattern: str) -> str | None:
+    """`checkpoint-*/**` -> `checkpoint-*`: the folders that pattern makes units."""
+    p = normalize_glob(pattern)
+    if p.endswith("/**") and len(p) > 3:
+        prefix = p[:-3]
+        if "**" not in prefix.split("/"):
+            return prefix
+    return None
+
+
+# --- the policy --------------------------------------------------------------------------------
+
+@dataclass
+class Policy:
+    include: list[str]
+    exclude: list[str] = field(default_factory=list)
+    excluded_roots: list[str] = field(default_factory=list)  # absolute folders never entered
+
+    def __post_init__(self) -> None:
+        self._inc = [glob_regex(p) for p in self.include]
+        self._exc = [glob_regex(p) for p in self.exclude]
+        self._folders = [re.compile(glob_regex(fp).pattern) for fp in
+                         (folder_prefix(p) for p in self.include) if fp]
+        self._roots = [os.path.normpath(r) for r in self.excluded_roots if r]
+
+    def selects(self, rel: str) -> bool:
+        """Would the file at `rel` be uploaded (name rules, cache rules, globs)?"""
+        return self.allowed(rel) and any(r.fullmatch(rel) for r in self._inc)
+
+    def allowed(self, rel: str) -> bool:
+        """Not ruled out by name (temp, cache, our manifest) or by an exclude glob. Every file
+        directly in an adapter folder that is allowed is uploaded with it."""
+        if not rel or rel.startswith("/") or ".." in rel.split("/"):
+            return False
+        name = rel.rsplit("/", 1)[-1]
+        if name == MANIFEST_NAME or has_temp_component(rel) or has_cache_component(rel):
+            return False
+        return not any(r.fullmatch(rel) for r in self._exc)
+
+    def excluded_by_glob(self, rel: str) -> bool:
+        return any(r.fullmatch(rel) for r in self._exc)
+
+    def enter_dir(self, reldir: str, abspath: str | None = None) -> bool:
+        """Walk into this folder? False for caches, excluded roots, folders no glob can reach
+        and folders an exclude pattern covers entirely."""
+        name = reldir.rsplit("/", 1)[-1]
+        if is_cache_dir(name):
+            return False
+        if abspath is not None:
+            a = os.path.normpath(abspath)
+            if any(a == r or a.startswith(r.rstrip("/") + "/") for r in self._roots):
+                return False
+        if not any(could_match_below(p, reldir) for p in self.include):
+            return False
+        probe1, probe2 = f"{reldir}/\x00", f"{reldir}/\x00/\x00"
+        return not any(r.fullmatch(probe1) and r.fullmatch(probe2) for r in self._exc)
+
+    def folder_unit(self, rel: str) -> str | None:
+        """The shortest ancestor folder of file `rel` that an include pattern makes a unit."""
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if any(r.fullmatch(d) for r in self._folders):
+                return d
+        return None
+
+    def unit_of(self, rel: str, adapter_dirs: set[str]) -> tuple[str, str]:
+        """(kind, unit path): ("dir", "checkpoint-5"), ("dir", "adapter") or ("file", rel).
+        `adapter_dirs` are the folders (relative, "" for the top) holding adapter_config.json."""
+        d = self.folder_unit(rel)
+        if d is not None:
+            return "dir", d
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        if parent in adapter_dirs:
+            return "dir", parent
+        return "file", rel
+
+
+def hf_cache_roots(env_sources: list[dict[str, str]]) -> list[str]:
+    """Absolute cache folders named by the HF variables in any of the environments given, plus
+    ~/.cache/huggingface (the default)."""
+    out: list[str] = []
+    for env in env_sources:
+        for k in HF_CACHE_VARS:
+            v = env.get(k)
+            if v and os.path.isabs(v):
+                out.append(os.path.normpath(v))
+    home = os.path.expanduser("~")
+    if home and home != "~":
+        out.append(os.path.join(home, ".cache", "huggingface"))
+    return sorted(set(out))

@@ -1,0 +1,36 @@
+"""Targets by the kind of `sync.target`: S3 (boto3), rsync over SSH, a local folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...config import SyncConfig
+from ..url import TargetURL
+from .base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
+
+__all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "UploadSink", "make_target",
+           "target_identity"]
+
+
+def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path) -> Target:
+    if url.kind == "s3":
+        from .s3 import S3Target
+
+        return S3Target(url, cfg)
+    if url.kind == "rsync":
+        from .rsync import RsyncTarget
+
+        return RsyncTarget(url, cfg, Path(state_dir) / "sync" / "tmp")
+    from .local import LocalTarget
+
+    return LocalTarget(url.path, cfg.bandwidth_limit)
+
+
+def target_identity(url: TargetURL, cfg: SyncConfig) -> str:
+    """What names 'the same remote place' for the ledger: the URL, plus the endpoint for S3 (the
+    same bucket name on another store is another place) and the port for rsync."""
+    if url.kind == "s3":
+        return f"{url.display()}@{cfg.endpoint_url or 'aws'}"
+    if url.kind == "rsync":
+        return f"{url.display()}#{cfg.ssh_port}"
+    return url.display()

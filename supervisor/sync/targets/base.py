@@ -1,0 +1,165 @@
+"""What every target (S3, rsync over SSH, local folder) offers the engine, and shared helpers.
+
+A target uploads a batch of files and reports each file back through an UploadSink as soon as it
+is verified on the target (so the ledger grows file by file and a crash loses at most the files
+in flight). It raises TargetError when the target itself fails (unreachable, refused, errors);
+problems with one source file (vanished, changed while read, unreadable) are reported per file
+and never abort the batch.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class TargetError(Exception):
+    """The target failed; the batch stops and is retried with backoff."""
+
+
+class SourceProblem(Exception):
+    """One source file cannot be uploaded now. kind: vanished | changed | unreadable."""
+
+    def __init__(self, kind: str, path: str, detail: str = ""):
+        self.kind = kind
+        self.path = path
+        super().__init__(f"{path}: {kind}{': ' + detail if detail else ''}")
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str        # absolute path on this machine
+    key: str         # where it goes, relative to the target's base
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    sha256: str
+    etag: str = ""
+    sent: int = 0     # bytes sent for it this time (0 when the target already held it)
+
+
+class UploadSink(Protocol):
+    def begin(self, f: LocalFile, info: dict) -> None:
+        """About to send f (persist before the first byte leaves)."""
+
+    def part(self, f: LocalFile, n: int, etag: str, checksum: str, size: int) -> None:
+        """One part of a multipart upload is on the target."""
+
+    def done(self, f: LocalFile, result: Uploaded) -> None:
+        """The target holds f, verified."""
+
+    def problem(self, f: LocalFile, err: SourceProblem) -> None:
+        """f could not be uploaded now (vanished, changed, unreadable)."""
+
+    def progress(self, f: LocalFile, nbytes: int) -> None:
+        """nbytes more of f went out."""
+
+    def in_flight(self, key: str) -> dict | None:
+        """What the ledger knows of an interrupted upload of key (begin info and parts)."""
+
+    def cancelled(self) -> bool:
+        """Stop soon (the engine is closing)."""
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    size: int
+    etag: str = ""
+    mtime: float = 0.0
+
+
+class Target(Protocol):
+    display: str
+
+    def put_files(self, files: list[LocalFile], sink: UploadSink) -> None: ...
+
+    def write_manifest(self, unit_key: str, data: bytes) -> None: ...
+
+    def delete_manifest(self, unit_key: str) -> None: ...
+
+    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+        """Keys (of key -> (size, etag)) the target does not hold as expected (size -1: only
+        that it exists; etag "": not compared)."""
+        ...
+
+    def delete_prefix(self, unit_key: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def join_key(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+# --- reading sources safely --------------------------------------------------------------------
+
+def open_source(f: LocalFile) -> int:
+    """Open a source file for reading without following a symlink, and check it is still the
+    version that was judged complete. Raises SourceProblem."""
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SourceProblem("vanished", f.path) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SourceProblem("unreadable", f.path, "became a symlink") from None
+        raise SourceProblem("unreadable", f.path, e.strerror or str(e)) from None
+    try:
+        check_unchanged(fd, f)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_unchanged(fd: int, f: LocalFile) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise SourceProblem("unreadable", f.path, "not a regular file")
+    if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+        raise SourceProblem("changed", f.path, f"size {st.st_size} mtime_ns {st.st_mtime_ns}")
+
+
+def pread_exact(fd: int, f: LocalFile, n: int, offset: int) -> bytes:
+    try:
+        data = os.pread(fd, n, offset)
+    except OSError as e:
+        raise SourceProblem("unreadable", f.path, e.strerror or str(e)) from None
+    if len(data) != n:
+        raise SourceProblem("changed", f.path, f"short read at {offset}")
+    return data
+
+
+class TokenBucket:
+    """bandwidth_limit shared by every sending thread (bytes per second; 0 = unlimited)."""
+
+    def __init__(self, rate: float, burst: float | None = None):
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else max(rate / 4, 64 * 1024))
+        self._tokens = self.burst
+        self._t = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        while n > 0:
+            chunk = min(n, self.burst)
+            with self._lock:
+                now = time.monotonic()
+                self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate)
+                self._t = now
+                if self._tokens >= chunk:
+                    self._tokens -= chunk
+                    n -= chunk
+                    continue
+                wait = (chunk - self._tokens) / self.rate
+            time.sleep(min(wait, 0.5))

@@ -1,0 +1,201 @@
+"""A local folder as the target (a mounted network volume, a second disk).
+
+Each file is copied to a temporary name beside its final place, fsynced, read back and
+compared by sha256, then renamed into place: a reader never sees a half-copied file under its
+real name, and what is there was verified after it hit the destination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import structlog
+
+from ..policy import MANIFEST_NAME
+from .base import (
+    LocalFile,
+    SourceProblem,
+    TargetError,
+    TokenBucket,
+    Uploaded,
+    UploadSink,
+    check_unchanged,
+    open_source,
+)
+
+log = structlog.get_logger("sync.local")
+
+CHUNK = 4 << 20
+
+
+class LocalTarget:
+    def __init__(self, path: str, bandwidth_limit: int = 0):
+        self.base = Path(path)
+        self.display = str(self.base)
+        self.bucket = TokenBucket(bandwidth_limit) if bandwidth_limit else None
+
+    def _dest(self, key: str) -> Path:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise TargetError(f"refusing key outside the target: {key!r}")
+        return self.base / key
+
+    def _check_base(self) -> None:
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TargetError(f"{self.base}: cannot create target folder: {e.strerror or e}") from None
+        if not os.access(self.base, os.W_OK):
+            raise TargetError(f"{self.base}: target folder is not writable")
+
+    def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:
+        self._check_base()
+        for f in files:
+            if sink.cancelled():
+                return
+            try:
+                res = self._put(f, sink)
+            except SourceProblem as e:
+                sink.problem(f, e)
+                continue
+            sink.done(f, res)
+
+    def _put(self, f: LocalFile, sink: UploadSink) -> Uploaded:
+        dest = self._dest(f.key)
+        fd = open_source(f)
+        tmp = dest.with_name(f".{dest.name}.tsync-{secrets.token_hex(4)}")
+        try:
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                raise TargetError(f"{dest.parent}: {e.strerror or e}") from None
+            sink.begin(f, {"mode": "copy"})
+            h = hashlib.sha256()
+            off = 0
+            try:
+                while off < f.size:
+                    try:
+                        chunk = os.pread(fd, min(CHUNK, f.size - off), off)
+                    except OSError as e:
+                        raise SourceProblem("unreadable", f.path, e.strerror or str(e)) from None
+                    if not chunk:
+                        raise SourceProblem("changed", f.path, "shrank while copying")
+                    if self.bucket:
+                        self.bucket.take(len(chunk))
+                    h.update(chunk)
+                    try:
+                        _write_all(out, chunk)
+                    except OSError as e:
+                        raise TargetError(f"{dest}: write failed: {e.strerror or e}") from None
+                    off += len(chunk)
+                    sink.progress(f, len(chunk))
+                check_unchanged(fd, f)
+                try:
+                    os.fsync(out)
+                except OSError as e:
+                    raise TargetError(f"{dest}: fsync failed: {e.strerror or e}") from None
+            finally:
+                os.close(out)
+            sha = h.hexdigest()
+            got = _sha256_file(tmp)
+            if got != sha:
+                raise TargetError(f"{dest}: read-back differs from what was written")
+            try:
+                os.replace(tmp, dest)
+                _fsync_dir(dest.parent)
+            except OSError as e:
+                raise TargetError(f"{dest}: {e.strerror or e}") from None
+            return Uploaded(sha256=sha, etag=sha, sent=f.size)
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass
+
+    def write_manifest(self, unit_key: str, data: bytes) -> None:
+        self._check_base()
+        dest = self._dest(f"{unit_key}/{MANIFEST_NAME}" if unit_key else MANIFEST_NAME)
+        tmp = dest.with_name(f".{dest.name}.tsync-{secrets.token_hex(4)}")
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, dest)
+            _fsync_dir(dest.parent)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise TargetError(f"{dest}: cannot write manifest: {e.strerror or e}") from None
+
+    def delete_manifest(self, unit_key: str) -> None:
+        dest = self._dest(f"{unit_key}/{MANIFEST_NAME}" if unit_key else MANIFEST_NAME)
+        try:
+            os.unlink(dest)
+            _fsync_dir(dest.parent)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise TargetError(f"{dest}: cannot remove manifest: {e.strerror or e}") from None
+
+    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+        if not self.base.is_dir():
+            raise TargetError(f"{self.base}: target folder is missing")
+        out = []
+        for key, (size, _etag) in expected.items():
+            try:
+                st = os.stat(self._dest(key), follow_symlinks=False)
+            except FileNotFoundError:
+                out.append(key)
+                continue
+            except OSError as e:
+                raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
+            if size >= 0 and st.st_size != size:
+                out.append(key)
+        return out
+
+    def delete_prefix(self, unit_key: str) -> None:
+        if not unit_key:
+            raise TargetError("refusing to delete the whole target")
+        try:
+            shutil.rmtree(self._dest(unit_key))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise TargetError(f"{self.base / unit_key}: {e.strerror or e}") from None
+
+    def close(self) -> None:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
