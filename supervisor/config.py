@@ -70,6 +70,13 @@ class GpuConfig:
     mem_limit_samples: int = _k("int", 3, min=1)
 
 
+# What trainer.save_model(output_dir) leaves in the watched folder itself: the final model.
+FINAL_MODEL_FILES = ["*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "**/adapter_model.bin",
+                     "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+                     "vocab.*", "merges.txt", "*.tiktoken", "training_args.bin", "trainer_state.json",
+                     "*results.json"]
+
+
 @dataclass
 class SyncConfig:
     target: str = _k("str", "")
@@ -80,7 +87,7 @@ class SyncConfig:
                                            choices=("when_supported", "when_required"))
     watch: list[str] = _k("strlist", [])
     include: list[str] = _k("strlist", ["checkpoint-*/**", "**/adapter_model.safetensors",
-                                        "**/adapter_config.json"])
+                                        "**/adapter_config.json", *FINAL_MODEL_FILES])
     exclude: list[str] = _k("strlist", [])
     quiet_period: float = _k("duration", 30.0)
     rescan_interval: float = _k("duration", 60.0, min=0.1)

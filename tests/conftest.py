@@ -1,5 +1,8 @@
 # Shared fixtures live in tests/fixtures/*.py, one module per real server or fake; register here.
 pytest_plugins = [
+    "tests.fixtures.s3",
+    "tests.fixtures.sshd",
+    "tests.fixtures.hf_writer",
     "tests.fixtures.smtp",
     "tests.fixtures.clock",
     "tests.fixtures.nvml",
