@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_tsup:
                 bar.write("TSUP " + json.dumps({"step": step, "max_steps": args.steps, "epoch": round(epoch, 4),
                                                 "loss": logs["loss"], "learning_rate": lr, "tokens": tokens,
-                                                "done": step == args.steps}))
+                                                "done": step == args.steps, "time": round(time.time(), 3)}))
         if step % args.save_steps == 0 or step == args.steps:
             save_checkpoint(step, w, b, velocity, lr, args, history, tokens)
     runtime = time.monotonic() - t0

@@ -22,6 +22,7 @@ unknown; it never guesses and never raises):
   | `tokens`       | int >= 0        | tokens processed so far in this run, cumulative (all GPUs) |
   | `tokens_per_s` | number >= 0     | your own throughput figure, used when `tokens` is absent   |
   | `done`         | bool            | true on the last line: the run completed                  |
+  | `time`         | number          | Unix time the line was printed (`time.time()`): rates are then exact instead of as coarse as the log poll; ignored when more than 10 minutes off |
 
 * **Hugging Face Trainer** (and TRL, Unsloth, Axolotl, which print through it): the tqdm bar on
   stderr (`' 32%|███▏      | 1200/3750 [33:50<1:11:52,  1.69s/it]'`, repainted with carriage
@@ -68,6 +69,7 @@ class Observation:
     tokens_per_s: float | None = None
     steps_per_s: float | None = None   # a rate the trainer itself measured (tqdm's it/s)
     finished: bool = False             # the trainer says the run completed
+    at: float | None = None            # when the line says it was printed (TSUP `time`)
     bar: bool = False                  # step/max_steps come from a tqdm bar (may be an eval bar)
     source: str = ""                   # tsup | tqdm | log | banner | trainer_state
 
@@ -181,6 +183,7 @@ def _parse_tsup(line: str) -> Observation | None:
         tokens=tok[0] if tok else None,
         tokens_per_s=_float(d.get("tokens_per_s"), 0, MAX_TOKENS_SANE, strict=True),
         finished=d.get("done") is True,
+        at=_float(d.get("time"), 0, 1e11, strict=True),
         source="tsup",
     )
     if obs.step is not None and obs.max_steps is not None and obs.step > obs.max_steps:

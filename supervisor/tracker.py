@@ -172,7 +172,8 @@ class ProgressTracker:
                 for seg in line.split("\r"):
                     obs = parse_line(seg)
                     if obs is not None:
-                        self._apply(obs, now, now)
+                        t = obs.at if obs.at is not None and now - 600 <= obs.at <= now + 5 else now
+                        self._apply(obs, min(t, now), now)
                 if self._dirty:
                     self._save()
         except Exception:  # noqa: BLE001
@@ -437,7 +438,8 @@ class ProgressTracker:
             elif f["steps_per_s"] is not None and f["running"]:
                 parts.append(_steps_rate(f["steps_per_s"]))
             if r.finished:
-                parts.append(f"done in {format_duration(f['elapsed_s'])}")
+                took = r.finished_at - r.started_at if r.finished_at is not None else f["elapsed_s"]
+                parts.append(f"done in {format_duration(took)}")
             elif r.ended_at is not None:
                 parts.append(f"ended after {format_duration(f['elapsed_s'])}")
             elif f["stalled_since"] is not None:
@@ -514,7 +516,8 @@ class ProgressTracker:
                 r = self.run
                 if r.started_at is None:
                     return
-                if r.ended_at is None and (r.last_logged is None or now - r.last_logged >= self.cfg.log_interval):
+                if r.ended_at is None and not r.finished and (
+                        r.last_logged is None or now - r.last_logged >= self.cfg.log_interval):
                     r.last_logged = now
                     self._log_progress(now, "progress")
                     self._dirty = True

@@ -96,6 +96,8 @@ def valid(o: Observation) -> None:
     ('2025-01-01 10:00:00 INFO train: TSUP {"step": 5, "lr": 0.0002, "tokens_per_s": 2410.5, "done": true}',
      dict(step=5, learning_rate=0.0002, tokens_per_s=2410.5, finished=True)),
     ('[rank0]: TSUP {"step": 7}', dict(step=7)),
+    ('TSUP {"step": 8, "time": 1800000000.25}', dict(step=8, at=1800000000.25)),
+    ('TSUP {"step": 9, "time": "now"}', dict(step=9, at=None)),
     # wrong types make that key unknown, the rest still counts
     ('TSUP {"step": "12", "max_steps": 3750, "loss": true, "tokens": -5, "epoch": 1e400}',
      dict(step=None, max_steps=3750, loss=None, tokens=None, epoch=None)),

@@ -113,6 +113,23 @@ def test_eta_and_cost_hand_computed(tmp_path, clock):
     assert tr.cost(now + 5)["spent"] == pytest.approx(3.90 * 2035 / 3600, abs=1e-4)
 
 
+def test_tsup_time_makes_rates_exact_despite_the_log_poll(tmp_path, clock):
+    tr, _, _ = make(tmp_path, clock)
+    t0 = clock.time()
+    tr.start_run(1, t0)
+    # a line every 0.25 s, read by a follower that polls every 2 s: 8 lines arrive at once
+    for poll in range(1, 31):
+        clock.advance(2)
+        for i in range(8):
+            k = (poll - 1) * 8 + i + 1
+            tr.feed_line(tsup(step=k, max_steps=1000, tokens=4096 * k, time=t0 + 0.25 * k), clock.time())
+    s = tr.snapshot(clock.time())
+    assert s["steps_per_s"] == pytest.approx(4.0, rel=1e-9) and s["tokens_per_s"] == pytest.approx(16384.0)
+    # a time far off (a wrong clock, a replayed log) is ignored: the arrival time counts
+    tr.feed_line(tsup(step=241, max_steps=1000, time=t0 - 7200), clock.time())
+    assert tr.snapshot(clock.time())["step"] == 241
+
+
 def test_axolotl_capture_eta(tmp_path, clock):
     tr, _, _ = make(tmp_path, clock)
     tr.start_run(1, clock.time())
