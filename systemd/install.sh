@@ -93,9 +93,15 @@ else
   "$PYTHON" -m venv --clear "$VENV"
 fi
 log "installing train-supervisor from $REPO"
-# A local directory is always rebuilt and reinstalled by pip, so an upgrade with an unchanged
-# version number still gets the new code.
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$REPO"
+# Built from a copy of what the package consists of, so the build leaves nothing (build/,
+# *.egg-info) in the checkout. A local directory is always rebuilt and reinstalled by pip: an
+# upgrade with an unchanged version number still gets the new code.
+SRC="$(mktemp -d)"
+trap 'rm -rf "$SRC"' EXIT
+cp -R "$REPO/pyproject.toml" "$REPO/supervisor" "$SRC/"
+for f in README.md LICENSE; do [ ! -e "$REPO/$f" ] || cp "$REPO/$f" "$SRC/"; done
+find "$SRC" -name __pycache__ -prune -exec rm -rf {} +
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$SRC"
 "$VENV/bin/train-supervisord" --version >/dev/null || die "the installed train-supervisord does not run"
 
 # --- supervisorctl on PATH ---------------------------------------------------------------------

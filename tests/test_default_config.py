@@ -51,8 +51,16 @@ def documented() -> dict[str, tuple[int, str]]:
 
 
 def uncommented() -> str:
-    return "\n".join(line[1:] if line.startswith("#") and (KEY_LINE.match(line) or SECTION_LINE.match(line))
-                     else line for line in text().splitlines())
+    """The file with every "#key = value" (and its continuation lines, for a long array) and
+    "#[section]" line switched on."""
+    out, depth = [], 0
+    for line in text().splitlines():
+        if line.startswith("#") and (depth > 0 or KEY_LINE.match(line) or SECTION_LINE.match(line)):
+            line = line[1:]
+            if not SECTION_LINE.match(line):
+                depth += line.count("[") - line.count("]")
+        out.append(line)
+    return "\n".join(out)
 
 
 def test_default_config_parses_to_the_built_in_defaults():
