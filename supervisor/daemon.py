@@ -99,6 +99,7 @@ class Daemon:
     def _on_training_end(self, info: TrainingInfo) -> None:
         # read what the job printed last (an OOM traceback) before judging how it ended
         self.follower.poll(self.clock.time())
+        self.progress.end_run(info.run_id, info.ended_at or self.clock.time())
         self.oom.check_exit(info)
         self.sync.request_sync()
         self.guard.on_training_ended(info)
