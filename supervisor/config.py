@@ -387,6 +387,9 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
             problems.append("email.smtp_host: required in [email]")
         if e.from_ and not _ADDR.fullmatch(e.from_):
             problems.append(f"email.from: not an email address: {_show(e.from_)}")
+        if e.username and e.security == "none" and e.smtp_host not in ("localhost", "127.0.0.1", "::1"):
+            problems.append('email.security: "none" would send the password for email.username in clear '
+                            'over the network; use "starttls" or "ssl"')
         if e.username and not e.password_file and not os.environ.get("TRAIN_SUPERVISOR_SMTP_PASSWORD"):
             problems.append("email.password_file: required with email.username "
                             "(or set TRAIN_SUPERVISOR_SMTP_PASSWORD)")

@@ -8,6 +8,7 @@ scrubbed, and without the original exception chained to it.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import smtplib
@@ -65,12 +66,12 @@ class SmtpMailer:
         except smtplib.SMTPServerDisconnected as e:
             # smtplib turns a read timeout into "Connection unexpectedly closed: timed out".
             if "timed out" in str(e):
-                raise MailError(f"{self._where()}: timed out after {self.cfg.timeout:g}s") from None
+                raise MailError(f"{self._where()}: timed out after {self.cfg.timeout:g}s{self._port_hint()}") from None
             raise MailError(self._scrub(f"{self._where()}: {e}", password)) from None
         except smtplib.SMTPException as e:
             raise MailError(self._scrub(f"{self._where()}: {type(e).__name__}: {e}", password)) from None
         except TimeoutError:
-            raise MailError(f"{self._where()}: timed out after {self.cfg.timeout:g}s") from None
+            raise MailError(f"{self._where()}: timed out after {self.cfg.timeout:g}s{self._port_hint()}") from None
         except OSError as e:
             what = e.strerror or type(e).__name__
             if e.filename:
@@ -136,9 +137,25 @@ class SmtpMailer:
     def _where(self) -> str:
         return f"SMTP {self.cfg.smtp_host}:{self.cfg.smtp_port}"
 
-    @staticmethod
-    def _scrub(text: str, password: str) -> str:
-        return text.replace(password, "***") if password else text
+    def _port_hint(self) -> str:
+        # Both sides wait for the other to speak first when the TLS mode does not fit the port.
+        if self.cfg.security != "ssl" and self.cfg.smtp_port == 465:
+            return ' (port 465 usually wants email.security = "ssl")'
+        if self.cfg.security == "ssl" and self.cfg.smtp_port in (25, 587):
+            return f' (port {self.cfg.smtp_port} usually wants email.security = "starttls")'
+        return ""
+
+    def _scrub(self, text: str, password: str) -> str:
+        """The password, and the base64 forms AUTH sends it in, never leave in an error text."""
+        if not password:
+            return text
+        for secret in (password, _b64(password), _b64(f"\0{self.cfg.username}\0{password}")):
+            text = text.replace(secret, "***")
+        return text
+
+
+def _b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
 
 
 def _text(b: bytes | str) -> str:

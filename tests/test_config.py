@@ -65,6 +65,8 @@ BAD: list[tuple[str, str, str]] = [
     ("email_security", EMAIL + 'security = "tls"\n', 'email.security: expected one of starttls, ssl, none, got "tls"'),
     ("email_port", EMAIL + "smtp_port = 70000\n", "email.smtp_port: must be at most 65535, got 70000"),
     ("email_user_without_password", EMAIL + 'username = "me"\n', "email.password_file: required with email.username"),
+    ("email_cleartext_login", EMAIL + 'security = "none"\nusername = "me"\npassword_file = "/etc/pw"\n',
+     'email.security: "none" would send the password for email.username in clear'),
     ("email_unknown_key", EMAIL + 'password = "hunter2"\n', "email.password: unknown key (did you mean email.password_file?)"),
     ("price_as_string", 'price_per_hour = "3.90"\n', 'price_per_hour: expected a number, got "3.90"'),
     ("price_nan", "price_per_hour = nan\n", "price_per_hour: expected a finite number, got nan"),

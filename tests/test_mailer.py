@@ -140,6 +140,12 @@ def test_silent_server_times_out(blackhole_port):
     assert time.monotonic() - t0 < 5
 
 
+def test_tls_mode_that_does_not_fit_the_port_gets_a_hint(blackhole_port):
+    m = SmtpMailer(email_cfg(blackhole_port, timeout="1s"))
+    m.cfg.smtp_port = 465  # what the hint keys on; the connection still goes to the silent server
+    assert "usually wants email.security" in m._port_hint()
+
+
 def test_header_injection_in_subject_is_impossible(smtp_factory):
     srv = smtp_factory("none")
     m = SmtpMailer(email_cfg(srv.port, subject_prefix="[ts]\r\nX-Evil: 1"), hostname="h")
@@ -158,3 +164,12 @@ def test_build_mailer():
     assert build_mailer(from_dict({})) is None
     m = build_mailer(from_dict({"hostname": "box_1 (gpu)", "email": {"to": ["a@b.c"], "smtp_host": "h"}}))
     assert isinstance(m, SmtpMailer) and m.from_addr == "train-supervisor@box1gpu"
+
+
+def test_error_texts_are_scrubbed_of_the_password_in_every_form_auth_sends():
+    import base64
+
+    m = SmtpMailer(email_cfg(1, security="starttls", username="trainer", password_file="/nonexistent"))
+    plain = base64.b64encode(f"\0trainer\0{PASSWORD}".encode()).decode()
+    text = f"535 bad {PASSWORD} {base64.b64encode(PASSWORD.encode()).decode()} {plain}"
+    assert m._scrub(text, PASSWORD) == "535 bad *** *** ***"
