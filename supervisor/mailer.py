@@ -149,7 +149,7 @@ class SmtpMailer:
         """The password, and the base64 forms AUTH sends it in, never leave in an error text."""
         if not password:
             return text
-        for secret in (password, _b64(password), _b64(f"\0{self.cfg.username}\0{password}")):
+        for secret in (_b64(f"\0{self.cfg.username}\0{password}"), _b64(password), password):  # longest first
             text = text.replace(secret, "***")
         return text
 
