@@ -6,9 +6,10 @@ A unit is complete when all of these hold:
   (an mtime far in the future, from a skewed clock, is ignored), and no file's size or mtime has
   been *seen* to change for `quiet` seconds (monotonic, so a clock step cannot fake it);
 - every file whose format can tell says it is whole (a safetensors file has exactly the bytes its
-  header promises; a torch zip archive ends with its central directory);
-- a Hugging Face Trainer checkpoint (`checkpoint-N` holding Trainer files) has its
-  `trainer_state.json`, which the Trainer writes last.
+  header promises; a torch zip archive ends with its central directory; a JSON file parses);
+- a `checkpoint-N` folder has its `trainer_state.json`, which the HF Trainer writes last (model
+  and tokenizer come first, so a pause after them must not look like the end). Other writers:
+  set `sync.complete_marker` to their last file, or to "" for the quiet period alone.
 
 `forced` (final sync: the writer is gone) skips the waiting, ignores leftover temp files and
 uploads what is whole, but a checkpoint that never got its `trainer_state.json` or holds a
@@ -25,11 +26,8 @@ from dataclasses import dataclass
 from .policy import is_temp_name
 
 FUTURE_SKEW_S = 5.0  # mtimes further ahead than this are a clock problem, not activity
-HF_CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
-HF_LAST_FILE = "trainer_state.json"
-# Files only a Trainer checkpoint has; their presence makes trainer_state.json mandatory.
-_HF_MARKERS = re.compile(r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.pt|rng_state(_\d+)?\.pth|"
-                         r"scaler\.pt)$")
+CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
+HF_LAST_FILE = "trainer_state.json"  # what the Trainer writes last into checkpoint-N/
 
 
 @dataclass(frozen=True)
@@ -51,17 +49,16 @@ class Verdict:
     skip: tuple[str, ...] = ()     # files not to upload (truncated ones, under forced)
 
 
-def is_hf_checkpoint(unit_name: str, files: list[FileObs]) -> bool:
-    base = unit_name.rsplit("/", 1)[-1]
-    if not HF_CHECKPOINT_RE.match(base):
-        return False
-    return any(_HF_MARKERS.match(f.rel) or f.rel == HF_LAST_FILE for f in files)
+def needs_marker(unit_name: str, marker: str) -> bool:
+    """A `checkpoint-N` folder is only complete once its writer's last file is there."""
+    return bool(marker) and bool(CHECKPOINT_RE.match(unit_name.rsplit("/", 1)[-1]))
 
 
 def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono_now: float,
-          quiet: float, forced: bool = False) -> Verdict:
+          quiet: float, forced: bool = False, marker: str = HF_LAST_FILE) -> Verdict:
     """The verdict for one unit. `kind` is "dir" or "file"; `files` are all files observed in
-    the unit (selected or not: any activity counts)."""
+    the unit (selected or not: any activity counts); `marker` is the file a `checkpoint-N`
+    folder must hold (sync.complete_marker; "" = the quiet period alone decides)."""
     if not files:
         return Verdict(False, "empty")
     temps = [f.rel for f in files if any(is_temp_name(p) for p in f.rel.split("/"))]
@@ -71,10 +68,9 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
     truncated = tuple(f.rel for f in real if f.whole is False)
 
     if forced:
-        missing = kind == "dir" and is_hf_checkpoint(unit_name, real) and \
-            not any(f.rel == HF_LAST_FILE for f in real)
+        missing = kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real)
         if missing or truncated:
-            why = f"never finished: no {HF_LAST_FILE}" if missing else f"truncated: {truncated[0]}"
+            why = f"never finished: no {marker}" if missing else f"truncated: {truncated[0]}"
             return Verdict(False, why, None, partial=True, skip=truncated)
         return Verdict(True, "complete")
 
@@ -85,8 +81,6 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
         age = wall_now - f.mtime
         if age < -FUTURE_SKEW_S:
             age = float("inf")  # skewed mtime: only our own observation can tell
-        elif age < 0:
-            age = 0.0
         wait = max(wait, quiet - age)
         if f.stable_since is not None:
             wait = max(wait, quiet - (mono_now - f.stable_since))
@@ -94,8 +88,8 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
         return Verdict(False, f"writer active (quiet in {wait:.0f}s)", wait)
     if truncated:
         return Verdict(False, f"{truncated[0]} is truncated", None)
-    if kind == "dir" and is_hf_checkpoint(unit_name, real) and not any(f.rel == HF_LAST_FILE for f in real):
-        return Verdict(False, f"waiting for {HF_LAST_FILE}", None)
+    if kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real):
+        return Verdict(False, f"waiting for {marker}", None)
     return Verdict(True, "complete")
 
 
@@ -155,11 +149,26 @@ def zip_whole(tail: bytes) -> bool:
     return False
 
 
+MAX_JSON_CHECK = 16 * 1024 * 1024
+
+
+def json_whole(data: bytes) -> bool:
+    """A JSON file cut short does not parse (trainer_state.json, adapter_config.json)."""
+    try:
+        json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
 def checkable(name: str) -> str | None:
-    """Which format check applies to a file name: "safetensors", "zip" (torch archives) or None."""
+    """Which format check applies to a file name: "safetensors", "zip" (torch archives),
+    "json", or None."""
     low = name.lower()
     if low.endswith(".safetensors"):
         return "safetensors"
     if low.endswith((".pt", ".pth", ".bin", ".ckpt")):
         return "zip"
+    if low.endswith(".json"):
+        return "json"
     return None

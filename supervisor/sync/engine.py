@@ -33,11 +33,13 @@ from ..durations import format_bytes, format_duration
 from ..interfaces import FinalSyncResult
 from . import manifest as mf
 from .complete import (
+    MAX_JSON_CHECK,
     ZIP_LOCAL_MAGIC,
     ZIP_TAIL,
     FileObs,
     Verdict,
     checkable,
+    json_whole,
     judge,
     safetensors_header_len,
     safetensors_whole,
@@ -94,6 +96,7 @@ class Unit:
     selected: list[_Sel] = field(default_factory=list)
     verdict: Verdict = Verdict(False, "not judged")
     forced: bool = False
+    retired: bool = False   # older than the keep_last newest checkpoints: not uploaded any more
 
     @property
     def abspath(self) -> str:
@@ -493,11 +496,35 @@ class SyncEngine:
                 u.verdict = Verdict(False, "nothing selected")
                 continue
             u.forced = any(_within(u.abspath, p) or _within(p, u.abspath) for p in forced)
-            u.verdict = judge(u.rel or u.root.path, u.kind, u.files, wall, mono, self.cfg.quiet_period, u.forced)
+            name = u.rel or u.root.path
+            marker = self.cfg.complete_marker
+            u.verdict = judge(name, u.kind, u.files, wall, mono, self.cfg.quiet_period, u.forced, marker)
             if (u.verdict.complete or u.forced) and self._check_whole(u):
-                u.verdict = judge(u.rel or u.root.path, u.kind, u.files, wall, mono, self.cfg.quiet_period,
-                                  u.forced)
+                u.verdict = judge(name, u.kind, u.files, wall, mono, self.cfg.quiet_period, u.forced, marker)
+        if self.cfg.keep_last > 0:
+            self._retire(roots, units)
         return units
+
+    def _retire(self, roots: list[Root], units: dict[tuple[str, str, str], Unit]) -> None:
+        """keep_last: checkpoints older than the newest N (here or on the target) are not sent,
+        or keep_last would delete them again after every upload."""
+        assert self.ledger is not None
+        for root in roots:
+            local: dict[int, Unit] = {}
+            for u in units.values():
+                m = CHECKPOINT_NUM.match(u.rel) if u.root == root and u.kind == "dir" else None
+                if m:
+                    local[int(m.group(1))] = u
+            steps = set(local)
+            for unit_key in self.ledger.manifests_under(root.prefix):
+                m = CHECKPOINT_NUM.match(unit_key[len(root.prefix) + 1:] if root.prefix else unit_key)
+                if m:
+                    steps.add(int(m.group(1)))
+            keep = set(sorted(steps)[-self.cfg.keep_last:])
+            for n, u in local.items():
+                if n not in keep:
+                    u.retired = True
+                    u.verdict = Verdict(False, f"older than the newest {self.cfg.keep_last} (keep_last)")
 
     def _walk(self, root: Root) -> dict[str, tuple[int, int]]:
         """rel -> (size, mtime_ns) for regular files; symlinks are never followed, caches and
@@ -787,11 +814,23 @@ class SyncEngine:
                 if error is not None:
                     if pass_id is None or pass_id >= w.after_pass:
                         w.result = self._result(False, w.started_ok, error=error, unsynced=self._unsynced_list(None))
-                elif pass_id is not None and pass_id >= w.after_pass:
+                elif pass_id is not None and pass_id >= w.after_pass and not self._settling():
                     w.result = self._result(True, w.started_ok, scope=None)
                 if w.result is not None:
                     self._idle_waiters.remove(w)
                     w.event.set()
+
+    def _settling(self) -> bool:
+        """Is some unit about to become complete by itself (its writer just went quiet, or a
+        folder just appeared)? `sync --wait` waits for those; not for ones that need their
+        writer to come back (no trainer_state.json, a truncated file)."""
+        assert self.ledger is not None
+        for u in self._units.values():
+            v = u.verdict
+            if u.selected and not v.complete and not v.partial and v.ready_in is not None \
+                    and not self._unit_synced(u):
+                return True
+        return False
 
     def _expire_finals(self) -> None:
         now = time.monotonic()
@@ -811,7 +850,7 @@ class SyncEngine:
             jobs = list(self._finals)
             units = list(self._units.values())
         for j in jobs:
-            scope = [u for u in units if u.selected and any(_within(u.abspath, p) or _within(p, u.abspath)
+            scope = [u for u in units if u.selected and not u.retired and any(_within(u.abspath, p) or _within(p, u.abspath)
                                                              for p in j.paths)]
             if any(not (u.verdict.complete or u.verdict.partial) or not self._unit_synced(u) for u in scope):
                 continue  # still work to do (or failing); the next pass gets there
@@ -887,6 +926,8 @@ class SyncEngine:
         if self.ledger is None:
             return out
         for u in self._units.values():
+            if u.retired:
+                continue
             for s in u.selected:
                 if scope is not None and not any(_within(s.path, p) or _within(p, s.path) for p in scope):
                     continue
@@ -905,13 +946,22 @@ class SyncEngine:
         n = b = 0
         waiting = []
         for u in self._units.values():
-            if not u.selected:
+            if not u.selected or u.retired:
                 continue
             missing = [s for s in u.selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
             n += len(missing)
             b += sum(s.size for s in missing)
             if missing and not u.verdict.complete and not u.verdict.partial:
-                waiting.append((u.label, u.verdict.reason))
+                reason = u.verdict.reason
+                if reason.startswith("waiting for ") and u.files:
+                    idle = self.clock.time() - max(f.mtime for f in u.files)
+                    if idle >= max(600.0, 10 * self.cfg.quiet_period):
+                        # a writer that never writes the marker would never be synced: say so
+                        reason += (f" (quiet for {format_duration(idle)}; if its writer never writes it, "
+                                   f"set sync.complete_marker)")
+                        self._log_once(f"marker:{u.abspath}", "sync_checkpoint_without_marker", unit=u.label,
+                                       marker=self.cfg.complete_marker, quiet_for_s=round(idle))
+                waiting.append((u.label, reason))
         self._pending_files, self._pending_bytes = n, b
         self._waiting = sorted(waiting)
 
@@ -1030,6 +1080,8 @@ def _whole(path: str, kind: str | None, size: int) -> bool | None:
                 return None  # a legacy pickle: nothing to check
             n = min(size, ZIP_TAIL)
             return zip_whole(os.pread(fd, n, size - n))
+        if kind == "json" and size <= MAX_JSON_CHECK:
+            return json_whole(os.pread(fd, size, 0))
         return None
     except OSError:
         return None

@@ -1,0 +1,167 @@
+"""The ledger survives anything: restarts, torn lines, kill -9 mid-write, a crash inside compaction,
+a corrupt snapshot, and a second process trying to use it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from supervisor.sync.ledger import Entry, Ledger, LedgerBusy
+from tests.fixtures.sync_engine import REPO
+from tests.waiting import wait_until
+
+
+def e(i: int) -> Entry:
+    return Entry(size=i, mtime_ns=i * 1000, sha256=f"{i:064x}", etag=f"etag{i}", src=f"/w/f{i}", at=float(i))
+
+
+def test_roundtrip_and_queries(tmp_path):
+    lg = Ledger(tmp_path, "s3://b/p@aws")
+    lg.begin("a/x", 5, 5000, {"mode": "mp", "upload_id": "U"})
+    lg.part("a/x", 1, "etag1", "crc1", 5)
+    lg.done("b/y", e(7))
+    lg.manifest_done("b", "d1", 1.0)
+    lg.close()
+    lg = Ledger(tmp_path, "s3://b/p@aws")
+    assert lg.current("b/y", 7, 7000) == e(7)
+    assert lg.current("b/y", 7, 7001) is None  # another version of the file: not held
+    assert lg.in_flight("a/x")["parts"] == {"1": ["etag1", "crc1", 5]}
+    assert lg.in_flight("a/x")["info"]["upload_id"] == "U"
+    assert lg.manifest("b")["digest"] == "d1"
+    assert lg.totals() == (1, 7)
+    assert lg.keys_under("b") == ["b/y"] and lg.keys_under("") == ["b/y"]
+    lg.forget("b/y")
+    lg.manifest_forget("b")
+    lg.close()
+    lg = Ledger(tmp_path, "s3://b/p@aws")
+    assert lg.get("b/y") is None and lg.manifest("b") is None and lg.totals() == (0, 0)
+    lg.close()
+
+
+def test_each_target_has_its_own_ledger(tmp_path):
+    a = Ledger(tmp_path, "s3://b/p@http://127.0.0.1:1")
+    a.done("k", e(1))
+    a.close()
+    b = Ledger(tmp_path, "s3://b/p@aws")
+    assert b.get("k") is None
+    b.close()
+
+
+def test_torn_last_line_is_skipped_and_does_not_swallow_the_next(tmp_path):
+    lg = Ledger(tmp_path, "t")
+    lg.done("a", e(1))
+    lg.close()
+    with open(lg.journal_path, "ab") as f:
+        f.write(b'{"op":"done","k":"b","e":[2,2000,"')  # kill -9 in the middle of a write
+    lg = Ledger(tmp_path, "t")
+    assert lg.get("a") == e(1) and lg.get("b") is None and lg.skipped_lines == 1
+    lg.done("c", e(3))
+    lg.close()
+    lg = Ledger(tmp_path, "t")
+    assert lg.get("c") == e(3)
+    lg.close()
+
+
+def test_compaction_and_a_crash_between_its_two_steps(tmp_path):
+    lg = Ledger(tmp_path, "t")
+    for i in range(50):
+        lg.done(f"k{i}", e(i))
+    lg.forget("k0")
+    journal_before = lg.journal_path.read_bytes()
+    lg.compact()
+    lg.done("after", e(99))
+    lg.close()
+    lg2 = Ledger(tmp_path, "t")
+    assert lg2.get("k0") is None and lg2.get("k49") == e(49) and lg2.get("after") == e(99)
+    assert lg2.totals()[0] == 50
+    lg2.close()
+    # crash after the new snapshot was written but before the journal was emptied: the old
+    # journal (older generation) must not be replayed on top of the snapshot
+    lg2 = Ledger(tmp_path, "t")
+    lg2.compact()
+    lg2.close()
+    lg.journal_path.write_bytes(journal_before)  # the pre-compaction journal, generation 0
+    lg3 = Ledger(tmp_path, "t")
+    assert lg3.get("k0") is None and lg3.get("after") == e(99) and lg3.totals()[0] == 50
+    lg3.close()
+
+
+def test_corrupt_snapshot_is_set_aside(tmp_path):
+    lg = Ledger(tmp_path, "t")
+    lg.done("a", e(1))
+    lg.compact()
+    lg.close()
+    lg.snapshot_path.write_text("{not json")
+    lg = Ledger(tmp_path, "t")
+    assert lg.get("a") is None  # lost: a re-upload, never a false "uploaded"
+    assert list(lg.dir.glob("snapshot.json.corrupt-*"))
+    lg.close()
+
+
+def test_second_process_is_refused(tmp_path):
+    lg = Ledger(tmp_path, "t")
+    code = ("import sys; from supervisor.sync.ledger import Ledger, LedgerBusy\n"
+            "try:\n    Ledger(sys.argv[1], 't')\nexcept LedgerBusy as e:\n    print(e); sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 3 and "in use by another process" in r.stdout
+    lg.close()
+    with pytest.raises(LedgerBusy):
+        a = Ledger(tmp_path, "t")
+        try:
+            Ledger(tmp_path, "t")
+        finally:
+            a.close()
+
+
+WRITER = """
+import sys, json
+from supervisor.sync.ledger import Entry, Ledger
+lg = Ledger(sys.argv[1], "t")
+i = 0
+while True:
+    lg.begin(f"k{i}", i, i, {"n": i})
+    lg.done(f"k{i}", Entry(i, i, "%064x" % i, "", "", 0.0))
+    if i % 37 == 0:
+        lg.sync()
+    if i % 500 == 499:
+        lg.compact()
+    print(i, flush=True)
+    i += 1
+"""
+
+
+@pytest.mark.parametrize("after", [3, 200, 700])
+def test_kill9_mid_write_leaves_a_consistent_ledger(tmp_path, after):
+    """SIGKILL a process appending as fast as it can (compacting now and then): what it
+    confirmed is there, in order, with no gaps; what it never confirmed is not."""
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    seen = []
+    assert p.stdout is not None
+    wait_until(lambda: seen.append(int(p.stdout.readline())) or seen[-1] >= after, 30, interval=0)
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    lg = Ledger(tmp_path, "t")
+    done = sorted(int(k[1:]) for k in lg.files)
+    assert done == list(range(len(done))), "a gap: a record was lost before a later one"
+    assert len(done) >= seen[-1] + 1  # everything it printed (after done()) survived
+    for k in lg.inflight:
+        assert int(k[1:]) == len(done), "only the one being written can be in flight"
+    lg.close()
+
+
+def test_journal_lines_are_json_objects(tmp_path):
+    lg = Ledger(tmp_path, "t")
+    lg.done("weird \"key\"\n/ü", e(1))
+    lg.close()
+    lines = lg.journal_path.read_text().splitlines()
+    assert all(isinstance(json.loads(x), dict) for x in lines)
+    lg = Ledger(tmp_path, "t")
+    assert lg.get("weird \"key\"\n/ü") == e(1)
+    lg.close()
