@@ -3,6 +3,7 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.sshd",
     "tests.fixtures.hf_writer",
+    "tests.fixtures.sync_engine",
     "tests.fixtures.smtp",
     "tests.fixtures.clock",
     "tests.fixtures.nvml",
