@@ -100,7 +100,7 @@ class ControlServer:
         while not self._stopping.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 if self._stopping.is_set():
@@ -128,7 +128,7 @@ class ControlServer:
         while b"\n" not in buf:
             try:
                 chunk = conn.recv(8192)
-            except socket.timeout:
+            except TimeoutError:
                 return {"ok": False, "error": f"request not complete within {READ_TIMEOUT:g}s"}
             except OSError as e:
                 return {"ok": False, "error": f"read failed: {e}"}
@@ -219,7 +219,7 @@ def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0
         while True:
             try:
                 chunk = s.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 raise ClientError(f"train-supervisord did not answer {cmd!r} within {timeout:g}s", 4) from None
             if not chunk:
                 break

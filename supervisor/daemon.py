@@ -57,8 +57,8 @@ class Daemon:
         from .hostcheck import HostCheck
         from .logfollow import LogFollower
         from .oom import OomDetector
-        from .tracker import ProgressTracker
         from .sync.engine import SyncEngine
+        from .tracker import ProgressTracker
 
         self.gpu = GpuMonitor(self.ctx, training=self.training)
         self.sync = SyncEngine(self.ctx)

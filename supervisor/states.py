@@ -3,10 +3,10 @@ this file is the one place to read what states exist."""
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class TrainingState(str, Enum):
+class TrainingState(StrEnum):
     STOPPED = "STOPPED"
     STARTING = "STARTING"
     RUNNING = "RUNNING"
@@ -30,7 +30,7 @@ TRAINING_MOVES: dict[TrainingState, frozenset[TrainingState]] = {
 }
 
 
-class IdleState(str, Enum):
+class IdleState(StrEnum):
     ACTIVE = "ACTIVE"
     IDLE = "IDLE"
     WARNED = "WARNED"

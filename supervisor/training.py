@@ -23,8 +23,8 @@ import structlog
 
 from .context import Context
 from .interfaces import TrainingInfo
-from .states import TRAINING_ALIVE, TrainingState, check_training_move
 from .statefile import atomic_write
+from .states import TRAINING_ALIVE, TrainingState, check_training_move
 from .tmux import Tmux, TmuxError
 
 log = structlog.get_logger("training")

@@ -127,9 +127,9 @@ def test_slow_request_does_not_block_status(server):
 
 
 def test_many_garbage_connections_in_a_row(server):
-    for i in range(200):
+    for _ in range(200):
         c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        wait_until(lambda: c.connect_ex(server.path) == 0, 5)
+        wait_until(lambda c=c: c.connect_ex(server.path) == 0, 5)
         c.sendall(os.urandom(64))
         c.close()
     def answered():
