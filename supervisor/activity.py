@@ -78,38 +78,44 @@ def _pts_devices() -> dict[int, str]:
     return out
 
 
-def _tty_nr(pid: int) -> int:
-    """The controlling terminal's device number from /proc/PID/stat (0: none)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return 0
-    rest = raw[raw.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session tty_nr
-    try:
-        return int(rest[4])
-    except (IndexError, ValueError):
-        return 0
+def _proc_table() -> dict[int, dict]:
+    """pid -> {pid, ppid, name, tty} for every process, from one read of /proc/PID/stat each
+    (comm is cut at 15 characters there, which every name in SSH_SERVERS fits)."""
+    out: dict[int, dict] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        open_, close = raw.find(b"("), raw.rfind(b")")
+        rest = raw[close + 2:].split()  # state ppid pgrp session tty_nr ...
+        try:
+            out[int(entry.name)] = {"pid": int(entry.name), "name": raw[open_ + 1:close].decode("utf-8", "replace"),
+                                    "ppid": int(rest[1]), "tty": int(rest[4])}
+        except (IndexError, ValueError):
+            continue
+    return out
 
 
 def ssh_sessions() -> list[dict]:
     """Remote terminal sessions now: every /dev/pts/* with an sshd ancestor (what SkyPilot counts,
     so `ssh -N` tunnels, which have no terminal, do not count), plus utmp logins whose process
     is alive (utmp is often absent in containers, and can hold stale entries)."""
-    procs: dict[int, dict] = {}
-    for p in psutil.process_iter(["pid", "ppid", "name", "username"]):
-        procs[p.info["pid"]] = p.info
+    procs = _proc_table()
     pts = _pts_devices()
     found: dict[str, dict] = {}
     servers: dict[str, int] = {}
     for pid, info in procs.items():
-        tty = pts.get(_tty_nr(pid)) if pts else None
+        tty = pts.get(info["tty"]) if pts and info["tty"] else None
         if not tty or tty in found:
             continue
         server = _server_ancestor(pid, procs)
         if server is None:
             continue
-        found[tty] = {"user": info.get("username") or "?", "tty": tty[len("/dev/"):], "host": "", "pid": pid}
+        found[tty] = {"user": _username(pid), "tty": tty[len("/dev/"):], "host": "", "pid": pid}
         servers[tty] = server
     if found:
         peers = _peers()
@@ -129,6 +135,13 @@ def ssh_sessions() -> list[dict]:
             continue  # a stale utmp record of a session that is gone
         found[key] = {"user": u.name, "tty": term, "host": u.host or "", "pid": getattr(u, "pid", None)}
     return sorted(found.values(), key=lambda s: s["tty"])
+
+
+def _username(pid: int) -> str:
+    try:
+        return psutil.Process(pid).username()
+    except (psutil.Error, KeyError):
+        return "?"
 
 
 def _server_ancestor(pid: int, procs: dict[int, dict]) -> int | None:
