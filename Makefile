@@ -14,7 +14,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo bench clean deps-test deps-demo
+
+deps-test:
+	@bash .ci/system-deps test
+
+deps-demo:
+	@bash .ci/system-deps demo
 
 venv: $(STAMP)
 
@@ -32,12 +38,12 @@ lint: venv
 	$(VENV)/bin/ruff check supervisor tests
 
 # pytest exits 5 when it collected nothing: here that means the suite is broken, not "all good".
-test: lint
+test: deps-test lint
 	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
 
-demo: venv
+demo: deps-demo venv
 	PY=$(abspath $(PY)) bash examples/demo.sh
 
 bench: venv

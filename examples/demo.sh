@@ -66,8 +66,11 @@ while :; do
 done
 echo; echo "== supervisorctl alerts"; ctl alerts
 echo; echo "== what reached the sync target ($DEMO/remote)"
-find "$DEMO/remote" -maxdepth 2 | sort | sed "s|$DEMO/remote|  remote|"
+for d in "$DEMO"/remote/*/; do
+  printf '  %-22s %3s files  %s\n' "$(basename "$d")/" "$(find "$d" -type f | wc -l)" \
+    "$([ -f "$d/_MANIFEST.json" ] && echo "manifest written last: complete" || echo "no manifest: incomplete")"
+done
 echo; echo "== the dry-run stop that would have powered the machine off"
-grep -h '"stop_action' "$DEMO/daemon.log" | tail -n 2 || true
+grep -h '"machine_stopped"' "$DEMO/daemon.log" | tail -n 1 || true
 echo; echo "demo done: the trainer ran in tmux, every checkpoint reached the target with its manifest,"
 echo "and the daemon made the final verified sync and recorded the (dry-run) stop."
