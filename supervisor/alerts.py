@@ -239,6 +239,7 @@ class Alerts:
         self.problems: list[str] = []
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
+        self._rekick = threading.Event()  # a mail was queued while a delivery was under way
         self._dirty = False
         self._dir = Path(state_dir) if state_dir else None
         self._recent: deque[dict] = deque(maxlen=self.MAX_LOG)
@@ -328,8 +329,10 @@ class Alerts:
         """Plan due mails and try to deliver them. Never raises. SMTP runs outside the state lock
         and only one tick delivers at a time (another one returns at once unless `wait`)."""
         if not self._send_lock.acquire(blocking=wait):
-            return
+            return  # the running tick sees _rekick and goes round again for what was just queued
+        failed = False
         try:
+            self._rekick.clear()
             now = self.clock.time()
             with self._lock:
                 for m in plan(self.state, now, self.cfg):
@@ -362,6 +365,7 @@ class Alerts:
                     log.warning("alert_mail_failed", key=m.key, error=m.last_error, attempts=m.attempts)
                     # The server is most likely down for all of them: the rest wait for the next
                     # tick instead of each waiting out its own timeout now.
+                    failed = True
                     break
                 sent_at = self.clock.time()
                 with self._lock:
@@ -377,11 +381,14 @@ class Alerts:
             log.exception("alerts_tick_failed")
         finally:
             self._send_lock.release()
+        if self._rekick.is_set() and not failed and self.background:
+            self._kick()
 
     def _kick(self) -> None:
         if self.mailer is None:
             self.tick()  # no I/O beyond the log file: cheap enough to do in the caller
         elif self.background:
+            self._rekick.set()
             threading.Thread(target=self.tick, name="alerts-deliver", daemon=True).start()
 
     def _queue(self, m: Mail) -> None:

@@ -171,7 +171,7 @@ class Daemon:
             "now": now,
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
                        "config": self.cfg.source, "state_dir": self.cfg.state_dir,
-                       "problems": list(self.store.problems)},
+                       "problems": [*self.store.problems, *self.alerts.problems]},
             "training": tr,
             "gpus": g.get("gpus", []),
             "gpu_error": g.get("gpu_error"),
