@@ -313,19 +313,17 @@ class IdleGuard:
         self._submit("finish", self._finish, info)
 
     def _reconcile_finish(self, info: TrainingInfo, now: Now) -> None:
-        """A run end the daemon reported but a restart cut short, or one that ended while no daemon
-        ran to see it (in this boot): handle it now."""
-        if info.state not in (TrainingState.FINISHED, TrainingState.FAILED) or not info.run_id:
+        """A run end whose final sync and mail a daemon restart cut short: finish it now. (Ends
+        the daemon never saw are reported by the training module itself when it re-adopts; a
+        FAILED run waiting for its automatic restart is never reported, and must not be.)"""
+        if self.m.finish_done or not self.m.finish_run or self._finish_queued == self.m.finish_run:
             return
-        if info.run_id == self.m.finish_run and self.m.finish_done:
-            return
-        if info.run_id != self.m.finish_run and (info.ended_at is None or info.ended_at < now.wall - now.uptime):
-            return  # ended in an earlier boot: old news
-        if self._finish_queued == info.run_id:
+        if info.run_id != self.m.finish_run or info.state not in (TrainingState.FINISHED, TrainingState.FAILED):
+            self.m.finish_done = True  # a newer run started, or the record is gone: nothing left to finish
+            self._save()
             return
         self._finish_queued = info.run_id
-        self.m.finish_run, self.m.finish_done = info.run_id, False
-        self._save()
+        log.warning("finish_resumed", run_id=info.run_id)
         self._submit("finish", self._finish, info)
 
     def _finish(self, info: TrainingInfo) -> None:

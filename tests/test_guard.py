@@ -465,3 +465,13 @@ def test_poll_survives_a_broken_training_view(h):
     h.training.raise_info = True
     h.poll(2)
     assert h.state == "IDLE"
+
+
+def test_a_failed_run_awaiting_its_restart_is_not_a_finish(h):
+    """The training module does not report a FAILED run it will restart; the guard must not
+    discover it on its own and stop the machine under the restart."""
+    h.restart({"training": {"on_finish": "stop"}})
+    h.training.state, h.training.run_id, h.training.exit_code = T.FAILED, 4, 1
+    h.poll(10)
+    st = h.guard.status()["idle"]
+    assert st["state"] == "IDLE" and st["mode"] == "idle" and not h.mails() and not h.sync.calls
