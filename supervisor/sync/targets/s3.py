@@ -53,6 +53,8 @@ log = structlog.get_logger("sync.s3")
 SINGLE_PUT_MAX = 16 * 1024 * 1024
 MAX_PARTS = 10000
 HASH_CHUNK = 8 << 20
+_AUTH_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+               "ExpiredToken", "AuthorizationHeaderMalformed"}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
@@ -155,7 +157,9 @@ class S3Target:
             code = err.get("Code", "?")
             if code in ("NoSuchUpload", "NoSuchKey", "404", "NotFound"):
                 raise _NotFound(code) from None
-            raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {err.get('Message', '')}".strip()) from None
+            msg = err.get("Message", "") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+            hint = " (check the credentials and the bucket's permissions)" if code in _AUTH_CODES else ""
+            raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}{hint}".strip()) from None
         except BotoCoreError as e:
             raise TargetError(f"S3 {op}: {e}") from None
 
@@ -479,6 +483,12 @@ class S3Target:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
+            if self._client is not None:
+                try:
+                    self._client.close()  # its keep-alive connections
+                except Exception:  # noqa: BLE001 - closing must not raise
+                    pass
+                self._client = None
 
 
 class _NotFound(Exception):

@@ -1,0 +1,123 @@
+"""The engine over rsync+SSH to a real sshd on loopback (throwaway keys): integrity, atomic
+completion, kill -9 mid-transfer, host key policy, and an unreachable host."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from supervisor.sync.manifest import check_folder
+from supervisor.sync.policy import MANIFEST_NAME
+from tests.fixtures.hf_writer import safetensors_bytes, torch_zip_bytes
+from tests.waiting import wait_until
+
+MiB = 1024 * 1024
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            p = Path(dirpath) / n
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def test_checkpoint_and_adapter_over_rsync(make_engine, hf_writer, sshd_server, tmp_path):
+    remote = tmp_path / "remote"
+    hf_writer.checkpoint(30)
+    hf_writer.adapter("lora")
+    hf_writer.final_model()
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(remote), "watch": [str(hf_writer.out)]})
+    r = e.wait_idle(60)
+    assert r.ok, r
+    for unit in ("checkpoint-30", "lora"):
+        got = tree(remote / unit)
+        assert {k: v for k, v in got.items() if k != MANIFEST_NAME} == hf_writer.contents[unit]
+        assert check_folder(str(remote / unit)) == []
+    assert (remote / "model.safetensors").read_bytes() == (hf_writer.out / "model.safetensors").read_bytes()
+    src = hf_writer.out / "checkpoint-30" / "optimizer.pt"
+    assert (remote / "checkpoint-30" / "optimizer.pt").stat().st_mtime_ns // 10**9 == src.stat().st_mtime_ns // 10**9
+    assert not list(remote.rglob(".rsync-partial")) and not [p for p in remote.rglob(".*") if p.is_file()]
+    assert e.status()["target"] == f"{sshd_server.user}@127.0.0.1:{remote}"
+
+
+def test_final_sync_finds_a_file_lost_on_the_host(make_engine, hf_writer, sshd_server, tmp_path):
+    remote = tmp_path / "remote"
+    hf_writer.checkpoint(4)
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(remote), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    (remote / "checkpoint-4" / "scheduler.pt").unlink()
+    r = e.final_sync([str(hf_writer.out)], 60)
+    assert r.ok and r.uploaded_files == 1, r
+    assert check_folder(str(remote / "checkpoint-4")) == []
+
+
+@pytest.mark.slow
+def test_kill9_mid_transfer_resumes_and_resends_nothing_finished(sync_proc, hf_writer, sshd_server, tmp_path):
+    remote = tmp_path / "remote"
+    cp = hf_writer.out / "checkpoint-12"
+    cp.mkdir(parents=True)
+    files = {"a_model.safetensors": safetensors_bytes({"w": 3 * MiB}, 1),
+             "b_optimizer.pt": torch_zip_bytes(6 * MiB, 2),
+             "config.json": b'{"a": 1}', "trainer_state.json": json.dumps({"global_step": 12}).encode()}
+    for n, d in files.items():
+        (cp / n).write_bytes(d)
+    hf_writer.age(60)
+    proc = sync_proc({**sshd_server.sync_config(remote, bandwidth_limit="3M"), "watch": [str(hf_writer.out)]})
+    inodes: dict[str, int] = {}
+
+    def finished() -> dict[str, int]:
+        d = remote / "checkpoint-12"
+        return {n: (d / n).stat().st_ino for n in files if (d / n).exists()} if d.exists() else {}
+
+    def partial_data() -> bool:
+        return any(p.is_file() and p.stat().st_size > 256 * 1024 for p in remote.rglob("*")
+                   if ".rsync-partial" in p.parts or p.name.startswith("."))
+
+    proc.start()
+    wait_until(partial_data, 60, interval=0.02, what="rsync under way")
+    proc.kill9()
+    inodes.update(finished())
+    proc.start()
+    wait_until(lambda: len(finished()) >= 1 and partial_data(), 60, interval=0.02, what="second file under way")
+    proc.kill9()
+    inodes.update(finished())
+    assert inodes, "nothing finished before the second kill"
+    proc.start()
+    wait_until(lambda: (remote / "checkpoint-12" / MANIFEST_NAME).exists(), 90, what="complete")
+    proc.stop()
+    assert {k: v for k, v in tree(remote / "checkpoint-12").items() if k != MANIFEST_NAME} == files
+    assert check_folder(str(remote / "checkpoint-12")) == []
+    for n, ino in inodes.items():
+        assert (remote / "checkpoint-12" / n).stat().st_ino == ino, f"{n} was sent again after it arrived"
+    assert not [p for p in remote.rglob("*") if p.is_file() and (p.name.startswith(".") or ".rsync-partial" in p.parts)]
+
+
+def test_unreachable_host_fails_fast_and_clearly(make_engine, hf_writer, sshd_server, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    hf_writer.checkpoint(1)
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(tmp_path / "remote"), "ssh_port": dead_port,
+                     "watch": [str(hf_writer.out)]})
+    r = e.wait_idle(60)
+    assert not r.ok and "Connection refused" in r.error, r
+    assert e.status()["state"] == "failing"
+
+
+def test_strict_host_key_policy_refuses_an_unknown_host(make_engine, hf_writer, sshd_server, tmp_path):
+    hf_writer.checkpoint(1)
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(tmp_path / "remote"), "host_key_policy": "yes",
+                     "known_hosts_file": str(tmp_path / "empty_known_hosts"), "watch": [str(hf_writer.out)]})
+    r = e.wait_idle(60)
+    assert not r.ok and "Host key verification failed" in r.error, r
+    assert not (tmp_path / "remote").exists()
