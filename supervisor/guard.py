@@ -35,8 +35,10 @@ from .idle import (
     Thresholds,
 )
 from .interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
+from .render import _clock
 from .states import TRAINING_ALIVE, IdleState, TrainingState
 from .stop import StopActionError, StopSequence, describe_action, may_act_without_sync
+from .training import boot_id
 
 log = structlog.get_logger("idle")
 
@@ -47,14 +49,10 @@ STILL_UP_AFTER_S = 600.0  # a real stop action "succeeded" but the machine is st
 def read_boot() -> tuple[str, float]:
     """(boot id, seconds since boot) of this machine."""
     try:
-        bid = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        bid = "unknown-boot"
-    try:
         up = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         up = 0.0
-    return bid, up
+    return boot_id() or "unknown-boot", up
 
 
 def _when(t: float | None) -> str:
@@ -67,13 +65,6 @@ def _hm(t: float | None) -> str:
     if t is None:
         return "-"
     return dt.datetime.fromtimestamp(t).astimezone().strftime("%H:%M:%S")
-
-
-def _rel(t: float | None, now: float) -> str:
-    if t is None:
-        return "-"
-    d = t - now
-    return f"{_hm(t)} (in {format_duration(d)})" if d > 0 else f"{_hm(t)} ({format_duration(-d)} ago)"
 
 
 class IdleGuard:
@@ -428,10 +419,10 @@ class IdleGuard:
                              f"stops {format_duration(self.th.stop_after_warning)} after the warning")
         elif state == "IDLE":
             lines.append(f"idle      IDLE for {format_duration(i['idle_for_s'])} (since {_hm(i['idle_since'])})  "
-                         f"warn {_rel(i['warn_at'], now)}  stop {_rel(i['stop_at'], now)}")
+                         f"warn {_clock(i['warn_at'], now)}  stop {_clock(i['stop_at'], now)}")
         elif state == "WARNED":
             head = "training ended, grace" if i["mode"] == "finish" else f"warned {_hm(i['warn_at'])}"
-            lines.append(f"idle      WARNED  {head}  stop {_rel(i['stop_at'], now)}  "
+            lines.append(f"idle      WARNED  {head}  stop {_clock(i['stop_at'], now)}  "
                          "prevent: supervisorctl keepalive 2h")
         else:
             lines.append(f"idle      {state}  ({s['reason'] or 'idle'})  stop {s['action']}  "
