@@ -15,7 +15,6 @@ import pytest
 
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.nvml import gpu
-from tests.fixtures.s3 import s3_prefix, s3_server  # noqa: F401 - fixtures (not registered globally yet)
 from tests.test_activity import attach
 from tests.waiting import wait_until
 
@@ -73,7 +72,7 @@ def lines(p: Path) -> list[str]:
 
 
 def test_idle_cycle_with_tmux_ssh_keepalive_and_a_verified_stop(tmp_path, make_daemon, sshd, smtp_server,
-                                                                 fake_nvml, s3_server, s3_prefix):  # noqa: F811
+                                                                 fake_nvml, s3_server, s3_prefix):
     fake_nvml.write([gpu(util=90)])
     d = make_daemon(config(tmp_path, s3_server, s3_prefix, smtp_server, fake_nvml))
     wait_idle(d, lambda i: i["state"] == "ACTIVE" and any(r.startswith("gpu: 90%") for r in i["reasons"]),
@@ -137,7 +136,7 @@ def test_idle_cycle_with_tmux_ssh_keepalive_and_a_verified_stop(tmp_path, make_d
 
 
 def test_s3_down_at_stop_time_then_kill9_mid_stop_resumes_and_stops_once(tmp_path, make_daemon, smtp_server,
-                                                                         fake_nvml, s3_server, s3_prefix):  # noqa: F811
+                                                                         fake_nvml, s3_server, s3_prefix):
     fake_nvml.write([gpu(util=0)])
     HFWriter(tmp_path / "out").checkpoint(20)
     d = make_daemon(config(tmp_path, s3_server, s3_prefix, smtp_server, fake_nvml,
@@ -170,7 +169,7 @@ def test_s3_down_at_stop_time_then_kill9_mid_stop_resumes_and_stops_once(tmp_pat
 
 
 def test_training_finish_mails_the_result_and_stops_after_a_grace_that_activity_extends(
-        tmp_path, make_daemon, sshd, smtp_server, fake_nvml, s3_server, s3_prefix, jupyter):  # noqa: F811
+        tmp_path, make_daemon, sshd, smtp_server, fake_nvml, s3_server, s3_prefix, jupyter):
     fake_nvml.write([gpu(util=0)])
     go = tmp_path / "go"
     script = tmp_path / "train.py"
