@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.fixtures.sync_engine",
     "tests.fixtures.smtp",
     "tests.fixtures.clock",
+    "tests.fixtures.daemon",
     "tests.fixtures.nvml",
     "tests.fixtures.smtp_tls",
     "tests.fixtures.idle",
