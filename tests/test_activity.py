@@ -131,7 +131,7 @@ def test_jupyter_quiet_server_busy_kernel_and_recent_activity(jupyter, tmp_path)
 
 def test_jupyter_polling_does_not_count_as_activity(jupyter):
     p = JupyterProbe(jupyter.url, str(jupyter.token_file))
-    first = jupyter.api("GET", "/api/status")["last_activity"]
+    first = jupyter.settled()
     for _ in range(3):
         p.probe(time.time(), 600)
     assert jupyter.api("GET", "/api/status")["last_activity"] == first
