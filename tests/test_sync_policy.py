@@ -162,3 +162,11 @@ def test_hf_cache_roots_from_environment():
     roots = hf_cache_roots([{"HF_HOME": "/workspace/hf"}, {"HF_HUB_CACHE": "/data/hub", "TRANSFORMERS_CACHE": "rel"}])
     assert "/workspace/hf" in roots and "/data/hub" in roots
     assert all(r.startswith("/") for r in roots)
+
+
+def test_hf_home_above_the_watched_folder_excludes_only_caches_and_token():
+    roots = hf_cache_roots([{"HF_HOME": "/workspace"}], ["/workspace/out"])
+    assert "/workspace" not in roots
+    assert {"/workspace/hub", "/workspace/datasets", "/workspace/token"} <= set(roots)
+    p = Policy(["**"], excluded_roots=roots)
+    assert p.enter_dir("out", "/workspace/out") and not p.enter_dir("hub", "/workspace/hub")

@@ -6,7 +6,7 @@
 
 Exit status 0 when the target holds everything asked for, 1 when it does not (the reason on
 stderr), 2 for a bad config, 3 when the daemon already runs the sync for this target. The result
-is printed as one JSON line on stdout.
+is printed as one JSON line on stdout; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -17,13 +17,32 @@ import json
 import signal
 import sys
 import threading
+from typing import Any
 
-from ..alerts import Alerts
 from ..clock import SystemClock
 from ..config import ConfigError, load
-from ..context import Context
-from ..logging_setup import configure
-from ..statefile import StateStore
+from . import _log
+
+
+@dataclasses.dataclass
+class _Ctx:
+    """What the engine uses of the daemon's Context (supervisor.context pulls in the alerting
+    and its logging, which a one-shot run does not need)."""
+
+    config: Any
+    clock: Any
+    store: Any
+    alerts: Any
+
+
+class _NoAlerts:
+    """A one-shot run is over long before `fail_alert_after`: its failure is its exit status."""
+
+    def fire(self, *a, **kw) -> None:
+        pass
+
+    def resolve(self, *a, **kw) -> None:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,20 +61,30 @@ def main(argv: list[str] | None = None) -> int:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return 2
-    configure(args.log_level or cfg.log_level, json=True)
-    import structlog
 
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # stdout: the result
+    def setup_logging() -> None:
+        import structlog
+
+        from ..logging_setup import configure
+
+        configure(args.log_level or cfg.log_level, json=True)
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # stdout: the result
+
+    _log.on_first_use = setup_logging
     clock = SystemClock()
-    store = StateStore(cfg.state_dir)
-    ctx = Context(cfg, clock, store, Alerts(cfg.alerts, clock, cfg.state_dir))
+    if args.serve:
+        from ..alerts import Alerts
+
+        alerts = Alerts(cfg.alerts, clock, cfg.state_dir)
+    else:
+        alerts = _NoAlerts()
     from .engine import SyncEngine
 
-    engine = SyncEngine(ctx)
+    engine = SyncEngine(_Ctx(cfg, clock, None, alerts))  # type: ignore[arg-type]
     if engine.enabled and engine.ledger is None:
         sys.stderr.write(f"{engine.status()['last_error']}\n")
         return 3
-    engine.start()
+    engine.start(watch=args.serve)
     try:
         if args.serve:
             stop = threading.Event()

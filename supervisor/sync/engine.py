@@ -24,14 +24,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-
-import structlog
+from typing import TYPE_CHECKING
 
 from ..config import SyncConfig
-from ..context import Context
 from ..durations import format_bytes, format_duration
 from ..interfaces import FinalSyncResult
 from . import manifest as mf
+from ._log import get_logger
 from .complete import (
     MAX_JSON_CHECK,
     ZIP_LOCAL_MAGIC,
@@ -51,7 +50,10 @@ from .targets import make_target, target_identity
 from .targets.base import LocalFile, SourceProblem, Target, TargetError, Uploaded, join_key
 from .url import parse_target
 
-log = structlog.get_logger("sync")
+if TYPE_CHECKING:
+    from ..context import Context
+
+log = get_logger("sync")
 
 ALERT_KEY = "sync:failing"
 LOOP_MAX_WAIT = 0.5      # real seconds: the longest the worker sleeps without looking at the clock
@@ -142,7 +144,8 @@ class SyncEngine:
         self.roots = self._roots(self.cfg.watch)
         self._extra_roots: list[Root] = []
         env_sources = [dict(os.environ), dict(ctx.config.training.env or {})]
-        self.policy = Policy(list(self.cfg.include), list(self.cfg.exclude), hf_cache_roots(env_sources))
+        self.policy = Policy(list(self.cfg.include), list(self.cfg.exclude),
+                             hf_cache_roots(env_sources, [r.path for r in self.roots]))
         self.target: Target | None = target
         self.ledger: Ledger | None = None
         self.hostname = ctx.config.hostname or socket.gethostname()
@@ -220,15 +223,18 @@ class SyncEngine:
         with self._lock:
             return list(self.roots) + list(self._extra_roots)
 
-    def start(self) -> None:
+    def start(self, watch: bool = True) -> None:
+        """Start the worker; `watch=False` (a one-shot run) skips inotify and the start log."""
         if not self.enabled or self._thread is not None:
             return
-        from .watch import FolderWatcher
+        if watch:
+            from .watch import FolderWatcher
 
-        self._watcher = FolderWatcher(self._on_fs_event)
+            self._watcher = FolderWatcher(self._on_fs_event)
         self._thread = threading.Thread(target=self._run, name="sync-worker", daemon=True)
         self._thread.start()
-        log.info("sync_started", target=self.display, watch=[r.path for r in self.roots])
+        if watch:
+            log.info("sync_started", target=self.display, watch=[r.path for r in self.roots])
 
     def close(self, timeout: float = 10.0) -> None:
         self._closing.set()
@@ -275,7 +281,7 @@ class SyncEngine:
             w = _IdleWaiter(after_pass=self._pass + 1, started_ok=self._uploaded_session)
             self._idle_waiters.append(w)
         self.request_sync()
-        if not w.event.wait(max(0.0, timeout_s)):
+        if not self._wait(w.event, max(0.0, timeout_s)):
             with self._lock:
                 if w in self._idle_waiters:
                     self._idle_waiters.remove(w)
@@ -304,7 +310,7 @@ class SyncEngine:
                          started_ok=self._uploaded_session)
             self._finals.append(job)
         self.request_sync()
-        if not job.event.wait(max(0.0, timeout_s) + 5.0):
+        if not self._wait(job.event, max(0.0, timeout_s) + 5.0):
             with self._lock:
                 if job in self._finals:
                     self._finals.remove(job)
@@ -312,6 +318,20 @@ class SyncEngine:
                                                   unsynced=self._unsynced_list(norm))
         assert job.result is not None
         return job.result
+
+    def _wait(self, event: threading.Event, timeout: float) -> bool:
+        """event.wait(timeout), but give up at once if the worker thread is gone."""
+        deadline = time.monotonic() + timeout
+        while not event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._thread is None or not self._thread.is_alive():
+                with self._lock:
+                    self._last_error = self._last_error or "sync worker stopped"
+                return event.is_set()
+            event.wait(min(left, 1.0))
+        return True
 
     def status(self) -> dict:
         with self._lock:
@@ -377,8 +397,11 @@ class SyncEngine:
             try:
                 self._iteration()
             except Exception as e:  # noqa: BLE001 - the worker must outlive any bug or odd file
-                log.exception("sync_iteration_failed")
                 self._note_error(f"internal error: {type(e).__name__}: {e}")
+                try:
+                    log.exception("sync_iteration_failed")
+                except Exception:  # noqa: BLE001 - not even a broken logger may end the worker
+                    pass
                 self._closing.wait(1.0)
             self._wake.wait(LOOP_MAX_WAIT)
             self._wake.clear()

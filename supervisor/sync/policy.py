@@ -218,15 +218,27 @@ class Policy:
         return "file", rel
 
 
-def hf_cache_roots(env_sources: list[dict[str, str]]) -> list[str]:
-    """Absolute cache folders named by the HF variables in any of the environments given, plus
-    ~/.cache/huggingface (the default)."""
+# What lives in HF_HOME besides the caches: the login token must never leave the machine.
+HF_HOME_PARTS = ("hub", "datasets", "xet", "assets", "modules", "accelerate", "token", "stored_tokens")
+
+
+def hf_cache_roots(env_sources: list[dict[str, str]], watch_roots: list[str] = ()) -> list[str]:
+    """Absolute folders never entered: the caches the HF variables name in any of the
+    environments given, plus ~/.cache/huggingface (the default). An HF_HOME that holds a
+    watched folder (HF_HOME=/workspace, watch /workspace/out) is not excluded whole: only its
+    caches and token are."""
     out: list[str] = []
+    watched = [os.path.normpath(w) for w in watch_roots]
     for env in env_sources:
         for k in HF_CACHE_VARS:
             v = env.get(k)
-            if v and os.path.isabs(v):
-                out.append(os.path.normpath(v))
+            if not v or not os.path.isabs(v):
+                continue
+            v = os.path.normpath(v)
+            if k == "HF_HOME" and any(w == v or w.startswith(v.rstrip("/") + "/") for w in watched):
+                out += [os.path.join(v, p) for p in HF_HOME_PARTS]
+            else:
+                out.append(v)
     home = os.path.expanduser("~")
     if home and home != "~":
         out.append(os.path.join(home, ".cache", "huggingface"))

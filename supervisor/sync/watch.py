@@ -9,9 +9,9 @@ import os
 import threading
 from collections.abc import Callable
 
-import structlog
+from ._log import get_logger
 
-log = structlog.get_logger("sync.watch")
+log = get_logger("sync.watch")
 
 
 class FolderWatcher:

@@ -13,8 +13,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-import structlog
-
+from .._log import get_logger
 from ..policy import MANIFEST_NAME
 from .base import (
     LocalFile,
@@ -27,7 +26,7 @@ from .base import (
     open_source,
 )
 
-log = structlog.get_logger("sync.local")
+log = get_logger("sync.local")
 
 CHUNK = 4 << 20
 

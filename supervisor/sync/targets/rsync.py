@@ -21,9 +21,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-import structlog
-
 from ...config import SyncConfig
+from .._log import get_logger
 from ..policy import MANIFEST_NAME
 from ..url import TargetURL
 from .base import (
@@ -37,7 +36,7 @@ from .base import (
     open_source,
 )
 
-log = structlog.get_logger("sync.rsync")
+log = get_logger("sync.rsync")
 
 PARTIAL_DIR = ".rsync-partial"
 VANISHED = 24

@@ -29,9 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
 
-import structlog
-
 from ...config import SyncConfig
+from .._log import get_logger
 from ..policy import MANIFEST_NAME
 from ..url import TargetURL
 from .base import (
@@ -48,9 +47,8 @@ from .base import (
     pread_exact,
 )
 
-log = structlog.get_logger("sync.s3")
+log = get_logger("sync.s3")
 
-SINGLE_PUT_MAX = 16 * 1024 * 1024
 MAX_PARTS = 10000
 HASH_CHUNK = 8 << 20
 _AUTH_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
@@ -95,9 +93,11 @@ class S3Target:
         self.cfg = cfg
         self.display = url.display()
         self.crc = cfg.request_checksum_calculation == "when_supported"
+        self.single_put_max = cfg.part_size  # a file that fits in one part goes in one PUT
         self.limiter = TokenBucket(cfg.bandwidth_limit) if cfg.bandwidth_limit else None
         self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
+        self._files: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -106,6 +106,8 @@ class S3Target:
             if self._client is None:
                 self._client = self._make_client()
                 self._pool = ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="s3-put")
+                # large files: one thread each to create, hash and complete; parts go to _pool
+                self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
             return self._client
 
     def _make_client(self) -> Any:
@@ -165,34 +167,40 @@ class S3Target:
 
     # --- uploads -------------------------------------------------------------------------------
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:
+        """All files at once: several large files are in flight together (their parts share the
+        request pool with the small files), and each file is reported as soon as it is done."""
         self.client()
-        assert self._pool is not None
-        small = [f for f in files if f.size <= SINGLE_PUT_MAX]
-        large = [f for f in files if f.size > SINGLE_PUT_MAX]
-        futs: list[tuple[LocalFile, Future]] = [(f, self._pool.submit(self._put_small, f, sink)) for f in small]
+        assert self._pool is not None and self._files is not None
+        futs: list[tuple[LocalFile, Future]] = []
+        for f in sorted(files, key=lambda f: -f.size):
+            if f.size > self.single_put_max:
+                futs.append((f, self._files.submit(self._report, self._put_large, f, sink)))
+            else:
+                futs.append((f, self._pool.submit(self._report, self._put_small, f, sink)))
         failure: TargetError | None = None
-        for f in large:
-            if sink.cancelled() or failure:
-                break
+        for _f, fut in futs:
             try:
-                sink.done(f, self._put_large(f, sink))
-            except SourceProblem as e:
-                sink.problem(f, e)
+                fut.result()
             except TargetError as e:
-                failure = e
-        for f, fut in futs:
-            try:
-                res = fut.result()
-            except SourceProblem as e:
-                sink.problem(f, e)
-                continue
-            except TargetError as e:
-                failure = failure or e
-                continue
-            if res is not None:
-                sink.done(f, res)
+                if failure is None or isinstance(failure, _Abandoned):
+                    failure = e
         if failure:
             raise failure
+
+    def _report(self, fn, f: LocalFile, sink: UploadSink) -> None:
+        if sink.cancelled():
+            return
+        try:
+            res = fn(f, sink)
+        except SourceProblem as e:
+            sink.problem(f, e)
+            return
+        except (TargetError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - anything else from boto/urllib3 is a failed upload
+            raise TargetError(f"S3 upload of {f.key}: {type(e).__name__}: {e}") from None
+        if res is not None:
+            sink.done(f, res)
 
     def _put_small(self, f: LocalFile, sink: UploadSink) -> Uploaded | None:
         if sink.cancelled():
@@ -480,9 +488,10 @@ class S3Target:
 
     def close(self) -> None:
         with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
+            for pool in (self._pool, self._files):
+                if pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._files = None
             if self._client is not None:
                 try:
                     self._client.close()  # its keep-alive connections

@@ -1,0 +1,33 @@
+"""structlog, imported on the first log call.
+
+`python -m supervisor.sync --once` with nothing to send logs nothing; importing structlog (and
+the asyncio it pulls in) would be most of that process's run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+on_first_use: Callable[[], None] | None = None  # __main__ sets this to configure logging
+
+
+class LazyLogger:
+    def __init__(self, name: str):
+        self._name = name
+        self._log: Any = None
+
+    def __getattr__(self, item: str) -> Any:
+        if self._log is None:
+            global on_first_use
+            hook, on_first_use = on_first_use, None
+            if hook is not None:
+                hook()
+            import structlog
+
+            self._log = structlog.get_logger(self._name)
+        return getattr(self._log, item)
+
+
+def get_logger(name: str) -> LazyLogger:
+    return LazyLogger(name)
