@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .policy import is_temp_name
 
@@ -30,8 +30,7 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
 HF_LAST_FILE = "trainer_state.json"  # what the Trainer writes last into checkpoint-N/
 
 
-@dataclass(frozen=True)
-class FileObs:
+class FileObs(NamedTuple):
     rel: str                       # path inside the unit ("" prefix-free), POSIX
     size: int
     mtime: float                   # wall seconds
@@ -40,8 +39,7 @@ class FileObs:
     whole: bool | None = None      # format check: True whole, False truncated, None cannot tell
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     complete: bool
     reason: str                    # why not (or "complete")
     ready_in: float | None = None  # seconds until it may become complete if nothing changes

@@ -16,15 +16,14 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .policy import MANIFEST_NAME
 
 FORMAT = "train-supervisor-manifest/1"
 
 
-@dataclass(frozen=True)
-class ManifestFile:
+class ManifestFile(NamedTuple):
     path: str      # relative to the folder, POSIX
     size: int
     sha256: str

@@ -14,8 +14,7 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class TargetError(Exception):
@@ -31,16 +30,14 @@ class SourceProblem(Exception):
         super().__init__(f"{path}: {kind}{': ' + detail if detail else ''}")
 
 
-@dataclass(frozen=True)
-class LocalFile:
+class LocalFile(NamedTuple):
     path: str        # absolute path on this machine
     key: str         # where it goes, relative to the target's base
     size: int
     mtime_ns: int
 
 
-@dataclass(frozen=True)
-class Uploaded:
+class Uploaded(NamedTuple):
     sha256: str
     etag: str = ""
     sent: int = 0     # bytes sent for it this time (0 when the target already held it)
@@ -69,8 +66,7 @@ class UploadSink(Protocol):
         """Stop soon (the engine is closing)."""
 
 
-@dataclass(frozen=True)
-class RemoteObject:
+class RemoteObject(NamedTuple):
     size: int
     etag: str = ""
     mtime: float = 0.0
