@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from .policy import is_temp_name
 
@@ -30,7 +30,8 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
 HF_LAST_FILE = "trainer_state.json"  # what the Trainer writes last into checkpoint-N/
 
 
-class FileObs(NamedTuple):
+@dataclass(frozen=True)
+class FileObs:
     rel: str                       # path inside the unit ("" prefix-free), POSIX
     size: int
     mtime: float                   # wall seconds
@@ -39,7 +40,8 @@ class FileObs(NamedTuple):
     whole: bool | None = None      # format check: True whole, False truncated, None cannot tell
 
 
-class Verdict(NamedTuple):
+@dataclass(frozen=True)
+class Verdict:
     complete: bool
     reason: str                    # why not (or "complete")
     ready_in: float | None = None  # seconds until it may become complete if nothing changes

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from ..config import SyncConfig
 from ..durations import format_bytes, format_duration
@@ -63,7 +63,8 @@ VERIFY_ROUNDS = 3        # final sync: re-upload what the target lost at most th
 CHECKPOINT_NUM = re.compile(r"^checkpoint-(\d+)$")
 
 
-class Root(NamedTuple):
+@dataclass(frozen=True)
+class Root:
     path: str     # absolute, normalised
     prefix: str   # key prefix on the target ("" when there is one watched folder)
 
@@ -77,7 +78,8 @@ class _Seen:
     whole_for: tuple[int, int] | None = None
 
 
-class _Sel(NamedTuple):
+@dataclass
+class _Sel:
     path: str
     key: str
     rel: str      # inside the unit
@@ -268,16 +270,6 @@ class SyncEngine:
         """Not needed (the engine runs its own worker); kept so a scheduler may poke it."""
         self._wake.set()
 
-    def once(self, timeout_s: float) -> FinalSyncResult:
-        """A one-shot run: start without inotify, one pass, wait_idle's answer."""
-        if not self.enabled:
-            return FinalSyncResult(ok=True, target="")
-        with self._lock:
-            w = _IdleWaiter(after_pass=1, started_ok=0)
-            self._idle_waiters.append(w)
-        self.start(watch=False)
-        return self._await_idle(w, timeout_s)
-
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every
         unit that was complete; ok=False with the error when that pass failed, or on timeout."""
@@ -289,9 +281,6 @@ class SyncEngine:
             w = _IdleWaiter(after_pass=self._pass + 1, started_ok=self._uploaded_session)
             self._idle_waiters.append(w)
         self.request_sync()
-        return self._await_idle(w, timeout_s)
-
-    def _await_idle(self, w: _IdleWaiter, timeout_s: float) -> FinalSyncResult:
         if not self._wait(w.event, max(0.0, timeout_s)):
             with self._lock:
                 if w in self._idle_waiters:
@@ -530,11 +519,6 @@ class SyncEngine:
                 u.verdict = Verdict(False, "nothing selected")
                 continue
             u.forced = any(_within(u.abspath, p) or _within(p, u.abspath) for p in forced)
-            if self._already_held(u):
-                # on the target as it is here, manifest included: nothing to judge, nothing to
-                # read (a restart or a no-change pass opens no file)
-                u.verdict = Verdict(True, "synced")
-                continue
             name = u.rel or u.root.path
             marker = self.cfg.complete_marker
             u.verdict = judge(name, u.kind, u.files, wall, mono, self.cfg.quiet_period, u.forced, marker)
@@ -659,15 +643,6 @@ class SyncEngine:
             m = self.ledger.manifest(u.key)
             return m is not None and m.get("digest") == self._digest(u)
         return True
-
-    def _already_held(self, u: Unit) -> bool:
-        assert self.ledger is not None
-        if any(self.ledger.current(s.key, s.size, s.mtime_ns) is None for s in u.selected):
-            return False
-        if u.kind != "dir":
-            return True
-        m = self.ledger.manifest(u.key)
-        return m is not None and m.get("digest") == self._digest(u)
 
     def _digest(self, u: Unit) -> str | None:
         assert self.ledger is not None

@@ -21,8 +21,8 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from ._log import get_logger
 
@@ -31,7 +31,8 @@ log = get_logger("sync.ledger")
 COMPACT_MIN_LINES = 20000
 
 
-class Entry(NamedTuple):
+@dataclass(frozen=True)
+class Entry:
     size: int
     mtime_ns: int
     sha256: str
@@ -197,12 +198,6 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self.sync()
-            if self._fd is not None and self._lines > 64 and self._lines > 2 * (len(self.files) + len(self.inflight)):
-                # the next start reads one snapshot instead of replaying every begin/part line
-                try:
-                    self.compact()
-                except OSError as e:
-                    log.warning("ledger_compact_failed", error=str(e))
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

@@ -16,14 +16,15 @@ import hashlib
 import json
 import os
 import sys
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from .policy import MANIFEST_NAME
 
 FORMAT = "train-supervisor-manifest/1"
 
 
-class ManifestFile(NamedTuple):
+@dataclass(frozen=True)
+class ManifestFile:
     path: str      # relative to the folder, POSIX
     size: int
     sha256: str

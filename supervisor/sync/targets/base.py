@@ -14,7 +14,8 @@ import os
 import stat
 import threading
 import time
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 
 class TargetError(Exception):
@@ -30,14 +31,16 @@ class SourceProblem(Exception):
         super().__init__(f"{path}: {kind}{': ' + detail if detail else ''}")
 
 
-class LocalFile(NamedTuple):
+@dataclass(frozen=True)
+class LocalFile:
     path: str        # absolute path on this machine
     key: str         # where it goes, relative to the target's base
     size: int
     mtime_ns: int
 
 
-class Uploaded(NamedTuple):
+@dataclass(frozen=True)
+class Uploaded:
     sha256: str
     etag: str = ""
     sent: int = 0     # bytes sent for it this time (0 when the target already held it)
@@ -66,7 +69,8 @@ class UploadSink(Protocol):
         """Stop soon (the engine is closing)."""
 
 
-class RemoteObject(NamedTuple):
+@dataclass(frozen=True)
+class RemoteObject:
     size: int
     etag: str = ""
     mtime: float = 0.0

@@ -144,9 +144,7 @@ class S3Target:
             kw["endpoint_url"] = ep
         if not self.cfg.region and not session.region_name:
             kw["region_name"] = "us-east-1"
-        client = session.client("s3", **kw)
-        client.meta.events.register("before-sign.s3.PutObject", _no_expect_for_small_bodies)
-        return client
+        return session.client("s3", **kw)
 
     def _key(self, k: str) -> str:
         return join_key(self.prefix, k)
@@ -500,14 +498,6 @@ class S3Target:
                 except Exception:  # noqa: BLE001 - closing must not raise
                     pass
                 self._client = None
-
-
-def _no_expect_for_small_bodies(request, **_kw) -> None:
-    """botocore asks for `100-continue` on every PUT: a round trip per small file for nothing
-    (a refusal of a 64 KiB body costs less than the wait); large bodies keep it."""
-    body = request.body
-    if isinstance(body, (bytes, bytearray)) and len(body) <= 1024 * 1024 and "Expect" in request.headers:
-        del request.headers["Expect"]
 
 
 class _NotFound(Exception):
