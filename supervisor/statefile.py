@@ -13,10 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-log = structlog.get_logger("statefile")
-
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,4 +74,6 @@ class StateStore:
 
     def _note(self, msg: str) -> None:
         self.problems.append(msg)
-        log.error("state_file_problem", problem=msg)
+        import structlog  # here, not at import: the sync one-shot pass uses atomic_write and stays light
+
+        structlog.get_logger("statefile").error("state_file_problem", problem=msg)

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..statefile import atomic_write
 from ._log import get_logger
 
 log = get_logger("sync.ledger")
@@ -46,27 +47,6 @@ class Entry:
     @staticmethod
     def unpack(v: list) -> Entry:
         return Entry(int(v[0]), int(v[1]), str(v[2]), str(v[3]), str(v[4]), float(v[5]))
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """temp, fsync, rename, fsync the folder (statefile's, without importing its logging: the
-    one-shot no-change pass must stay light)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class LedgerBusy(Exception):
