@@ -45,3 +45,48 @@ class IllegalTransition(Exception):
 def check_training_move(old: TrainingState, new: TrainingState) -> None:
     if old != new and new not in TRAINING_MOVES[old]:
         raise IllegalTransition(f"training: {old.value} -> {new.value}")
+
+
+# --- the stop sequence (stop.json) -------------------------------------------------------------------
+class StopPhase(StrEnum):
+    FINAL_SYNC = "final_sync"   # uploading and verifying what the stop would otherwise leave behind
+    ACTING = "acting"           # the stop action has been started (resumed, never repeated blindly)
+    DONE = "done"
+    CANCELLED = "cancelled"     # activity came back before the action ran
+
+
+STOP_MOVES: dict[StopPhase, frozenset[StopPhase]] = {
+    StopPhase.FINAL_SYNC: frozenset({StopPhase.ACTING, StopPhase.CANCELLED, StopPhase.DONE}),
+    # a failed action goes back to FINAL_SYNC: sync again (cheap when nothing changed) before the next try
+    StopPhase.ACTING: frozenset({StopPhase.DONE, StopPhase.FINAL_SYNC}),
+    StopPhase.DONE: frozenset(),
+    StopPhase.CANCELLED: frozenset(),
+}
+
+
+def check_stop_move(old: StopPhase, new: StopPhase) -> None:
+    if old != new and new not in STOP_MOVES[old]:
+        raise IllegalTransition(f"stop: {old.value} -> {new.value}")
+
+
+# --- the sync engine ---------------------------------------------------------------------------------
+class SyncState(StrEnum):
+    DISABLED = "disabled"       # no sync.target: nothing leaves this machine
+    IDLE = "idle"
+    SCANNING = "scanning"
+    UPLOADING = "uploading"
+    FAILING = "failing"         # the last attempt failed; retrying with backoff
+
+
+SYNC_MOVES: dict[SyncState, frozenset[SyncState]] = {
+    SyncState.DISABLED: frozenset(),
+    SyncState.IDLE: frozenset({SyncState.SCANNING, SyncState.UPLOADING, SyncState.FAILING}),
+    SyncState.SCANNING: frozenset({SyncState.IDLE, SyncState.UPLOADING, SyncState.FAILING}),
+    SyncState.UPLOADING: frozenset({SyncState.IDLE, SyncState.SCANNING, SyncState.FAILING}),
+    SyncState.FAILING: frozenset({SyncState.IDLE, SyncState.SCANNING, SyncState.UPLOADING}),
+}
+
+
+def check_sync_move(old: SyncState, new: SyncState) -> None:
+    if old != new and new not in SYNC_MOVES[old]:
+        raise IllegalTransition(f"sync: {old.value} -> {new.value}")
