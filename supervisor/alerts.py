@@ -28,7 +28,7 @@ import structlog
 
 from .clock import Clock
 from .config import AlertsConfig
-from .statefile import StateStore
+from .statefile import StateStore, set_aside
 
 log = structlog.get_logger("alerts")
 
@@ -477,15 +477,8 @@ class Alerts:
             pass
 
     def _set_aside(self, store: StateStore, why: str) -> None:
-        import os
-        import time
-
         p = store.path("alerts")
-        aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
-        try:
-            os.replace(p, aside)
-        except OSError:
-            aside = p
+        aside = set_aside(p)
         msg = f"{p}: {why}; set aside as {aside.name}, starting from no alerts"
         self.problems.append(msg)
         log.error("state_file_problem", problem=msg)

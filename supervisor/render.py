@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
-from .durations import format_duration, format_hms
-
-
-def _clock(t: float | None, now: float) -> str:
-    if not t:
-        return "-"
-    local = dt.datetime.fromtimestamp(t).astimezone()
-    when = local.strftime("%H:%M:%S") if abs(t - now) < 20 * 3600 else local.strftime("%Y-%m-%d %H:%M")
-    delta = t - now
-    rel = f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
-    return f"{when} ({rel})"
+from .durations import format_hms
+from .mails import describe_exit
+from .timefmt import clock as _clock
+from .timefmt import stamp
 
 
 def training_line(st: dict) -> str:
@@ -26,8 +17,7 @@ def training_line(st: dict) -> str:
     if state in ("RUNNING", "STARTING", "STOPPING") and tr.get("pid"):
         detail = f"pid {tr['pid']}, uptime {format_hms(now - (tr.get('started_at') or now))}"
     elif state in ("FINISHED", "FAILED", "STOPPED") and tr.get("ended_at"):
-        how = f"killed by {tr['signal']}" if tr.get("signal") else (
-            f"exit code {tr['exit_code']}" if tr.get("exit_code") is not None else "exit status unknown")
+        how = describe_exit(tr.get("exit_code"), tr.get("signal"))
         detail = f"{how}, ended {_clock(tr['ended_at'], now)}"
     else:
         detail = tr.get("note") or ("no training started" if state == "STOPPED" else "")
@@ -44,22 +34,16 @@ def render_status(st: dict) -> str:
         lines.append(f"  log       {tr['log']}")
     if tr.get("note") and tr.get("state") not in ("STOPPED",):
         lines.append(f"  note      {tr['note']}")
-    pl = (st.get("lines") or {}).get("progress")
+    pl = progress_line(st)
     if pl:
         lines.append(f"  {pl}")
-    gl = (st.get("lines") or {}).get("gpus") or []
+    gl = gpu_lines(st)
     if gl:
         lines.extend(gl)
     elif st.get("gpu_error"):
         lines.append(f"gpus      none ({st['gpu_error']})")
-    lines.extend((st.get("lines") or {}).get("sync") or [])
-    idle_lines = (st.get("lines") or {}).get("idle") or []
-    if idle_lines:
-        lines.extend(idle_lines)
-    else:
-        idle = st.get("idle") or {}
-        lines.append(f"idle      {idle.get('state', '?')}  warn {_clock(idle.get('warn_at'), now)}  "
-                     f"stop {_clock(idle.get('stop_at'), now)}")
+    lines.extend(sync_lines(st))
+    lines.extend(idle_lines(st))
     alerts = st.get("alerts") or []
     if alerts:
         for a in alerts[:5]:
@@ -72,10 +56,36 @@ def render_status(st: dict) -> str:
     return "\n".join(lines)
 
 
+# --- the sections: each built from the status dict alone ----------------------------------------------
+# (transitional: until each subsystem's lines move here, they come pre-rendered in st["lines"])
+
+
+def progress_line(st: dict) -> str:
+    return (st.get("lines") or {}).get("progress") or ""
+
+
+def gpu_lines(st: dict) -> list[str]:
+    return list((st.get("lines") or {}).get("gpus") or [])
+
+
+def sync_lines(st: dict) -> list[str]:
+    return list((st.get("lines") or {}).get("sync") or [])
+
+
+def idle_lines(st: dict) -> list[str]:
+    got = (st.get("lines") or {}).get("idle") or []
+    if got:
+        return list(got)
+    now = st.get("now") or 0
+    idle = st.get("idle") or {}
+    return [f"idle      {idle.get('state', '?')}  warn {_clock(idle.get('warn_at'), now)}  "
+            f"stop {_clock(idle.get('stop_at'), now)}"]
+
+
 def render_alerts(res: dict) -> str:
     out = []
     for a in res.get("recent", []):
-        t = dt.datetime.fromtimestamp(a.get("at", 0)).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        t = stamp(a.get("at", 0))
         what = a.get("what", "")
         extra = f"  ({a['error']})" if a.get("error") else (f"  ({a['reason']})" if a.get("reason") else "")
         out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{extra}")

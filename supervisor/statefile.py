@@ -37,6 +37,17 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.close(dfd)
 
 
+def set_aside(path: Path, now: float | None = None) -> Path:
+    """Rename a damaged state file to `NAME.corrupt-TIMESTAMP` so it can be looked at later and the
+    caller can start afresh; returns the new path (the old one when the rename failed)."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time() if now is None else now)}")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return path
+    return aside
+
+
 class StateStore:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir)
@@ -59,11 +70,7 @@ class StateStore:
             try:
                 return json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
-                try:
-                    os.replace(p, aside)
-                except OSError:
-                    aside = p
+                aside = set_aside(p)
                 self._note(f"{p}: corrupt state file ({e}); set aside as {aside.name}, starting from defaults")
                 return default
 

@@ -22,3 +22,12 @@ from dataclasses import dataclass
 class Mail:
     subject: str
     body: str
+
+
+def describe_exit(exit_code: int | None, signal: str | None) -> str:
+    """How a process ended, in the words every mail and status line uses."""
+    if signal:
+        return f"killed by {signal}"
+    if exit_code is None:
+        return "exit status unknown"
+    return f"exit code {exit_code}"

@@ -20,11 +20,10 @@ import json
 import os
 import re
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..statefile import atomic_write
+from ..statefile import atomic_write, set_aside
 from ._log import get_logger
 
 log = get_logger("sync.ledger")
@@ -252,8 +251,7 @@ class Ledger:
                 self.manifests = dict(data.get("manifests") or {})
                 self.gen = snap_gen
             except (ValueError, KeyError, TypeError, IndexError) as e:
-                aside = self.snapshot_path.with_name(f"snapshot.json.corrupt-{int(time.time())}")
-                os.replace(self.snapshot_path, aside)
+                aside = set_aside(self.snapshot_path)
                 log.error("ledger_snapshot_corrupt", path=str(self.snapshot_path), error=str(e),
                           set_aside=aside.name)
                 self.files, self.inflight, self.manifests = {}, {}, {}
