@@ -1,0 +1,47 @@
+"""Is a running training stuck? Judged by the step, not by utilisation.
+
+A hung NCCL collective or a deadlocked data loader can keep the GPU at 100% and the CPU busy while
+no step advances, for hours; utilisation calls that "busy" for ever. The step counter cannot be
+fooled that way. Pure: the tracker supplies when each step was seen, this decides.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FLOOR_S = 1800.0     # never call a run stalled sooner than this: checkpoint saves and evals take minutes
+FACTOR = 10.0        # ... nor sooner than this many typical step times
+
+
+@dataclass(frozen=True)
+class Stall:
+    step: int
+    since: float         # when that step was seen (wall)
+    for_s: float
+    threshold_s: float
+
+
+def threshold(step_times: Sequence[float], configured_s: float | None) -> float | None:
+    """Seconds without a new step that make a run stalled: the configured value, else the larger of
+    30 min and 10x the median time between the steps seen so far. None before the first step: a run
+    still loading its model has not started stepping, and is not judged here."""
+    if configured_s:
+        return float(configured_s)
+    if not step_times:
+        return None
+    gaps = [b - a for a, b in zip(step_times, step_times[1:], strict=False) if b > a]
+    typical = statistics.median(gaps) if gaps else 0.0
+    return max(FLOOR_S, FACTOR * typical)
+
+
+def judge(step: int | None, step_at: float | None, now: float, threshold_s: float | None,
+          running: bool) -> Stall | None:
+    """The stall, when a running training's last step is older than the threshold."""
+    if not running or step is None or step_at is None or threshold_s is None:
+        return None
+    waited = now - step_at
+    if waited < threshold_s:
+        return None
+    return Stall(step, step_at, waited, threshold_s)
