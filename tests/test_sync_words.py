@@ -4,10 +4,11 @@ here must not change when code moves."""
 
 from __future__ import annotations
 
-import threading
 import time
 
+from supervisor import render
 from supervisor.clock import FakeClock
+from supervisor.mails import sync as mails_sync
 from supervisor.sync.engine import SyncEngine
 from supervisor.sync.policy import MANIFEST_NAME
 from tests.fixtures.sync_engine import ListMailer
@@ -19,53 +20,18 @@ T = "s3://bucket/run1"
 
 # --- how the words are produced (the only part allowed to change when code moves) ----------------
 
-class _Clock:
-    def __init__(self, wall: float, mono: float = 5000.0):
-        self.wall, self.mono = wall, mono
-
-    def time(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return self.mono
-
-
 def sync_lines(st: dict, now: float) -> list[str]:
-    e = SyncEngine.__new__(SyncEngine)
-    e.clock = _Clock(now)
-    e.status = lambda: st
-    return e.render_lines()
+    return render.sync_lines({"now": now, "sync": st})
 
 
 def alerts_of(e: SyncEngine):
-    return e.ctx.alerts
+    return e.alerts
 
 
 def failing_mail(target: str, failing_for_s: float, last_error: str, pending_files: int,
                  pending_bytes: int) -> tuple[str, str]:
-    fired: list[tuple] = []
-
-    class _Alerts:
-        def fire(self, *a) -> None:
-            fired.append(a)
-
-    class _Cfg:
-        fail_alert_after = 0.0
-
-    class _Ctx:
-        alerts = _Alerts()
-
-    e = SyncEngine.__new__(SyncEngine)
-    e._lock = threading.RLock()
-    e.clock = _Clock(NOW, 5000.0)
-    e.cfg = _Cfg()
-    e.ctx = _Ctx()
-    e.display = target
-    e._failing_since = 5000.0 - failing_for_s
-    e._pending_files, e._pending_bytes, e._last_error = pending_files, pending_bytes, last_error
-    e._evaluate_alert()
-    assert len(fired) == 1 and fired[0][:3] == ("sync:failing", "sync_failing", "warning")
-    return fired[0][3], fired[0][4]
+    m = mails_sync.sync_failing(target, failing_for_s, last_error, pending_files, pending_bytes)
+    return m.subject, m.body
 
 
 # --- the "sync failing" mail ---------------------------------------------------------------------

@@ -22,9 +22,9 @@ import subprocess
 from pathlib import Path
 
 from ...config import SyncConfig
+from ...syncurl import TargetURL
 from .._log import get_logger
 from ..policy import MANIFEST_NAME
-from ..url import TargetURL
 from .base import (
     LocalFile,
     SourceProblem,
