@@ -127,16 +127,22 @@ def _unit(rel: str, files: tuple[str, ...], verdict: Verdict, kind: str = "dir")
 
 def test_final_expected_and_manifests():
     done = _unit("checkpoint-1", ("a", "b"), Verdict(True, "complete"))
-    part = _unit("checkpoint-2", ("c", "d"), Verdict(False, "truncated: d", partial=True, skip=("d",)))
+    part = _unit("checkpoint-2", ("c", "d"), Verdict(False, "truncated or damaged: d", partial=True, damaged=("d",)))
+    never = _unit("checkpoint-3", ("e",), Verdict(False, "never finished: no trainer_state.json", partial=True))
     entries = {"checkpoint-1/a": Entry(7, 1, "sha-a", "etag-a"), "checkpoint-1/b": Entry(7, 1, "sha-b", "etag-b"),
                "checkpoint-2/c": Entry(7, 1, "sha-c", "etag-c"), "checkpoint-2/d": Entry(7, 1, "sha-d", "etag-d")}
     got = final.expected([done, part], lambda k, s, m: entries.get(k))
-    assert got == {"checkpoint-1/a": (7, "etag-a"), "checkpoint-1/b": (7, "etag-b"), "checkpoint-2/c": (7, "etag-c")}
-    assert final.manifest_units([done, part]) == {"checkpoint-1"}
+    assert got == {"checkpoint-1/a": (7, "etag-a"), "checkpoint-1/b": (7, "etag-b"), "checkpoint-2/c": (7, "etag-c"),
+                   "checkpoint-2/d": (7, "etag-d")}  # a damaged file goes up and is checked like any other
+    assert final.manifest_units([done, part, never]) == {"checkpoint-1", "checkpoint-2"}
     assert final.manifest_keys({"checkpoint-1", ""}) == {"checkpoint-1/_MANIFEST.json": (-1, ""),
                                                         "_MANIFEST.json": (-1, "")}
-    assert final.partial_notes([done, part]) == [
-        "checkpoint-2 (partial: truncated: d; uploaded without manifest)"]
+    assert final.partial_notes([done, part, never]) == [
+        "checkpoint-2 (partial: truncated or damaged: d; uploaded with a manifest naming its damaged files)",
+        "checkpoint-3 (partial: never finished: no trainer_state.json; uploaded without manifest)"]
+    assert final.partial_units([done, part, never]) == ["checkpoint-2 (truncated or damaged: d)",
+                                                       "checkpoint-3 (never finished: no trainer_state.json)"]
+    assert final.damaged([done, part, never]) == ["/w/checkpoint-2/d"]
     assert final.uploaded([done, part], lambda u: True)
     assert not final.uploaded([done, _unit("checkpoint-3", ("e",), Verdict(False, "waiting"))], lambda u: True)
     assert not final.uploaded([done], lambda u: False)

@@ -212,11 +212,26 @@ def holding(*keys: str):
     return lambda k, size, mtime: k in keys
 
 
-def test_files_synced_skips_what_the_verdict_skips():
+def test_files_synced_counts_every_selected_file_even_a_damaged_one():
     u = _unit(files=("a", "b"))
-    u.verdict = Verdict(False, "truncated: b", None, partial=True, skip=("b",))
-    assert sc.files_synced(u, holding("checkpoint-1/a"))
-    assert not sc.files_synced(u, holding())
+    u.verdict = Verdict(False, "truncated or damaged: b", None, partial=True, damaged=("b",))
+    assert not sc.files_synced(u, holding("checkpoint-1/a"))
+    assert sc.files_synced(u, holding("checkpoint-1/a", "checkpoint-1/b"))
+
+
+def test_needs_manifest():
+    u = _unit()
+    u.verdict = Verdict(True, "complete")
+    assert sc.needs_manifest(u)
+    u.verdict = Verdict(False, "never finished: no trainer_state.json", partial=True)
+    assert not sc.needs_manifest(u)
+    u.verdict = Verdict(False, "truncated or damaged: b", partial=True, damaged=("b",))
+    assert sc.needs_manifest(u)
+    u.verdict = Verdict(False, "b is truncated", damaged=("b",))
+    assert not sc.needs_manifest(u)  # not forced: it waits for its writer
+    f = _unit("model.safetensors", files=("model.safetensors",), kind="file")
+    f.verdict = Verdict(True, "complete")
+    assert not sc.needs_manifest(f)
 
 
 def test_work_takes_complete_or_partial_unsynced_units_oldest_first():

@@ -472,7 +472,9 @@ class SyncEngine:
                 self._finals.settle(t, FinalSyncResult(ok=True, target=self.display, files=len(expected),
                                                        bytes=sum(v[0] for v in expected.values()),
                                                        uploaded_files=self.board.uploaded_session - j.started_ok,
-                                                       unsynced=final.partial_notes(scope)))
+                                                       unsynced=final.partial_notes(scope),
+                                                       damaged=final.damaged(scope),
+                                                       partial_units=final.partial_units(scope)))
             log.info("sync_final_verified", paths=j.paths, files=len(expected))
 
     def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None,

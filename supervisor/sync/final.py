@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .ledger import Entry, Ledger
 from .policy import MANIFEST_NAME
-from .scan import Unit
+from .scan import Unit, needs_manifest
 from .targets.base import join_key
 
 VERIFY_ROUNDS = 3        # re-upload what the target lost at most this often
@@ -32,17 +32,16 @@ def expected(scope: Iterable[Unit], current: Callable[[str, int, int], Entry | N
     """key -> (size, the target's fingerprint recorded at upload) of every file that went up."""
     out: dict[str, tuple[int, str]] = {}
     for u in scope:
-        skip = set(u.verdict.skip)
         for s in u.selected:
-            e = current(s.key, s.size, s.mtime_ns) if s.rel not in skip else None
+            e = current(s.key, s.size, s.mtime_ns)
             if e is not None:
                 out[s.key] = (s.size, e.etag)
     return out
 
 
 def manifest_units(scope: Iterable[Unit]) -> set[str]:
-    """The unit keys whose manifest must be on the target (complete folders)."""
-    return {u.key for u in scope if u.kind == "dir" and u.verdict.complete}
+    """The unit keys whose manifest must be on the target."""
+    return {u.key for u in scope if needs_manifest(u)}
 
 
 def manifest_keys(units: Iterable[str]) -> dict[str, tuple[int, str]]:
@@ -74,4 +73,17 @@ def forget_lost(ledger: Ledger, lost: list[str], manifests: set[str]) -> None:
 
 
 def partial_notes(scope: Iterable[Unit]) -> list[str]:
-    return [f"{u.label} (partial: {u.verdict.reason}; uploaded without manifest)" for u in scope if u.verdict.partial]
+    """One line per folder that went up partial (FinalSyncResult.unsynced on success)."""
+    return [f"{u.label} (partial: {u.verdict.reason}; uploaded "
+            f"{'with a manifest naming its damaged files' if needs_manifest(u) else 'without manifest'})"
+            for u in scope if u.verdict.partial]
+
+
+def partial_units(scope: Iterable[Unit]) -> list[str]:
+    """The folders that went up partial, each with why: `checkpoint-8 (never finished: no trainer_state.json)`."""
+    return [f"{u.label} ({u.verdict.reason})" for u in scope if u.verdict.partial]
+
+
+def damaged(scope: Iterable[Unit]) -> list[str]:
+    """The files that went up although they fail their format check (paths on this machine)."""
+    return sorted(s.path for u in scope for s in u.selected if s.rel in u.verdict.damaged)

@@ -199,9 +199,14 @@ def next_ready(units: Iterable[Unit]) -> float | None:
 # --- what needs work -------------------------------------------------------------------------------
 
 def files_synced(u: Unit, current: Current) -> bool:
-    """Does the target hold every file of the unit that is to go up?"""
-    skip = set(u.verdict.skip)
-    return all(current(s.key, s.size, s.mtime_ns) for s in u.selected if s.rel not in skip)
+    """Does the target hold every selected file of the unit?"""
+    return all(current(s.key, s.size, s.mtime_ns) for s in u.selected)
+
+
+def needs_manifest(u: Unit) -> bool:
+    """A folder gets a manifest when complete, and (saying so) when a final sync sent it with
+    files that fail their format check; one that never got its marker gets none."""
+    return u.kind == "dir" and (u.verdict.complete or (u.verdict.partial and bool(u.verdict.damaged)))
 
 
 def work(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[Unit]:

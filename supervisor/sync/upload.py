@@ -14,7 +14,7 @@ from . import manifest as mf
 from . import retention
 from ._log import get_logger
 from .ledger import Entry, Ledger
-from .scan import Selected, Unit, files_synced
+from .scan import Selected, Unit, files_synced, needs_manifest
 from .status import Board
 from .targets.base import LocalFile, SourceProblem, Target, Uploaded
 
@@ -34,11 +34,11 @@ class Uploader:
 
     # --- what the target holds ------------------------------------------------------------------
     def synced(self, u: Unit) -> bool:
-        """Every file of the unit that is to go up is on the target, and a complete folder's
-        manifest there describes exactly these files."""
+        """Every selected file of the unit is on the target, and the manifest it needs there
+        describes exactly these files."""
         if not files_synced(u, self.ledger.current):
             return False
-        if u.kind == "dir" and u.verdict.complete:
+        if needs_manifest(u):
             m = self.ledger.manifest(u.key)
             return m is not None and m.get("digest") == self._digest(u)
         return True
@@ -53,17 +53,20 @@ class Uploader:
         return files
 
     def _digest(self, u: Unit) -> str | None:
+        """What the ledger records for the unit's manifest: a partial one never passes for complete."""
         files = self._listed(u)
-        return None if files is None else mf.digest(files)
+        if files is None:
+            return None
+        return mf.digest(files) if u.verdict.complete else f"damaged:{mf.digest(files)}"
 
-    def _todo(self, selected: list[Selected], skip: tuple[str, ...] = ()) -> list[Selected]:
-        return [s for s in selected if s.rel not in skip and self.ledger.current(s.key, s.size, s.mtime_ns) is None]
+    def _todo(self, selected: list[Selected]) -> list[Selected]:
+        return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
 
     # --- sending --------------------------------------------------------------------------------
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
         problem (rescan soon)."""
-        todo = self._todo(u.selected, u.verdict.skip)
+        todo = self._todo(u.selected)
         if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
             # the folder changed since its manifest: it is not complete on the target until the
             # new files and a new manifest are there
@@ -81,11 +84,11 @@ class Uploader:
             return False
         if u.verdict.partial:
             self.board.add_partial(u.label)
-            log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason,
-                        note="uploaded without a manifest")
-            return True
-        if u.kind == "dir":
-            self._complete(u)
+            log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason, damaged=list(u.verdict.damaged),
+                        note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
+                        else "uploaded without a manifest")
+        if needs_manifest(u):
+            self._manifest(u)
         return True
 
     def files(self, units: list[Unit]) -> bool:
@@ -98,22 +101,24 @@ class Uploader:
         self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
         return not sink.problems
 
-    def _complete(self, u: Unit) -> None:
+    def _manifest(self, u: Unit) -> None:
         """Write the folder's manifest (last), once every file is on the target."""
         files = self._listed(u)
-        if files is None:
+        d = self._digest(u)
+        if files is None or d is None:
             return
-        d = mf.digest(files)
         m = self.ledger.manifest(u.key)
         if m is not None and m.get("digest") == d:
             return
+        v = u.verdict
         data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
-                        source=u.abspath)
+                        source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
         self.target.write_manifest(u.key, data)
         self.ledger.manifest_done(u.key, d, self.clock.time())
         self.ledger.sync()
-        log.info("sync_unit_complete", unit=u.label, files=len(files), bytes=sum(f.size for f in files))
-        if checkpoint_step(u.rel) is not None:
+        log.info("sync_unit_complete" if v.complete else "sync_unit_damaged_manifest", unit=u.label,
+                 files=len(files), bytes=sum(f.size for f in files))
+        if v.complete and checkpoint_step(u.rel) is not None:
             self._keep_last(u)
 
     def _keep_last(self, u: Unit) -> None:

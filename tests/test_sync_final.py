@@ -1,0 +1,119 @@
+"""What a final sync guarantees, against real targets (a local folder, rsync over a loopback sshd,
+SeaweedFS S3): every selected file goes up, also one that fails its format check; nothing
+written while it ran is left behind; "verified" means the target holds the same bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor.sync.manifest import check_folder
+from supervisor.sync.policy import MANIFEST_NAME
+from tests.fixtures.hf_writer import HFWriter
+
+MiB = 1024 * 1024
+
+
+class Remote:
+    """One real target: its [sync] keys and a way to read what it holds."""
+
+    def __init__(self, kind: str, tmp_path: Path, request):
+        self.kind = kind
+        if kind == "s3":
+            self.s3 = request.getfixturevalue("s3_server")
+            self.prefix = request.getfixturevalue("s3_prefix")
+            self.sync = self.s3.sync_config(self.prefix)
+        else:
+            self.path = tmp_path / "remote"
+            if kind == "rsync":
+                self.sync = request.getfixturevalue("sshd_server").sync_config(self.path)
+            else:
+                self.sync = {"target": str(self.path)}
+
+    def read(self, key: str) -> bytes | None:
+        if self.kind == "s3":
+            objs = self.s3.objects(self.prefix)
+            return self.s3.get(f"{self.prefix}/{key}") if key in objs else None
+        p = self.path / key
+        return p.read_bytes() if p.is_file() else None
+
+    def keys(self) -> set[str]:
+        if self.kind == "s3":
+            return set(self.s3.objects(self.prefix))
+        return {str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file()}
+
+    def manifest(self, unit: str) -> dict | None:
+        data = self.read(f"{unit}/{MANIFEST_NAME}")
+        return json.loads(data) if data is not None else None
+
+
+@pytest.fixture(params=["local", "rsync", "s3"])
+def remote(request, tmp_path) -> Remote:
+    return Remote(request.param, tmp_path, request)
+
+
+def not_safetensors(n: int) -> bytes:
+    """Bytes this daemon cannot parse as safetensors (a damaged save, or a newer format)."""
+    return b"\xff" * 8 + os.urandom(n)
+
+
+# --- 1: every selected file goes up --------------------------------------------------------------
+
+def test_a_file_failing_its_format_check_goes_up_and_is_named(make_engine, hf_writer, remote):
+    out = hf_writer.out
+    hf_writer.checkpoint(3)
+    hf_writer.checkpoint(4, stop_before="trainer_state.json")  # died mid-save
+    lora = hf_writer.adapter("adapter")
+    bad = not_safetensors(MiB)
+    (lora / "adapter_model.safetensors").write_bytes(bad)
+    hf_writer.age(60)
+    e = make_engine({**remote.sync, "watch": [str(out)], "quiet_period": "1h"})
+    r = e.final_sync([str(out)], 60)
+    assert r.ok, r
+    assert r.damaged == [str(lora / "adapter_model.safetensors")]
+    assert sorted(r.partial_units) == [
+        "adapter (truncated or damaged: adapter_model.safetensors)",
+        "checkpoint-4 (never finished: no trainer_state.json)"]
+    # every selected file is on the target with the machine's bytes
+    assert remote.read("adapter/adapter_model.safetensors") == bad
+    for unit in ("checkpoint-3", "checkpoint-4", "adapter"):
+        for name, data in hf_writer.contents[unit].items():
+            if unit == "adapter" and name == "adapter_model.safetensors":
+                continue
+            assert remote.read(f"{unit}/{name}") == data, (unit, name)
+    # the adapter's manifest says what is wrong with it; the dead checkpoint has none; the good one is complete
+    doc = remote.manifest("adapter")
+    assert doc is not None and doc["complete"] is False and doc["damaged"] == ["adapter_model.safetensors"]
+    assert "adapter_model.safetensors" in doc["partial"] and len(doc["files"]) == 3
+    assert remote.manifest("checkpoint-4") is None
+    assert remote.manifest("checkpoint-3")["complete"] is True
+    st = e.status()
+    assert st["pending_files"] == 0, st
+    # a second final sync has nothing to send and the same to say
+    r2 = e.final_sync([str(out)], 60)
+    assert r2.ok and r2.uploaded_files == 0 and r2.damaged == r.damaged, r2
+    if remote.kind != "s3":
+        problems = check_folder(str(remote.path / "adapter"))
+        assert problems == [f"{remote.path / 'adapter'}: not complete (truncated or damaged: "
+                            "adapter_model.safetensors; damaged: adapter_model.safetensors)"]
+
+
+def test_a_damaged_folder_that_is_saved_again_gets_a_complete_manifest(make_engine, tmp_path):
+    w = HFWriter(tmp_path / "out")
+    lora = w.adapter("lora")
+    good = (lora / "adapter_model.safetensors").read_bytes()
+    (lora / "adapter_model.safetensors").write_bytes(good[: len(good) // 2])  # cut short
+    w.age(60)
+    remote = tmp_path / "remote"
+    e = make_engine({"target": str(remote), "watch": [str(w.out)], "quiet_period": "0.2s"})
+    r = e.final_sync([str(w.out)], 60)
+    assert r.ok and r.damaged == [str(lora / "adapter_model.safetensors")], r
+    assert json.loads((remote / "lora" / MANIFEST_NAME).read_text())["complete"] is False
+    (lora / "adapter_model.safetensors").write_bytes(good)  # the writer came back and saved it whole
+    w.age(60)
+    assert e.wait_idle(30).ok
+    assert check_folder(str(remote / "lora")) == []
+    assert (remote / "lora" / "adapter_model.safetensors").read_bytes() == good
