@@ -13,6 +13,7 @@ import pytest
 from supervisor.sync.manifest import check_folder
 from supervisor.sync.policy import MANIFEST_NAME
 from tests.fixtures.hf_writer import HFWriter
+from tests.waiting import wait_until
 
 MiB = 1024 * 1024
 
@@ -117,3 +118,28 @@ def test_a_damaged_folder_that_is_saved_again_gets_a_complete_manifest(make_engi
     assert e.wait_idle(30).ok
     assert check_folder(str(remote / "lora")) == []
     assert (remote / "lora" / "adapter_model.safetensors").read_bytes() == good
+
+
+# --- 2: what is written while the final sync runs goes up too ------------------------------------
+
+def test_a_checkpoint_completed_during_the_final_sync_is_on_the_target_before_it_returns(
+        make_engine, hf_writer, remote):
+    out = hf_writer.out
+    hf_writer.checkpoint(1, model_bytes=2 * MiB)
+    hf_writer.age(60)
+    e = make_engine({**remote.sync, "watch": [str(out)], "quiet_period": "1h", "bandwidth_limit": "1M"})
+    result: list = []
+    t = hf_writer.in_background(lambda: result.append(e.final_sync([str(out)], 120)))
+    wait_until(lambda: e.status()["current_file"].startswith("checkpoint-1/"), 30, interval=0.01,
+               what="the final sync under way")
+    hf_writer.checkpoint(2)  # the trainer's last save lands while the final sync runs
+    t.join(150)
+    assert result and result[0].ok, result
+    r = result[0]
+    for step in (1, 2):
+        unit = f"checkpoint-{step}"
+        for name, data in hf_writer.contents[unit].items():
+            assert remote.read(f"{unit}/{name}") == data, (unit, name)
+        assert remote.manifest(unit)["complete"] is True
+    assert r.files == len(hf_writer.contents["checkpoint-1"]) + len(hf_writer.contents["checkpoint-2"])
+

@@ -441,7 +441,9 @@ class SyncEngine:
                                                         unsynced=self._unsynced(t.spec.paths)))
 
     def _verify_finals(self) -> None:
-        """For each final sync whose folders are fully uploaded, ask the target itself."""
+        """For each final sync whose folders are fully uploaded, ask the target itself; once it
+        holds everything, scan again, and answer ok only when that scan finds nothing new or
+        changed (a checkpoint completed while the final sync ran goes up too)."""
         assert self.ledger is not None and self.target is not None and self._up is not None
         with self._lock:
             tickets = self._finals.tickets()
@@ -452,30 +454,33 @@ class SyncEngine:
             if not final.uploaded(scope, self._up.synced):
                 continue  # still work to do (or failing); the next pass gets there
             expected = final.expected(scope, self.ledger.current)
+            fp = final.fingerprint(scope)
+            if j.verified == fp:
+                with self._lock:
+                    self._finals.settle(t, FinalSyncResult(
+                        ok=True, target=self.display, files=len(expected), bytes=sum(v[0] for v in expected.values()),
+                        uploaded_files=self.board.uploaded_session - j.started_ok, unsynced=final.partial_notes(scope),
+                        damaged=final.damaged(scope), partial_units=final.partial_units(scope)))
+                log.info("sync_final_verified", paths=j.paths, files=len(expected))
+                continue
             manifests = final.manifest_units(scope)
             try:
                 lost = self.target.missing({**expected, **final.manifest_keys(manifests)})
             except TargetError as e:
                 self._failed(f"verifying final sync: {e}")
                 return
-            if lost:
-                j.verify_rounds += 1
-                log.warning("sync_final_verify_lost", files=lost[:10], count=len(lost), round=j.verify_rounds)
-                final.forget_lost(self.ledger, lost, manifests)
-                with self._lock:
-                    self._requested = True
-                    if j.verify_rounds >= final.VERIFY_ROUNDS:
-                        self._finals.settle(t, self._result(False, j.started_ok, unsynced=lost,
-                                                            error=f"target keeps losing files: {', '.join(lost[:5])}"))
-                continue
             with self._lock:
-                self._finals.settle(t, FinalSyncResult(ok=True, target=self.display, files=len(expected),
-                                                       bytes=sum(v[0] for v in expected.values()),
-                                                       uploaded_files=self.board.uploaded_session - j.started_ok,
-                                                       unsynced=final.partial_notes(scope),
-                                                       damaged=final.damaged(scope),
-                                                       partial_units=final.partial_units(scope)))
-            log.info("sync_final_verified", paths=j.paths, files=len(expected))
+                self._requested = True  # send what was lost, or scan once more for what is new
+            if not lost:
+                j.verified = fp
+                continue
+            j.verify_rounds += 1
+            log.warning("sync_final_verify_lost", files=lost[:10], count=len(lost), round=j.verify_rounds)
+            final.forget_lost(self.ledger, lost, manifests)
+            if j.verify_rounds >= final.VERIFY_ROUNDS:
+                with self._lock:
+                    self._finals.settle(t, self._result(False, j.started_ok, unsynced=lost,
+                                                        error=f"target keeps losing files: {', '.join(lost[:5])}"))
 
     def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None,
                 scope: list[str] | None = None) -> FinalSyncResult:

@@ -21,6 +21,14 @@ class FinalJob:
     deadline: float      # clock.monotonic()
     started_ok: int      # uploaded count when it began
     verify_rounds: int = 0
+    verified: frozenset | None = None  # the scope's fingerprint when the target last held all of it
+
+
+def fingerprint(scope: Iterable[Unit]) -> frozenset:
+    """What a rescan must find unchanged before a final sync may say ok: every unit of the scope,
+    how it was judged, and the version of each of its selected files."""
+    return frozenset((u.key, u.verdict.complete, u.verdict.partial,
+                      tuple(sorted((s.key, s.size, s.mtime_ns) for s in u.selected))) for u in scope)
 
 
 def uploaded(scope: Iterable[Unit], synced: Callable[[Unit], bool]) -> bool:
