@@ -143,3 +143,43 @@ def test_a_checkpoint_completed_during_the_final_sync_is_on_the_target_before_it
         assert remote.manifest(unit)["complete"] is True
     assert r.files == len(hf_writer.contents["checkpoint-1"]) + len(hf_writer.contents["checkpoint-2"])
 
+
+
+# --- 4: "verified" means the same bytes ----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["local", "rsync"])
+def test_a_remote_copy_damaged_in_place_is_found_and_repaired(make_engine, hf_writer, tmp_path, request, kind):
+    remote = Remote(kind, tmp_path, request)
+    out = hf_writer.out
+    hf_writer.checkpoint(4)
+    hf_writer.adapter("lora")
+    hf_writer.age(60)
+    e = make_engine({**remote.sync, "watch": [str(out)]})
+    assert e.wait_idle(60).ok
+    damaged = []
+    for key in ("checkpoint-4/optimizer.pt", "lora/adapter_model.safetensors"):
+        p = remote.path / key
+        st = p.stat()
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # bit rot: same size, same mtime
+        p.write_bytes(bytes(data))
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+        damaged.append(key)
+    assert e.wait_idle(30).ok  # a normal pass trusts the ledger (no LIST, no rehash)
+    r = e.final_sync([str(out)], 120)
+    assert r.ok and r.uploaded_files == 2, r
+    for unit in ("checkpoint-4", "lora"):
+        assert check_folder(str(remote.path / unit)) == []
+        for name, data in hf_writer.contents[unit].items():
+            assert remote.read(f"{unit}/{name}") == data, (unit, name)
+    r = e.final_sync([str(out)], 60)
+    assert r.ok and r.uploaded_files == 0, r
+
+
+def test_sha256sum_output_is_read_with_escaped_names():
+    from supervisor.sync.targets.rsync import _parse_sums
+
+    a, b = "a" * 64, "B" * 64
+    out = (f"{a}  checkpoint-1/model.safetensors\n\\{b}  odd\\nname\\\\x\n{a} *bin mode\nshort  x\n").encode()
+    assert _parse_sums(out) == {"checkpoint-1/model.safetensors": a, "odd\nname\\x": b.lower(), "bin mode": a}
