@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,24 @@ def test_sha256sum_output_is_read_with_escaped_names():
     a, b = "a" * 64, "B" * 64
     out = (f"{a}  checkpoint-1/model.safetensors\n\\{b}  odd\\nname\\\\x\n{a} *bin mode\nshort  x\n").encode()
     assert _parse_sums(out) == {"checkpoint-1/model.safetensors": a, "odd\nname\\x": b.lower(), "bin mode": a}
+
+
+# --- a pass that meets a file failing its check says so ------------------------------------------
+
+def test_once_names_a_checkpoint_whose_json_does_not_parse_and_fails(sync_proc, hf_writer, tmp_path):
+    cp = hf_writer.checkpoint(5)
+    (cp / "trainer_state.json").write_bytes(b'{"global_step": 5, "log_history": [')  # cut short
+    hf_writer.checkpoint(6)
+    hf_writer.age(60)
+    proc = sync_proc({"target": str(tmp_path / "remote"), "watch": [str(hf_writer.out)]})
+    r = subprocess.run([sys.executable, "-m", "supervisor.sync", "--config", str(proc.config_path), "--once",
+                        "--timeout", "60"], capture_output=True, text=True, env=proc.env, timeout=120)
+    assert r.returncode == 1, r
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["ok"] is False
+    assert f"{cp}: trainer_state.json is not valid JSON" in res["error"], res
+    assert str(cp / "trainer_state.json") in res["unsynced"]
+    assert f"{cp}: trainer_state.json is not valid JSON" in r.stderr
+    # the healthy checkpoint went up all the same
+    assert check_folder(str(tmp_path / "remote" / "checkpoint-6")) == []
+    assert not (tmp_path / "remote" / "checkpoint-5").exists()

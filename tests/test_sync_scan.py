@@ -305,3 +305,20 @@ def test_pending_hints_at_complete_marker_after_a_long_quiet():
     assert p.without_marker == [("checkpoint-1", 700.0)]
     # a long quiet period moves the hint out: 10 x quiet
     assert sc.pending([a], holding(), wall_now=700.0, quiet=120, marker="x").without_marker == []
+
+
+def test_blocked_names_quiet_units_with_a_file_failing_its_check():
+    js = _unit("checkpoint-5", files=("trainer_state.json", "model.safetensors"))
+    js.verdict = Verdict(False, "trainer_state.json is truncated", damaged=("trainer_state.json",))
+    st = _unit("checkpoint-6", files=("model.safetensors",))
+    st.verdict = Verdict(False, "model.safetensors is truncated", damaged=("model.safetensors",))
+    forced = _unit("checkpoint-7", files=("x.json",))
+    forced.verdict = Verdict(False, "truncated or damaged: x.json", partial=True, damaged=("x.json",))
+    marker = _unit("checkpoint-8")
+    marker.verdict = Verdict(False, "waiting for trainer_state.json")
+    assert sc.blocked([st, js, forced, marker], lambda u: False) == [
+        "/w/out/checkpoint-5: trainer_state.json is not valid JSON (cut short or damaged); not uploaded until its "
+        "writer saves it whole",
+        "/w/out/checkpoint-6: model.safetensors does not hold the bytes its safetensors header promises (cut short, "
+        "damaged or an unknown format); not uploaded until its writer saves it whole"]
+    assert sc.blocked([js], lambda u: True) == []

@@ -424,6 +424,7 @@ class SyncEngine:
                 assert self._up is not None
                 if sc.settling(self._units.values(), self._up.synced):
                     return
+                error = "; ".join(sc.blocked(self._units.values(), self._up.synced)) or None
             for t in tickets:
                 if error is not None:
                     r = self._result(False, t.spec.started_ok, error=error, unsynced=self._unsynced(None))

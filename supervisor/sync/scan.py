@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..durations import format_duration
-from .complete import FileObs, Verdict, judge
+from .complete import FileObs, Verdict, damage_words, judge
 from .policy import ADAPTER_MARKER, Policy
 from .targets.base import join_key
 
@@ -240,6 +240,19 @@ def settling(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> bool:
         if u.selected and not v.complete and not v.partial and v.ready_in is not None and not synced(u):
             return True
     return False
+
+
+def blocked(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[str]:
+    """Why a pass cannot say everything is on the target although nothing is settling: a unit
+    whose writer went quiet with a file that fails its format check (a JSON file that does not
+    parse, a safetensors file shorter than its header says) waits for that writer, so name it."""
+    out = []
+    for u in units:
+        v = u.verdict
+        if u.selected and not u.retired and v.damaged and not v.complete and not v.partial and not synced(u):
+            out.append(f"{u.abspath}: {'; '.join(f'{n} {damage_words(n)}' for n in v.damaged)}; "
+                       "not uploaded until its writer saves it whole")
+    return sorted(out)
 
 
 def in_scope(u: Unit, paths: list[str] | None) -> bool:
