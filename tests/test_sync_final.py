@@ -206,3 +206,35 @@ def test_once_names_a_checkpoint_whose_json_does_not_parse_and_fails(sync_proc, 
     # the healthy checkpoint went up all the same
     assert check_folder(str(tmp_path / "remote" / "checkpoint-6")) == []
     assert not (tmp_path / "remote" / "checkpoint-5").exists()
+
+
+# --- an extra final-sync folder never lands on a watched folder's subfolder -----------------------
+
+def test_a_final_sync_folder_named_like_a_watched_subfolder_is_synced_once_beside_it(make_engine, tmp_path):
+    w = HFWriter(tmp_path / "work" / "out")
+    w.adapter("lora", step=1)
+    w.checkpoint(2)
+    other = HFWriter(tmp_path / "elsewhere")
+    other.adapter("lora", step=9)  # /elsewhere/lora: the same name as out/lora
+    w.age(60)
+    other.age(60)
+    remote = tmp_path / "remote"
+    e = make_engine({"target": str(remote), "watch": [str(w.out)], "quiet_period": "0.2s"})
+    assert e.wait_idle(30).ok
+    sent = e.stats["files_uploaded"]
+    extra = other.out / "lora"
+    # the watched folder, a folder beside it with a clashing name, and a folder above it
+    r = e.final_sync([str(w.out), str(extra), str(tmp_path / "work")], 60)
+    assert r.ok, r
+    # what the include globs select in it (an adapter folder given as the root itself: not its README)
+    assert e.stats["files_uploaded"] == sent + 2, "something was sent twice"
+    assert check_folder(str(remote / "lora")) == []
+    assert (remote / "lora" / "adapter_model.safetensors").read_bytes() == w.contents["lora"][
+        "adapter_model.safetensors"]
+    beside = [p for p in remote.iterdir() if p.name.startswith("lora-")]
+    assert len(beside) == 1 and check_folder(str(beside[0])) == []
+    assert (beside[0] / "adapter_model.safetensors").read_bytes() == other.contents["lora"][
+        "adapter_model.safetensors"]
+    assert not [p for p in remote.iterdir() if p.name.startswith("work-")], "the watched folder went up twice"
+    r = e.final_sync([str(w.out), str(extra), str(tmp_path / "work")], 60)
+    assert r.ok and r.uploaded_files == 0, r

@@ -68,6 +68,25 @@ def test_extra_root_without_watched_folders_is_the_top():
     assert sc.extra_root("/elsewhere/final", [], []) == sc.Root("/elsewhere/final", "")
 
 
+def test_extra_root_beside_watched_folders_never_takes_a_name_they_may_use():
+    r = sc.extra_root("/elsewhere/lora", [ROOT], [])
+    assert r is not None and r.prefix.startswith("lora-") and len(r.prefix) == len("lora-") + 6
+    assert sc.extra_root("/elsewhere/lora", [ROOT], []) == r  # the same key after a restart
+    other = sc.extra_root("/x/lora", [], [sc.Root("/elsewhere/final", "")])
+    assert other is not None and other.prefix.startswith("lora-") and other.prefix != r.prefix
+    a, b = sc.Root("/a/out", "out"), sc.Root("/b/out", "out-123456")
+    assert sc.extra_root("/c/out", [a, b], []).prefix not in ("out", "out-123456")
+    assert sc.extra_root("/", [ROOT], []).prefix.startswith("root-")
+
+
+def test_nested_roots():
+    top = sc.Root("/w", "w-abcdef")
+    roots = [ROOT, top, sc.Root("/v", "v"), sc.Root("/w/out/deeper", "d")]
+    assert sc.nested_roots(top, roots) == {"/w/out", "/w/out/deeper"}
+    assert sc.nested_roots(ROOT, roots) == {"/w/out/deeper"}
+    assert sc.nested_roots(sc.Root("/v", "v"), roots) == set()
+
+
 # --- observe -------------------------------------------------------------------------------------
 
 def test_observe_settles_old_files_on_the_first_scan_only():

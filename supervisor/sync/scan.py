@@ -104,12 +104,21 @@ def watch_roots(watch: list[str]) -> list[Root]:
 
 def extra_root(path: str, roots: list[Root], extras: list[Root]) -> Root | None:
     """The root a final-sync folder outside every watched folder is synced from; None when it is
-    inside one already (its files are that root's)."""
+    inside one already (its files are that root's). Alone (nothing watched, no other extra) it
+    maps to the target's top; otherwise to its name plus a hash of its path, so it can never land
+    on a watched folder's subfolder of the same name (`lora/`) and overwrite it there."""
     p = os.path.normpath(path)
     if any(within(p, r.path) for r in [*roots, *extras]):
         return None
-    name = os.path.basename(p) or "root"
-    return Root(p, name if (roots or extras) else "")
+    if not roots and not extras:
+        return Root(p, "")
+    return Root(p, f"{os.path.basename(p) or 'root'}-{_path_tag(p)}")
+
+
+def nested_roots(root: Root, roots: list[Root]) -> set[str]:
+    """The other roots inside `root` (a final-sync folder above a watched one): its walk leaves
+    them to their own root, or their files would go up twice under two keys."""
+    return {r.path for r in roots if r.path != root.path and within(r.path, root.path)}
 
 
 def _path_tag(path: str) -> str:

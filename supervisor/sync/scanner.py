@@ -43,7 +43,7 @@ class Scanner:
         units: dict[sc.UnitKey, sc.Unit] = {}
         alive: set[tuple[str, str]] = set()
         for root in roots:
-            raw = self.walk(root)
+            raw = self.walk(root, sc.nested_roots(root, roots))
             sc.observe(self.seen, root, raw, root.path not in self._scanned, wall, mono, self.quiet)
             self._scanned.add(root.path)
             alive.update((root.path, rel) for rel in raw)
@@ -88,9 +88,9 @@ class Scanner:
         u.files = sc.with_whole(u, whole)
         return changed or any(f.whole is False for f in u.files)
 
-    def walk(self, root: sc.Root) -> dict[str, tuple[int, int]]:
-        """rel -> (size, mtime_ns) for regular files; symlinks are never followed, caches and
-        folders no glob can reach are never entered."""
+    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int]]:
+        """rel -> (size, mtime_ns) for regular files; symlinks are never followed, caches,
+        folders no glob can reach and the folders in `skip` (other roots) are never entered."""
         out: dict[str, tuple[int, int]] = {}
         if not os.path.isdir(root.path):
             if os.path.isfile(root.path) and not os.path.islink(root.path):
@@ -119,7 +119,7 @@ class Scanner:
                     if e.is_symlink():
                         continue
                     if e.is_dir(follow_symlinks=False):
-                        if self.policy.enter_dir(rel, e.path):
+                        if self.policy.enter_dir(rel, e.path) and os.path.normpath(e.path) not in skip:
                             stack.append(rel)
                         continue
                     if not e.is_file(follow_symlinks=False):
