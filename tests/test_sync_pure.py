@@ -210,3 +210,54 @@ def test_waiter_serves_many_callers_at_once():
     for th in threads:
         th.join(10)
     assert results == {i: i * 2 for i in range(20)}
+
+
+# --- health: backoff, last success, the sync-failing alert ---------------------------------------
+
+class _Alerts:
+    def __init__(self):
+        self.fired, self.resolved = [], []
+
+    def fire(self, key, kind, severity, subject, body):
+        self.fired.append((key, kind, severity, subject))
+
+    def resolve(self, key):
+        self.resolved.append(key)
+
+
+def test_health_fails_alerts_once_due_and_resolves():
+    from supervisor.clock import FakeClock
+    from supervisor.sync.health import Health
+
+    clock, alerts = FakeClock(), _Alerts()
+    board = Board(threading.RLock(), True)
+    h = Health(board, clock, alerts, "s3://b/p", retry_max_backoff=300, fail_alert_after=60)
+    h.evaluate_alert()
+    assert alerts.fired == []
+    h.failed("403 AccessDenied")
+    assert board.state == SyncState.FAILING and board.last_error == "403 AccessDenied" and h.failing
+    assert 1.0 <= h.backoff.retry_in(clock.monotonic()) <= 2.0
+    clock.advance(59)
+    h.evaluate_alert()
+    assert alerts.fired == []
+    clock.advance(1)
+    h.evaluate_alert()
+    assert alerts.fired == [("sync:failing", "sync_failing", "warning", "sync failing: s3://b/p for 1m00s")]
+    h.recovered()
+    assert board.state == SyncState.IDLE and board.last_ok_at == clock.time() and not h.failing
+    assert alerts.resolved == ["sync:failing"]
+    h.recovered()
+    assert alerts.resolved == ["sync:failing"]  # once
+
+
+def test_health_without_alerts_and_recovery_without_contact():
+    from supervisor.clock import FakeClock
+    from supervisor.sync.health import Health
+
+    clock = FakeClock()
+    board = Board(threading.RLock(), True)
+    h = Health(board, clock, None, "/t", 300, 0)
+    h.failed("x")
+    h.evaluate_alert()  # nowhere to send: nothing happens
+    h.recovered(contacted=False)
+    assert board.last_ok_at is None and board.state == SyncState.IDLE

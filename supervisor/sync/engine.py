@@ -11,9 +11,9 @@ control-socket handler calls ever waits on the network, except wait_idle/final_s
 to wait (the daemon calls them from a worker thread).
 
 This module is the shell. Decisions are pure (scan.py, complete.py, policy.py, retention.py,
-backoff.py); the scan's I/O is scanner.py, sending is upload.py, waiting callers are waiter.py,
-the status board is status.py, persisted truth is the ledger, words are mails/sync.py and
-render.sync_lines.
+backoff.py, final.py); the scan's I/O is scanner.py, sending is upload.py, waiting callers are
+waiter.py, the status board is status.py, failing/recovering and its alert are health.py,
+persisted truth is the ledger, words are mails/sync.py and render.sync_lines.
 
 Time: every decision reads the injected clock. The worker's own pacing (how long it sleeps, how
 long an inotify hint is debounced) and a caller's wait for its answer are in real seconds, so a
@@ -23,7 +23,6 @@ FakeClock that stands still never stalls the worker: `realtime` is that one seam
 from __future__ import annotations
 
 import os
-import random
 import socket
 import threading
 import time
@@ -39,9 +38,8 @@ from ..syncurl import parse_target
 from . import final
 from . import scan as sc
 from ._log import Once, get_logger
-from .alerting import AlertSink, FailingAlert
-from .backoff import Backoff
 from .final import FinalJob
+from .health import AlertSink, Health
 from .ledger import Ledger, LedgerBusy
 from .policy import Policy, hf_cache_roots, is_cache_dir
 from .scanner import Scanner
@@ -111,8 +109,7 @@ class SyncEngine:
         self._requested = True
         self._next_rescan = 0.0
         self._next_ready: float | None = None
-        self._backoff = Backoff()
-        self._alert = FailingAlert(alerts, self.display, cfg.fail_alert_after)
+        self.health = Health(self.board, clock, alerts, self.display, cfg.retry_max_backoff, cfg.fail_alert_after)
         self._pass = 0
         self._finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
         self._idle_waits: Waiters[_IdleJob, FinalSyncResult] = Waiters()
@@ -187,7 +184,7 @@ class SyncEngine:
     def request_sync(self) -> None:
         with self._lock:
             self._requested = True
-            self._backoff.retry_now()  # the user asked: retry now, whatever the backoff said
+            self.health.backoff.retry_now()  # the user asked: retry now, whatever the backoff said
         self._wake.set()
 
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
@@ -235,7 +232,7 @@ class SyncEngine:
     def status(self) -> dict:
         with self._lock:
             totals = self.ledger.totals() if self.ledger else (0, 0)
-            return self.board.snapshot(self.clock.monotonic(), self._backoff, self.display, totals,
+            return self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
                                        [r.path for r in self.roots])
 
     # --- worker loop ------------------------------------------------------------------------------
@@ -283,10 +280,10 @@ class SyncEngine:
             due = (self._requested or bool(self._finals.tickets()) or now >= self._next_rescan
                    or (self._dirty and self._realtime() - self._dirty_at >= DEBOUNCE_S)
                    or (self._next_ready is not None and now >= self._next_ready)
-                   or self._backoff.due(now))
-            in_backoff = self._backoff.waiting(now)
+                   or self.health.backoff.due(now))
+            in_backoff = self.health.backoff.waiting(now)
         self._expire_finals()
-        self._evaluate_alert()
+        self.health.evaluate_alert()
         if not due:
             self.ledger.sync()
             return
@@ -300,10 +297,10 @@ class SyncEngine:
         if error is None:
             self._verify_finals()
         self._answer_idle_waits(error, pass_id)
-        self._evaluate_alert()
+        self.health.evaluate_alert()
 
     def _move(self, state: SyncState) -> None:
-        self.board.move(state, failing=self._backoff.failing)
+        self.board.move(state, failing=self.health.failing)
 
     def _do_scan(self) -> int:
         assert self.ledger is not None
@@ -351,8 +348,8 @@ class SyncEngine:
         work = sc.work(units, up.synced)
         if not work:
             with self._lock:
-                if self._backoff.failing:
-                    self._recovered(contacted=False)  # nothing left that could fail
+                if self.health.failing:
+                    self.health.recovered(contacted=False)  # nothing left that could fail
             return None
         for batch in sc.batches(work):
             if self._closing.is_set():
@@ -366,7 +363,7 @@ class SyncEngine:
             if not whole:
                 self._mark_dirty()  # a file vanished or changed under us: look again soon
             with self._lock:
-                self._recovered()
+                self.health.recovered()
         with self._lock:
             self.board.current = ""
             self._move(SyncState.IDLE)
@@ -375,33 +372,9 @@ class SyncEngine:
 
     # --- failure and recovery ---------------------------------------------------------------------
     def _failed(self, error: str) -> None:
+        self.health.failed(error)
         with self._lock:
-            delay = self._backoff.failed(self.clock.monotonic(), self.cfg.retry_max_backoff, random.uniform(0.5, 1.0))
-            self.board.current = ""
-            self._move(SyncState.FAILING)
             self._refresh_pending()
-        self._note_error(error)
-        log.warning("sync_failed", target=self.display, error=error, failures=self._backoff.failures,
-                    retry_in_s=round(delay, 1))
-
-    def _recovered(self, contacted: bool = True) -> None:
-        was = self._backoff.recovered(self.clock.monotonic())
-        if was is not None:
-            log.info("sync_recovered", target=self.display, after_s=round(was, 1))
-        if contacted:
-            self.board.last_ok_at = self.clock.time()
-        if self.board.state == SyncState.FAILING:
-            self._move(SyncState.IDLE)
-        self._alert.resolve()
-
-    def _evaluate_alert(self) -> None:
-        with self._lock:
-            failing_for = self._backoff.failing_for(self.clock.monotonic())
-            if not self._alert.due(failing_for):
-                return
-            p, err = self.board.pending, self.board.last_error
-        assert failing_for is not None
-        self._alert.fire(failing_for, err, p.files, p.bytes)
 
     def _note_error(self, error: str) -> None:
         self.board.error(error, self.clock.time())
@@ -458,10 +431,8 @@ class SyncEngine:
             fp = final.fingerprint(scope)
             if j.verified == fp:
                 with self._lock:
-                    self._finals.settle(t, FinalSyncResult(
-                        ok=True, target=self.display, files=len(expected), bytes=sum(v[0] for v in expected.values()),
-                        uploaded_files=self.board.uploaded_session - j.started_ok, unsynced=final.partial_notes(scope),
-                        damaged=final.damaged(scope), partial_units=final.partial_units(scope)))
+                    sent = self.board.uploaded_session - j.started_ok
+                    self._finals.settle(t, final.verified(scope, expected, self.display, sent))
                 log.info("sync_final_verified", paths=j.paths, files=len(expected))
                 continue
             manifests = final.manifest_units(scope)
@@ -483,9 +454,8 @@ class SyncEngine:
                     self._finals.settle(t, self._result(False, j.started_ok, unsynced=lost,
                                                         error=f"target keeps losing files: {', '.join(lost[:5])}"))
 
-    def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None,
-                scope: list[str] | None = None) -> FinalSyncResult:
-        files, nbytes = sc.held(self._units.values(), self.ledger.current, scope) if self.ledger else (0, 0)
+    def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None) -> FinalSyncResult:
+        files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
         return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
                                uploaded_files=self.board.uploaded_session - started_ok, error=error,
                                unsynced=list(unsynced or []))

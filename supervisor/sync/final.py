@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..interfaces import FinalSyncResult
 from .ledger import Entry, Ledger
 from .policy import MANIFEST_NAME
 from .scan import Unit, needs_manifest
@@ -78,6 +79,13 @@ def forget_lost(ledger: Ledger, lost: list[str], manifests: set[str]) -> None:
         for uk in manifests:
             if not uk or k.startswith(uk + "/"):
                 ledger.manifest_forget(uk)
+
+
+def verified(scope: list[Unit], expected: dict[str, tuple[int, str]], target: str, uploaded: int) -> FinalSyncResult:
+    """The answer once the target holds all of the scope and a rescan found nothing new."""
+    return FinalSyncResult(ok=True, target=target, files=len(expected), bytes=sum(v[0] for v in expected.values()),
+                           uploaded_files=uploaded, unsynced=partial_notes(scope), damaged=damaged(scope),
+                           partial_units=partial_units(scope))
 
 
 def partial_notes(scope: Iterable[Unit]) -> list[str]:
