@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .durations import format_bytes, format_duration, parse_duration, parse_size
+from .syncurl import parse_target
 
 DEFAULT_PATH = "/etc/train-supervisor/config.toml"
 ENV_VAR = "TRAIN_SUPERVISOR_CONFIG"
@@ -361,8 +362,6 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
     if cfg.progress.budget is not None and cfg.price_per_hour is None:
         problems.append("progress.budget: needs price_per_hour")
     if cfg.sync.target:
-        from .sync.url import parse_target  # local import: keeps config importable alone
-
         try:
             parse_target(cfg.sync.target)
         except ValueError as e:

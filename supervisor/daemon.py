@@ -61,7 +61,7 @@ class Daemon:
         from .tracker import ProgressTracker
 
         self.gpu = GpuMonitor(self.ctx, training=self.training)
-        self.sync = SyncEngine(self.ctx)
+        self.sync = SyncEngine.from_config(cfg, self.clock, self.alerts)
         self.progress = ProgressTracker(self.ctx, gpu=self.gpu)
         self.oom = OomDetector(self.ctx)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True)
@@ -180,8 +180,8 @@ class Daemon:
             "stop": guard.get("stop", {}),
             "alerts": self.alerts.active(),
             "cost": self.progress.cost(now),
-            "lines": {"gpus": self.gpu.render_lines(), "sync": self.sync.render_lines(),
-                      "idle": self.guard.render_lines(), "progress": self.progress.render_line(now)},
+            "lines": {"gpus": self.gpu.render_lines(), "idle": self.guard.render_lines(),
+                      "progress": self.progress.render_line(now)},
         }
 
     # --- control handlers ----------------------------------------------------------------------

@@ -55,6 +55,9 @@ class FinalSyncResult:
     uploaded_files: int = 0  # sent during this call
     error: str = ""
     unsynced: list[str] = field(default_factory=list)  # paths that are not (yet) safe
+    # on success: what went up although it is not a whole checkpoint (a final sync sends every file)
+    damaged: list[str] = field(default_factory=list)        # files failing their format check (paths here)
+    partial_units: list[str] = field(default_factory=list)  # folders, each with why: "checkpoint-8 (never ...)"
 
 
 class SyncView(Protocol):

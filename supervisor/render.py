@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .durations import format_hms
+from .durations import format_bytes, format_duration, format_hms
 from .mails import describe_exit
 from .timefmt import clock as _clock
 from .timefmt import stamp
@@ -69,7 +69,37 @@ def gpu_lines(st: dict) -> list[str]:
 
 
 def sync_lines(st: dict) -> list[str]:
-    return list((st.get("lines") or {}).get("sync") or [])
+    """The `sync` block: target and state, what is pending and uploaded, units still waiting,
+    partial ones, and the error (FAILING while the target fails)."""
+    sy = st.get("sync") or {}
+    if not sy:
+        return []
+    if sy.get("state") == "disabled":
+        return ["sync      disabled (no sync.target configured)"]
+    now = st.get("now") or 0
+    head = f"sync      {sy.get('target', '')}  {sy.get('state', '?')}"
+    if sy.get("current_file") and sy.get("state") == "uploading":
+        head += f"  {sy['current_file']}"
+        if sy.get("rate_bps"):
+            head += f" at {format_bytes(sy['rate_bps'])}/s"
+    lines = [head]
+    last_ok = sy.get("last_ok_at")
+    ok = f"{format_duration(now - last_ok)} ago" if last_ok else "never"
+    lines.append(f"          pending {sy.get('pending_files', 0)} files ({format_bytes(sy.get('pending_bytes', 0))})  "
+                 f"uploaded {sy.get('uploaded_files', 0)} files ({format_bytes(sy.get('uploaded_bytes', 0))})  "
+                 f"last ok {ok}")
+    for w in (sy.get("waiting") or [])[:3]:
+        lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
+    for p in (sy.get("partial") or [])[:3]:
+        lines.append(f"          partial {p}")
+    err = sy.get("last_error")
+    if err and sy.get("state") == "failing":
+        retry = sy.get("next_retry_in_s")
+        retry_text = f", retry in {format_duration(retry)}" if retry is not None else ""
+        lines.append(f"          FAILING for {format_duration(sy.get('failing_for_s'))}{retry_text}: {err}")
+    elif err:
+        lines.append(f"          last error: {err}")
+    return lines
 
 
 def idle_lines(st: dict) -> list[str]:

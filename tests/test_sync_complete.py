@@ -102,7 +102,7 @@ def test_truncated_file_is_never_complete():
     files = hf_files()
     files[0] = obs("model.safetensors", whole=False)
     v = judge("checkpoint-5", "dir", files, WALL, MONO, Q)
-    assert not v.complete and "truncated" in v.reason
+    assert not v.complete and "truncated" in v.reason and v.damaged == ("model.safetensors",)
 
 
 def test_empty_and_temp_only():
@@ -122,7 +122,7 @@ def test_forced_unfinished_checkpoint_is_partial():
     files = hf_files()
     files[0] = obs("model.safetensors", whole=False)
     v = judge("checkpoint-5", "dir", files, WALL, MONO, Q, forced=True)
-    assert v.partial and v.skip == ("model.safetensors",)
+    assert v.partial and v.damaged == ("model.safetensors",) and "model.safetensors" in v.reason
 
 
 @settings(max_examples=300, deadline=None)

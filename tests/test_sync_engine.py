@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from supervisor.clock import FakeClock
+from supervisor.render import sync_lines
 from supervisor.sync.manifest import check_folder
 from supervisor.sync.policy import MANIFEST_NAME
 from tests.fixtures.hf_writer import HFWriter, safetensors_bytes
@@ -292,7 +293,7 @@ def test_nothing_remote_is_deleted_unless_keep_last(make_engine, hf_writer, tmp_
 def test_disabled_without_target(make_engine, tmp_path):
     e = make_engine({"target": "", "watch": []})
     assert e.status()["state"] == "disabled"
-    assert e.render_lines() == ["sync      disabled (no sync.target configured)"]
+    assert sync_lines({"now": time.time(), "sync": e.status()}) == ["sync      disabled (no sync.target configured)"]
     r = e.final_sync([str(tmp_path)], 5)
     assert r.ok and r.target == ""
     assert e.wait_idle(1).ok
@@ -313,7 +314,7 @@ def test_status_block_and_lines(make_engine, hf_writer, tmp_path):
     assert st["target"] == str(remote) and st["state"] == "idle" and st["last_ok_at"]
     assert st["pending_files"] == len(hf_writer.contents["checkpoint-4"])
     assert st["waiting"] == [{"unit": "checkpoint-4", "reason": "waiting for trainer_state.json"}]
-    lines = e.render_lines()
+    lines = sync_lines({"now": time.time(), "sync": st})
     assert lines[0].startswith(f"sync      {remote}  idle")
     assert "waiting checkpoint-4: waiting for trainer_state.json" in "\n".join(lines)
     json.dumps(st)  # plain data for status --json
@@ -333,15 +334,15 @@ def test_unwritable_target_fails_then_alerts_then_recovers(make_engine, hf_write
     r = e.wait_idle(10)
     assert not r.ok and "target folder" in r.error and r.unsynced
     clock.advance(301)
-    wait_until(lambda: e.ctx.alerts.active(), 10, what="sync failing alert")
-    e.ctx.alerts.tick()
+    wait_until(lambda: e.alerts.active(), 10, what="sync failing alert")
+    e.alerts.tick()
     wait_until(lambda: mails.subjects(), 10, what="alert mail")
     remote.unlink()
     clock.advance(600)  # past any backoff
     wait_until(lambda: (remote / "checkpoint-1" / MANIFEST_NAME).exists(), 20, what="recovery")
     wait_until(lambda: len(mails.subjects()) == 2, 10, what="resolved mail")
     assert "RESOLVED: sync failing" in mails.subjects()[1], mails.subjects()
-    assert e.status()["state"] == "idle" and not e.ctx.alerts.active()
+    assert e.status()["state"] == "idle" and not e.alerts.active()
 
 
 def test_bandwidth_limit_is_respected(make_engine, hf_writer, tmp_path):

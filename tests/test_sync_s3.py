@@ -158,7 +158,7 @@ def test_server_down_for_a_minute_alerts_once_then_resolves(make_engine, hf_writ
                     clock=clock, mailer="smtp",
                     email={"to": ["owner@example.com"], "smtp_host": "127.0.0.1", "smtp_port": smtp_server.port,
                            "security": "none", "from": "sup@example.com"})
-    alerts = e.ctx.alerts
+    alerts = e.alerts
     wait_until(lambda: e.status()["sent_bytes"] >= 5 * MiB, 30, what="upload under way")
     s3_server.stop()
     try:

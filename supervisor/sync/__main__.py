@@ -17,32 +17,10 @@ import json
 import signal
 import sys
 import threading
-from typing import Any
 
 from ..clock import SystemClock
 from ..config import ConfigError, load
 from . import _log
-
-
-@dataclasses.dataclass
-class _Ctx:
-    """What the engine uses of the daemon's Context (supervisor.context pulls in the alerting
-    and its logging, which a one-shot run does not need)."""
-
-    config: Any
-    clock: Any
-    store: Any
-    alerts: Any
-
-
-class _NoAlerts:
-    """A one-shot run is over long before `fail_alert_after`: its failure is its exit status."""
-
-    def fire(self, *a, **kw) -> None:
-        pass
-
-    def resolve(self, *a, **kw) -> None:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,15 +50,14 @@ def main(argv: list[str] | None = None) -> int:
 
     _log.on_first_use = setup_logging
     clock = SystemClock()
+    alerts = None  # a one-shot run is over long before `fail_alert_after`: its failure is its exit status
     if args.serve:
         from ..alerts import Alerts
 
         alerts = Alerts(cfg.alerts, clock, cfg.state_dir)
-    else:
-        alerts = _NoAlerts()
     from .engine import SyncEngine
 
-    engine = SyncEngine(_Ctx(cfg, clock, None, alerts))  # type: ignore[arg-type]
+    engine = SyncEngine.from_config(cfg, clock, alerts)
     if engine.enabled and engine.ledger is None:
         sys.stderr.write(f"{engine.status()['last_error']}\n")
         return 3

@@ -31,3 +31,21 @@ class LazyLogger:
 
 def get_logger(name: str) -> LazyLogger:
     return LazyLogger(name)
+
+
+class Once:
+    """Log a recurring problem (an unreadable folder, a busy ledger) once per key, not once per scan."""
+
+    LIMIT = 10000
+
+    def __init__(self, logger: LazyLogger):
+        self._log = logger
+        self._keys: set[str] = set()
+
+    def warning(self, key: str, event: str, **kw: Any) -> None:
+        if key in self._keys:
+            return
+        if len(self._keys) > self.LIMIT:
+            self._keys.clear()
+        self._keys.add(key)
+        self._log.warning(event, **kw)

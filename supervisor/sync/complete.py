@@ -11,9 +11,11 @@ A unit is complete when all of these hold:
   and tokenizer come first, so a pause after them must not look like the end). Other writers:
   set `sync.complete_marker` to their last file, or to "" for the quiet period alone.
 
-`forced` (final sync: the writer is gone) skips the waiting, ignores leftover temp files and
-uploads what is whole, but a checkpoint that never got its `trainer_state.json` or holds a
-truncated file is *partial*: its files go up, it never gets a manifest.
+`forced` (final sync: the writer is gone) skips the waiting and ignores leftover temp files: every
+selected file goes up, because the machine's disk may be the only copy. A checkpoint that never
+got its `trainer_state.json`, or holds a file that fails its format check (truncated, damaged, or
+a format this checker cannot read), is *partial*: its files go up all the same, it never gets a
+"complete" manifest, and the files that failed their check are named (`damaged`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Verdict:
     reason: str                    # why not (or "complete")
     ready_in: float | None = None  # seconds until it may become complete if nothing changes
     partial: bool = False          # forced, but can never be complete: upload without a manifest
-    skip: tuple[str, ...] = ()     # files not to upload (truncated ones, under forced)
+    damaged: tuple[str, ...] = ()  # files that fail their format check (not whole, or unreadable as such)
 
 
 def needs_marker(unit_name: str, marker: str) -> bool:
@@ -70,8 +72,8 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
     if forced:
         missing = kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real)
         if missing or truncated:
-            why = f"never finished: no {marker}" if missing else f"truncated: {truncated[0]}"
-            return Verdict(False, why, None, partial=True, skip=truncated)
+            why = f"never finished: no {marker}" if missing else f"truncated or damaged: {truncated[0]}"
+            return Verdict(False, why, None, partial=True, damaged=truncated)
         return Verdict(True, "complete")
 
     if temps:
@@ -87,7 +89,7 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
     if wait > 0:
         return Verdict(False, f"writer active (quiet in {wait:.0f}s)", wait)
     if truncated:
-        return Verdict(False, f"{truncated[0]} is truncated", None)
+        return Verdict(False, f"{truncated[0]} is truncated", None, damaged=truncated)
     if kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real):
         return Verdict(False, f"waiting for {marker}", None)
     return Verdict(True, "complete")
@@ -159,6 +161,18 @@ def json_whole(data: bytes) -> bool:
     except (UnicodeDecodeError, ValueError):
         return False
     return True
+
+
+def damage_words(name: str) -> str:
+    """What a failed format check means for this kind of file, for people."""
+    kind = checkable(name)
+    if kind == "json":
+        return "is not valid JSON (cut short or damaged)"
+    if kind == "safetensors":
+        return "does not hold the bytes its safetensors header promises (cut short, damaged or an unknown format)"
+    if kind == "zip":
+        return "has no zip end record (cut short or damaged)"
+    return "fails its format check"
 
 
 def checkable(name: str) -> str | None:

@@ -6,7 +6,11 @@ file) lets anyone check the remote copy without trusting us:
     python -m supervisor.sync.manifest check /mnt/remote/checkpoint-1200
 
 A folder on the target without `_MANIFEST.json` is partial (still uploading, or its writer never
-finished it) and must not be used as a checkpoint.
+finished it) and must not be used as a checkpoint. A final sync before a stop uploads every file
+of a folder even when one fails its format check (the machine's disk may be the only copy); such
+a folder's manifest says `"complete": false` and names those files under `"damaged"`, with the
+reason under `"partial"`: its bytes are on the target exactly as they were on the machine, but it
+is not a checkpoint to resume from blindly.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ def digest(files: list[ManifestFile]) -> str:
     return h.hexdigest()
 
 
-def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "") -> bytes:
+def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "",
+          damaged: tuple[str, ...] = (), partial: str = "") -> bytes:
+    """The manifest of a folder; with `damaged` (files that failed their format check) or a
+    `partial` reason it says the folder is not complete."""
     fs = sorted(files, key=lambda f: f.path)
-    doc = {
+    doc: dict = {
         "format": FORMAT,
-        "complete": True,
+        "complete": not damaged and not partial,
         "unit": unit,
         "created_at": dt.datetime.fromtimestamp(created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": host,
@@ -53,11 +60,18 @@ def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "
         "digest": digest(fs),
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in fs],
     }
+    if damaged or partial:
+        doc["partial"] = partial or "damaged files"
+        doc["damaged"] = sorted(damaged)
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
 def parse(data: bytes) -> list[ManifestFile]:
     """The files a manifest lists; ValueError naming what is wrong."""
+    return _parse(data)[1]
+
+
+def _parse(data: bytes) -> tuple[dict, list[ManifestFile]]:
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -72,19 +86,22 @@ def parse(data: bytes) -> list[ManifestFile]:
             raise ValueError(f"manifest entry {i} is malformed") from None
     if doc.get("digest") and doc["digest"] != digest(out):
         raise ValueError("manifest digest does not match its file list")
-    return out
+    return doc, out
 
 
 def check_folder(folder: str) -> list[str]:
     """Problems found comparing a local copy of a folder with its manifest; [] when it matches."""
     try:
         with open(os.path.join(folder, MANIFEST_NAME), "rb") as fh:
-            files = parse(fh.read())
+            doc, files = _parse(fh.read())
     except FileNotFoundError:
         return [f"{folder}: no {MANIFEST_NAME} (partial upload)"]
     except ValueError as e:
         return [f"{folder}: {e}"]
     problems = []
+    if doc.get("complete") is not True:
+        damaged = ", ".join(doc.get("damaged") or []) or "none named"
+        problems.append(f"{folder}: not complete ({doc.get('partial') or 'partial'}; damaged: {damaged})")
     for f in files:
         p = os.path.join(folder, f.path)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...config import SyncConfig
-from ..url import TargetURL
+from ...syncurl import TargetURL
 from .base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
 
 __all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "UploadSink", "make_target",

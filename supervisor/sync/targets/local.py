@@ -2,7 +2,8 @@
 
 Each file is copied to a temporary name beside its final place, fsynced, read back and
 compared by sha256, then renamed into place: a reader never sees a half-copied file under its
-real name, and what is there was verified after it hit the destination.
+real name, and what is there was verified after it hit the destination. `missing` (the final
+sync's check) hashes every copy again and compares it with the sha256 recorded at upload.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
 from .._log import get_logger
@@ -148,19 +150,24 @@ class LocalTarget:
             raise TargetError(f"{dest}: cannot remove manifest: {e.strerror or e}") from None
 
     def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+        """By content: the etag this target records at upload is the file's sha256, and each
+        copy is hashed again here (a copy damaged in place keeps its size and mtime)."""
         if not self.base.is_dir():
             raise TargetError(f"{self.base}: target folder is missing")
         out = []
-        for key, (size, _etag) in expected.items():
+        for key, (size, etag) in expected.items():
+            dest = self._dest(key)
             try:
-                st = os.stat(self._dest(key), follow_symlinks=False)
+                st = os.stat(dest, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or (size >= 0 and st.st_size != size):
+                    out.append(key)
+                elif etag and _sha256_file(dest) != etag:
+                    log.warning("sync_target_content_differs", key=key)
+                    out.append(key)
             except FileNotFoundError:
                 out.append(key)
-                continue
             except OSError as e:
                 raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
-            if size >= 0 and st.st_size != size:
-                out.append(key)
         return out
 
     def delete_prefix(self, unit_key: str) -> None:

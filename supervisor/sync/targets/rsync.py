@@ -6,6 +6,9 @@ selection ever goes. rsync writes each file under a temporary name and renames i
 resumes instead of restarting), and skips files the remote already holds with the same size and
 mtime (so a crash never costs a re-send). After the run a dry run confirms every file is there;
 the manifest goes last, as its own file, so a folder is marked complete only when whole.
+`missing` (the final sync's check) compares content: one remote `sha256sum` per folder against
+the sha256 recorded at upload (the etag this target records); a file found damaged in place is
+sent again with `--checksum`, since its size and mtime would fool rsync's quick check.
 
 SSH runs with BatchMode (never prompts), the configured key, port and host-key policy, and
 timeouts, so a dead host fails in seconds instead of hanging the worker.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -22,9 +26,9 @@ import subprocess
 from pathlib import Path
 
 from ...config import SyncConfig
+from ...syncurl import TargetURL
 from .._log import get_logger
 from ..policy import MANIFEST_NAME
-from ..url import TargetURL
 from .base import (
     LocalFile,
     SourceProblem,
@@ -63,6 +67,7 @@ class RsyncTarget:
         self.work = Path(work_dir)
         self._ready = False
         self.control_dir = _control_dir(self.work)
+        self._suspect: set[str] = set()  # keys whose remote content differed: resend by checksum
 
     # --- commands -------------------------------------------------------------------------------
     def ssh_argv(self) -> list[str]:
@@ -133,8 +138,9 @@ class RsyncTarget:
             for f, _ in items:
                 sink.begin(f, {"mode": "rsync"})
             dest = f"{self.remote_host}:{self._remote(sub)}/"
-            argv = [*self._rsync_base(), f"--partial-dir={PARTIAL_DIR}", "--from0", f"--files-from={listing}",
-                    src.rstrip("/") + "/", dest]
+            repair = [f.key for f, _ in items if f.key in self._suspect]
+            argv = [*self._rsync_base(), *(["--checksum"] if repair else []), f"--partial-dir={PARTIAL_DIR}",
+                    "--from0", f"--files-from={listing}", src.rstrip("/") + "/", dest]
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     preexec_fn=_pdeathsig, env={**os.environ, "LC_ALL": "C"})
             # hash while rsync sends: the manifest needs sha256 and this costs no wall time
@@ -165,7 +171,8 @@ class RsyncTarget:
                 if rel in pending:
                     raise TargetError(f"{self.display}: {rel} is not on the target after rsync ({rc}): {_tail(err)}")
                 sink.progress(f, f.size)
-                sink.done(f, Uploaded(sha256=h, etag="", sent=f.size))
+                self._suspect.discard(f.key)
+                sink.done(f, Uploaded(sha256=h, etag=h, sent=f.size))
         finally:
             listing.unlink(missing_ok=True)
 
@@ -215,6 +222,8 @@ class RsyncTarget:
         return out
 
     def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+        """Keys not on the host as expected: absent, another size, or (etag = the sha256 recorded
+        at upload) another content, by one remote sha256sum per folder."""
         self._ensure_base()
         groups: dict[str, list[str]] = {}
         for k in expected:
@@ -222,8 +231,33 @@ class RsyncTarget:
         out = []
         for sub, keys in groups.items():
             have = self.listing(sub) if sub else self._top_listing()
-            out += [k for k in keys if k not in have or (expected[k][0] >= 0 and have[k] != expected[k][0])]
+            gone = [k for k in keys if k not in have or (expected[k][0] >= 0 and have[k] != expected[k][0])]
+            check = {k: expected[k] for k in keys if k not in gone and expected[k][1]}
+            differ = [k for k, sha in self._remote_sha256(check).items() if sha != check[k][1]]
+            if differ:
+                log.warning("sync_target_content_differs", keys=differ[:10], count=len(differ))
+                self._suspect.update(differ)
+            out += gone + differ
         return out
+
+    def _remote_sha256(self, expected: dict[str, tuple[int, str]]) -> dict[str, str]:
+        """key -> sha256 of the host's copy (absent keys are left out), in one ssh call."""
+        if not expected:
+            return {}
+        keys = list(expected)
+        script = (f"cd -- {shlex.quote(self._remote())} && if command -v sha256sum >/dev/null 2>&1; "
+                  "then exec xargs -0 -r sha256sum --; else exec xargs -0 -r shasum -a 256 --; fi")
+        timeout = 300 + sum(max(0, size) for size, _ in expected.values()) / (20 * 1024 * 1024)
+        try:
+            r = subprocess.run([*self.ssh_argv(), self.remote_host, script], input=b"".join(
+                os.fsencode(k) + b"\0" for k in keys), capture_output=True, timeout=timeout, preexec_fn=_pdeathsig,
+                env={**os.environ, "LC_ALL": "C"})
+        except subprocess.TimeoutExpired:
+            raise TargetError(f"{self.display}: hashing on the host timed out after {timeout:.0f}s") from None
+        if r.returncode not in (0, 123):  # 123: some file was missing (the listing says which)
+            raise TargetError(f"{self.display}: cannot hash files on the host to verify them "
+                              f"(sha256sum or shasum needed there; exit {r.returncode}): {_tail(r.stderr)}")
+        return {k: sha for k, sha in _parse_sums(r.stdout).items() if k in expected}
 
     def _top_listing(self) -> dict[str, int]:
         r = self._run([*self._rsync_base(), "--list-only", f"{self.remote_host}:{self._remote()}/"], timeout=300)
@@ -297,6 +331,25 @@ def _sha256_stable(f: LocalFile) -> str:
         raise SourceProblem("unreadable", f.path, e.strerror or str(e)) from None
     finally:
         os.close(fd)
+
+
+_UNESCAPE = {"n": "\n", "r": "\r", "\\": "\\"}
+
+
+def _parse_sums(out: bytes) -> dict[str, str]:
+    """`sha256sum` output -> {name: hex}; a line starting with a backslash has an escaped name."""
+    sums: dict[str, str] = {}
+    for raw in out.decode(errors="surrogateescape").split("\n"):
+        escaped = raw.startswith("\\")
+        line = raw[1:] if escaped else raw
+        sha, sep, name = line.partition(" ")
+        if not sep or len(sha) != 64:
+            continue
+        name = name[1:] if name[:1] in (" ", "*") else name
+        if escaped:
+            name = re.sub(r"\\(.)", lambda m: _UNESCAPE.get(m.group(1), m.group(0)), name)
+        sums[name] = sha.lower()
+    return sums
 
 
 def _tail(b: bytes, n: int = 300) -> str:

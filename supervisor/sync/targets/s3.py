@@ -30,9 +30,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...config import SyncConfig
+from ...syncurl import TargetURL
 from .._log import get_logger
 from ..policy import MANIFEST_NAME
-from ..url import TargetURL
 from .base import (
     LocalFile,
     RemoteObject,

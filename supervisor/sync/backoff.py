@@ -1,0 +1,60 @@
+"""Retrying a failing target: exponential backoff with jitter, and how long it has been failing.
+Pure: `now` (monotonic seconds) and the jitter draw come from the caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BASE_S = 2.0
+MAX_DOUBLINGS = 20
+
+
+def delay(failures: int, cap: float, jitter: float) -> float:
+    """Seconds before the next try after `failures` failures in a row (1 = the first): 2 s, 4 s,
+    8 s ... up to `cap`, times `jitter` (drawn from [0.5, 1.0]) so many machines behind one
+    store do not retry in step."""
+    return min(cap, BASE_S * 2 ** min(max(failures, 1) - 1, MAX_DOUBLINGS)) * jitter
+
+
+@dataclass
+class Backoff:
+    failures: int = 0
+    since: float | None = None   # when the current run of failures began; None while healthy
+    next_try: float = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self.since is not None
+
+    def failed(self, now: float, cap: float, jitter: float) -> float:
+        """One more failure at `now`; returns the seconds until the next try."""
+        self.failures += 1
+        if self.since is None:
+            self.since = now
+        d = delay(self.failures, cap, jitter)
+        self.next_try = now + d
+        return d
+
+    def recovered(self, now: float) -> float | None:
+        """Healthy again; returns how long it had been failing (None when it was not)."""
+        was = None if self.since is None else now - self.since
+        self.failures, self.since = 0, None
+        return was
+
+    def retry_now(self) -> None:
+        """The user asked: try at once, whatever the backoff said."""
+        self.next_try = 0.0
+
+    def waiting(self, now: float) -> bool:
+        """Failing and the next try is not due yet."""
+        return self.since is not None and now < self.next_try
+
+    def due(self, now: float) -> bool:
+        """Failing and the next try is due."""
+        return self.since is not None and now >= self.next_try
+
+    def failing_for(self, now: float) -> float | None:
+        return None if self.since is None else now - self.since
+
+    def retry_in(self, now: float) -> float | None:
+        return None if self.since is None else max(0.0, self.next_try - now)

@@ -1,0 +1,87 @@
+"""The target's health: backoff while it fails, the last success, and the "sync failing" alert
+(fired once the target has been failing for `sync.fail_alert_after`; Alerts repeats and dedups it;
+resolved when an upload gets through again)."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Protocol
+
+from ..mails.sync import sync_failing
+from ..states import SyncState
+from ._log import get_logger
+from .backoff import Backoff
+from .status import Board
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+
+log = get_logger("sync")
+
+ALERT_KEY = "sync:failing"
+
+
+class AlertSink(Protocol):
+    def fire(self, key: str, kind: str, severity: str, subject: str, body: str) -> None: ...
+
+    def resolve(self, key: str) -> None: ...
+
+
+class Health:
+    def __init__(self, board: Board, clock: Clock, alerts: AlertSink | None, target: str,
+                 retry_max_backoff: float, fail_alert_after: float):
+        self.board = board
+        self.clock = clock
+        self.alerts = alerts   # None: nowhere (a one-shot run: its failure is its exit status)
+        self.target = target
+        self.cap = retry_max_backoff
+        self.alert_after = fail_alert_after
+        self.backoff = Backoff()
+        self.fired = False
+
+    @property
+    def failing(self) -> bool:
+        return self.backoff.failing
+
+    def failed(self, error: str) -> None:
+        """An attempt failed: back off (with jitter) and show FAILING with the error."""
+        now = self.clock.monotonic()
+        with self.board.lock:
+            delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0))
+            self.board.current = ""
+            self.board.move(SyncState.FAILING, failing=True)
+        self.board.error(error, self.clock.time())
+        log.warning("sync_failed", target=self.target, error=error, failures=self.backoff.failures,
+                    retry_in_s=round(delay, 1))
+
+    def recovered(self, contacted: bool = True) -> None:
+        """The target answered (contacted) or nothing is left that could fail."""
+        with self.board.lock:
+            was = self.backoff.recovered(self.clock.monotonic())
+            if contacted:
+                self.board.last_ok_at = self.clock.time()
+            if self.board.state == SyncState.FAILING:
+                self.board.move(SyncState.IDLE, failing=False)
+        if was is not None:
+            log.info("sync_recovered", target=self.target, after_s=round(was, 1))
+        if self.fired and self.alerts is not None:
+            self.fired = False
+            try:
+                self.alerts.resolve(ALERT_KEY)
+            except Exception:  # noqa: BLE001 - alerting must never stop the sync
+                log.exception("sync_alert_resolve_failed")
+
+    def evaluate_alert(self) -> None:
+        if self.alerts is None:
+            return
+        with self.board.lock:
+            failing_for = self.backoff.failing_for(self.clock.monotonic())
+            if failing_for is None or failing_for < self.alert_after:
+                return
+            p, err = self.board.pending, self.board.last_error
+            self.fired = True
+        mail = sync_failing(self.target, failing_for, err, p.files, p.bytes)
+        try:
+            self.alerts.fire(ALERT_KEY, "sync_failing", "warning", mail.subject, mail.body)
+        except Exception:  # noqa: BLE001 - alerting must never stop the sync
+            log.exception("sync_alert_fire_failed")

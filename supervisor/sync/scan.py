@@ -1,0 +1,331 @@
+"""What a scan decides, as pure functions: which roots are watched and under which key prefix, how
+the files seen under a root group into units, which units still need work, and what is pending.
+
+No I/O and no clock reads: the scanner (scanner.py) walks the folders and passes what it saw and
+`now`; the ledger is consulted only through `current(key, size, mtime_ns)` (what the target holds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..durations import format_duration
+from .complete import FileObs, Verdict, damage_words, judge
+from .policy import ADAPTER_MARKER, Policy
+from .targets.base import join_key
+
+# current(key, size, mtime_ns): truthy when the target holds exactly that version (Ledger.current)
+Current = Callable[[str, int, int], object]
+
+UnitKey = tuple[str, str, str]   # (root path, kind, unit rel)
+MARKER_HINT_AFTER = 600.0        # a checkpoint quiet this long without its marker: say how to fix it
+
+
+@dataclass(frozen=True)
+class Root:
+    path: str     # absolute, normalised
+    prefix: str   # key prefix on the target ("" when there is one watched folder)
+
+
+@dataclass
+class Seen:
+    """What the scanner remembers of one file between scans."""
+
+    size: int
+    mtime_ns: int
+    stable_since: float | None     # monotonic time this (size, mtime) was first seen; None: settled
+    whole: bool | None = None      # the format check's answer ...
+    whole_for: tuple[int, int] | None = None  # ... for this (size, mtime_ns)
+
+
+@dataclass
+class Selected:
+    """A file the policy selects for upload."""
+
+    path: str     # absolute
+    key: str      # on the target
+    rel: str      # inside the unit
+    size: int
+    mtime_ns: int
+    rrel: str     # relative to the root
+
+
+@dataclass
+class Unit:
+    root: Root
+    kind: str            # "dir" | "file"
+    rel: str             # relative to the root ("" = the root itself, for an adapter saved there)
+    key: str
+    files: list[FileObs] = field(default_factory=list)
+    selected: list[Selected] = field(default_factory=list)
+    verdict: Verdict = Verdict(False, "not judged")
+    forced: bool = False
+    retired: bool = False   # older than the keep_last newest checkpoints: not uploaded any more
+
+    @property
+    def abspath(self) -> str:
+        return os.path.join(self.root.path, self.rel) if self.rel else self.root.path
+
+    @property
+    def label(self) -> str:
+        return self.key or self.root.path
+
+
+def within(path: str, folder: str) -> bool:
+    p, f = os.path.normpath(path), os.path.normpath(folder)
+    return p == f or p.startswith(f.rstrip("/") + "/")
+
+
+def overlaps(path: str, paths: Iterable[str]) -> bool:
+    """Is `path` inside one of `paths`, or one of them inside it?"""
+    return any(within(path, p) or within(p, path) for p in paths)
+
+
+# --- roots -----------------------------------------------------------------------------------------
+
+def watch_roots(watch: list[str]) -> list[Root]:
+    """One watched folder maps to the target's top; several each get their folder name (made
+    unique with a hash of the path when two share a name)."""
+    paths = [os.path.normpath(p) for p in watch if p]
+    if len(paths) == 1:
+        return [Root(paths[0], "")]
+    out, used = [], set()
+    for p in paths:
+        name = os.path.basename(p) or "root"
+        if name in used:
+            name = f"{name}-{_path_tag(p)}"
+        used.add(name)
+        out.append(Root(p, name))
+    return out
+
+
+def extra_root(path: str, roots: list[Root], extras: list[Root]) -> Root | None:
+    """The root a final-sync folder outside every watched folder is synced from; None when it is
+    inside one already (its files are that root's). Alone (nothing watched, no other extra) it
+    maps to the target's top; otherwise to its name plus a hash of its path, so it can never land
+    on a watched folder's subfolder of the same name (`lora/`) and overwrite it there."""
+    p = os.path.normpath(path)
+    if any(within(p, r.path) for r in [*roots, *extras]):
+        return None
+    if not roots and not extras:
+        return Root(p, "")
+    return Root(p, f"{os.path.basename(p) or 'root'}-{_path_tag(p)}")
+
+
+def nested_roots(root: Root, roots: list[Root]) -> set[str]:
+    """The other roots inside `root` (a final-sync folder above a watched one): its walk leaves
+    them to their own root, or their files would go up twice under two keys."""
+    return {r.path for r in roots if r.path != root.path and within(r.path, root.path)}
+
+
+def _path_tag(path: str) -> str:
+    return hashlib.sha1(path.encode()).hexdigest()[:6]
+
+
+# --- grouping --------------------------------------------------------------------------------------
+
+def observe(seen: dict[tuple[str, str], Seen], root: Root, raw: dict[str, tuple[int, int]], first: bool,
+            wall: float, mono: float, quiet: float) -> None:
+    """Update what is remembered of each file under `root` (`raw`: rel -> (size, mtime_ns)). A file
+    already quiet when the root is first scanned (a daemon restart) counts as settled at once."""
+    for rel, (size, mtime_ns) in raw.items():
+        sk = (root.path, rel)
+        s = seen.get(sk)
+        if s is None:
+            settled = first and wall - mtime_ns / 1e9 >= quiet
+            seen[sk] = Seen(size, mtime_ns, None if settled else mono)
+        elif (s.size, s.mtime_ns) != (size, mtime_ns):
+            s.size, s.mtime_ns, s.stable_since = size, mtime_ns, mono
+
+
+def group(root: Root, raw: dict[str, tuple[int, int]], seen: dict[tuple[str, str], Seen],
+          policy: Policy) -> dict[UnitKey, Unit]:
+    """The units under one root: every selected file in its unit, plus the unselected files that
+    share a unit folder (any activity in a checkpoint folder counts)."""
+    units: dict[UnitKey, Unit] = {}
+    adapter_dirs = {rel.rsplit("/", 1)[0] if "/" in rel else "" for rel in raw
+                    if rel.rsplit("/", 1)[-1] == ADAPTER_MARKER and policy.selects(rel)}
+    for rel, (size, mtime_ns) in raw.items():
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        # an adapter folder goes up whole (README, tokenizer); the watched folder itself
+        # only with what the globs select, or a growing train.log would hold it back
+        in_adapter = bool(parent) and parent in adapter_dirs
+        selected = policy.selects(rel) or (in_adapter and policy.allowed(rel))
+        if selected:
+            kind, urel = policy.unit_of(rel, adapter_dirs)
+        else:
+            kind, urel = "dir", policy.folder_unit(rel)
+            if urel is None:
+                if not in_adapter:
+                    continue
+                urel = parent
+        uk = (root.path, kind, urel)
+        u = units.get(uk)
+        if u is None:
+            u = units[uk] = Unit(root, kind, urel, join_key(root.prefix, urel))
+        if kind == "file":
+            inner = rel.rsplit("/", 1)[-1]
+        else:
+            inner = rel[len(urel) + 1:] if urel else rel
+        s = seen.get((root.path, rel))
+        stable_since = s.stable_since if s is not None else None
+        whole = s.whole if s is not None and s.whole_for == (size, mtime_ns) else None
+        u.files.append(FileObs(inner, size, mtime_ns / 1e9, stable_since, whole))
+        if selected:
+            u.selected.append(Selected(os.path.join(root.path, rel), join_key(root.prefix, rel), inner,
+                                       size, mtime_ns, rel))
+    return units
+
+
+def judge_unit(u: Unit, forced_paths: list[str], wall: float, mono: float, quiet: float, marker: str) -> Verdict:
+    """The completeness verdict for a unit (forced when a final sync asks for its folder)."""
+    if not u.selected:
+        return Verdict(False, "nothing selected")
+    u.forced = overlaps(u.abspath, forced_paths)
+    return judge(u.rel or u.root.path, u.kind, u.files, wall, mono, quiet, u.forced, marker)
+
+
+def to_check(u: Unit, checkable: Callable[[str], str | None]) -> list[Selected]:
+    """The unit's selected files whose format can be checked."""
+    return [s for s in u.selected if checkable(s.rel) is not None]
+
+
+def with_whole(u: Unit, whole: dict[str, bool | None]) -> list[FileObs]:
+    """The unit's observations with the format checks' answers (by rel inside the unit)."""
+    return [FileObs(f.rel, f.size, f.mtime, f.stable_since, whole[f.rel]) if f.rel in whole else f
+            for f in u.files]
+
+
+def next_ready(units: Iterable[Unit]) -> float | None:
+    """Seconds until the soonest unit may become complete by itself, if nothing changes."""
+    ready = [u.verdict.ready_in for u in units if not u.verdict.complete and u.verdict.ready_in is not None]
+    return min(ready) if ready else None
+
+
+# --- what needs work -------------------------------------------------------------------------------
+
+def files_synced(u: Unit, current: Current) -> bool:
+    """Does the target hold every selected file of the unit?"""
+    return all(current(s.key, s.size, s.mtime_ns) for s in u.selected)
+
+
+def needs_manifest(u: Unit) -> bool:
+    """A folder gets a manifest when complete, and (saying so) when a final sync sent it with
+    files that fail their format check; one that never got its marker gets none."""
+    return u.kind == "dir" and (u.verdict.complete or (u.verdict.partial and bool(u.verdict.damaged)))
+
+
+def work(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[Unit]:
+    """Units ready to go up and not yet (wholly) on the target, the one at risk longest first."""
+    out = [u for u in units if u.selected and (u.verdict.complete or u.verdict.partial) and not synced(u)]
+    out.sort(key=lambda u: max((s.mtime_ns for s in u.selected), default=0))
+    return out
+
+
+def batches(work: list[Unit]) -> list[list[Unit]]:
+    """Folders one by one (each gets its manifest); the single files of a root together."""
+    out: list[list[Unit]] = []
+    files: dict[str, list[Unit]] = {}
+    for u in work:
+        if u.kind == "file":
+            files.setdefault(u.root.path, []).append(u)
+        else:
+            out.append([u])
+    for grp in files.values():
+        for i in range(0, len(grp), 500):
+            out.append(grp[i:i + 500])
+    return sorted(out, key=lambda b: min(max((s.mtime_ns for s in u.selected), default=0) for u in b))
+
+
+def settling(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> bool:
+    """Is some unit about to become complete by itself (its writer just went quiet, or a folder
+    just appeared)? `sync --wait` waits for those; not for ones that need their writer to come
+    back (no trainer_state.json, a truncated file)."""
+    for u in units:
+        v = u.verdict
+        if u.selected and not v.complete and not v.partial and v.ready_in is not None and not synced(u):
+            return True
+    return False
+
+
+def blocked(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[str]:
+    """Why a pass cannot say everything is on the target although nothing is settling: a unit
+    whose writer went quiet with a file that fails its format check (a JSON file that does not
+    parse, a safetensors file shorter than its header says) waits for that writer, so name it."""
+    out = []
+    for u in units:
+        v = u.verdict
+        if u.selected and not u.retired and v.damaged and not v.complete and not v.partial and not synced(u):
+            out.append(f"{u.abspath}: {'; '.join(f'{n} {damage_words(n)}' for n in v.damaged)}; "
+                       "not uploaded until its writer saves it whole")
+    return sorted(out)
+
+
+def in_scope(u: Unit, paths: list[str] | None) -> bool:
+    return paths is None or overlaps(u.abspath, paths)
+
+
+def final_scope(units: Iterable[Unit], paths: list[str]) -> list[Unit]:
+    """The units a final sync of `paths` must leave on the target."""
+    return [u for u in units if u.selected and not u.retired and overlaps(u.abspath, paths)]
+
+
+def held(units: Iterable[Unit], current: Current, scope: list[str] | None) -> tuple[int, int]:
+    """Files (and bytes) under `scope` (None: everywhere) that the target holds now."""
+    n = b = 0
+    for u in units:
+        for s in u.selected:
+            if scope is not None and not any(within(s.path, p) for p in scope):
+                continue
+            if current(s.key, s.size, s.mtime_ns):
+                n += 1
+                b += s.size
+    return n, b
+
+
+def unsynced(units: Iterable[Unit], current: Current, scope: list[str] | None) -> list[str]:
+    """Selected files under `scope` (None: everywhere) that exist only on this machine."""
+    out = []
+    for u in units:
+        if u.retired:
+            continue
+        for s in u.selected:
+            if scope is not None and not overlaps(s.path, scope):
+                continue
+            if not current(s.key, s.size, s.mtime_ns):
+                out.append(s.path)
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class Pending:
+    files: int
+    bytes: int
+    waiting: list[tuple[str, str]]           # (unit label, why it is not complete yet)
+    without_marker: list[tuple[str, float]]  # (unit label, quiet for s): writers that may never write it
+
+
+def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: float, marker: str) -> Pending:
+    n = b = 0
+    waiting: list[tuple[str, str]] = []
+    no_marker: list[tuple[str, float]] = []
+    for u in units:
+        if not u.selected or u.retired:
+            continue
+        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns)]
+        n += len(missing)
+        b += sum(s.size for s in missing)
+        if missing and not u.verdict.complete and not u.verdict.partial:
+            reason = u.verdict.reason
+            if reason.startswith("waiting for ") and u.files:
+                idle = wall_now - max(f.mtime for f in u.files)
+                if idle >= max(MARKER_HINT_AFTER, 10 * quiet):
+                    # a writer that never writes the marker would never be synced: say so
+                    reason += (f" (quiet for {format_duration(idle)}; if its writer never writes it, "
+                               f"set sync.complete_marker)")
+                    no_marker.append((u.label, idle))
+            waiting.append((u.label, reason))
+    return Pending(n, b, sorted(waiting), no_marker)

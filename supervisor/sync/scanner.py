@@ -1,0 +1,162 @@
+"""The scan's I/O: walk the watched folders (never following a symlink, never entering a cache),
+remember what was seen between scans, and read just enough of a file to run its format check.
+Every decision is in scan.py, complete.py, policy.py and retention.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ..checkpoints import checkpoint_step
+from . import retention
+from . import scan as sc
+from ._log import Once
+from .complete import (
+    MAX_JSON_CHECK,
+    ZIP_LOCAL_MAGIC,
+    ZIP_TAIL,
+    Verdict,
+    checkable,
+    json_whole,
+    safetensors_header_len,
+    safetensors_whole,
+    zip_whole,
+)
+from .policy import Policy
+
+
+class Scanner:
+    def __init__(self, policy: Policy, quiet: float, marker: str, keep_last: int, once: Once):
+        self.policy = policy
+        self.quiet = quiet
+        self.marker = marker
+        self.keep_last = keep_last
+        self.once = once
+        self.seen: dict[tuple[str, str], sc.Seen] = {}
+        self._scanned: set[str] = set()
+        self.header_reads = 0
+
+    def scan(self, roots: list[sc.Root], forced: list[str], wall: float, mono: float,
+             remote_units: Callable[[str], list[str]]) -> dict[sc.UnitKey, sc.Unit]:
+        """The units under `roots` now, judged. `forced`: folders a final sync asks for (no quiet
+        period); `remote_units(prefix)`: the unit keys the target holds complete (for keep_last)."""
+        units: dict[sc.UnitKey, sc.Unit] = {}
+        alive: set[tuple[str, str]] = set()
+        for root in roots:
+            raw = self.walk(root, sc.nested_roots(root, roots))
+            sc.observe(self.seen, root, raw, root.path not in self._scanned, wall, mono, self.quiet)
+            self._scanned.add(root.path)
+            alive.update((root.path, rel) for rel in raw)
+            units.update(sc.group(root, raw, self.seen, self.policy))
+        for k in [k for k in self.seen if k not in alive]:
+            del self.seen[k]
+        for u in units.values():
+            u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
+            if (u.verdict.complete or u.forced) and self._check_whole(u):
+                u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
+        if self.keep_last > 0:
+            self._retire(roots, units, remote_units)
+        return units
+
+    def _retire(self, roots: list[sc.Root], units: dict[sc.UnitKey, sc.Unit],
+                remote_units: Callable[[str], list[str]]) -> None:
+        for root in roots:
+            local: dict[int, sc.Unit] = {}
+            for u in units.values():
+                step = checkpoint_step(u.rel) if u.root == root and u.kind == "dir" else None
+                if step is not None:
+                    local[step] = u
+            for step in retention.retired(local, remote_units(root.prefix), root.prefix, self.keep_last):
+                local[step].retired = True
+                local[step].verdict = Verdict(False, f"older than the newest {self.keep_last} (keep_last)")
+
+    def _check_whole(self, u: sc.Unit) -> bool:
+        """Run the format checks the unit's files still need; True when an answer changed or a
+        file is not whole (the verdict must be made again)."""
+        changed = False
+        whole: dict[str, bool | None] = {}
+        for s in sc.to_check(u, checkable):
+            seen = self.seen.get((u.root.path, s.rrel))
+            if seen is None:
+                continue
+            if seen.whole_for != (s.size, s.mtime_ns):
+                seen.whole = read_whole(s.path, checkable(s.rel), s.size)
+                seen.whole_for = (s.size, s.mtime_ns)
+                self.header_reads += 1
+                changed = True
+            whole[s.rel] = seen.whole
+        u.files = sc.with_whole(u, whole)
+        return changed or any(f.whole is False for f in u.files)
+
+    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int]]:
+        """rel -> (size, mtime_ns) for regular files; symlinks are never followed, caches,
+        folders no glob can reach and the folders in `skip` (other roots) are never entered."""
+        out: dict[str, tuple[int, int]] = {}
+        if not os.path.isdir(root.path):
+            if os.path.isfile(root.path) and not os.path.islink(root.path):
+                st = os.stat(root.path)
+                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns)
+            return out
+        if any(sc.within(root.path, r) for r in self.policy.excluded_roots):
+            self.once.warning(f"root-in-cache:{root.path}", "sync_watch_folder_is_a_cache", folder=root.path)
+            return out
+        stack = [""]
+        while stack:
+            reldir = stack.pop()
+            absdir = os.path.join(root.path, reldir) if reldir else root.path
+            try:
+                with os.scandir(absdir) as it:
+                    entries = list(it)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                self.once.warning(f"scandir:{absdir}:{e.errno}", "sync_folder_unreadable", folder=absdir,
+                                  error=e.strerror or str(e))
+                continue
+            for e in entries:
+                rel = f"{reldir}/{e.name}" if reldir else e.name
+                try:
+                    if e.is_symlink():
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        if self.policy.enter_dir(rel, e.path) and os.path.normpath(e.path) not in skip:
+                            stack.append(rel)
+                        continue
+                    if not e.is_file(follow_symlinks=False):
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                except OSError as err:
+                    self.once.warning(f"stat:{e.path}", "sync_file_unreadable", path=e.path,
+                                      error=err.strerror or str(err))
+                    continue
+                out[rel] = (st.st_size, st.st_mtime_ns)
+        return out
+
+
+def read_whole(path: str, kind: str | None, size: int) -> bool | None:
+    """Read just enough of the file to tell whether its format says it is whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if kind == "safetensors":
+            first8 = os.pread(fd, 8, 0)
+            n = safetensors_header_len(first8)
+            if n is None or 8 + n > size:
+                return False
+            return safetensors_whole(first8, os.pread(fd, n, 8), size)
+        if kind == "zip":
+            if os.pread(fd, 4, 0) != ZIP_LOCAL_MAGIC:
+                return None  # a legacy pickle: nothing to check
+            n = min(size, ZIP_TAIL)
+            return zip_whole(os.pread(fd, n, size - n))
+        if kind == "json" and size <= MAX_JSON_CHECK:
+            return json_whole(os.pread(fd, size, 0))
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

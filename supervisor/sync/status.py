@@ -1,0 +1,104 @@
+"""The sync engine's status board: its state (changed only through `move`), the last success and
+error, what is pending, the upload rate. Written by the worker and the target's threads under the
+engine's lock; `snapshot` is the `sync` block of `status --json` (plain data)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from ..states import SyncState, check_sync_move
+from .backoff import Backoff
+from .scan import Pending
+
+RATE_WINDOW_S = 10.0   # the upload rate is measured over this much recent progress
+RATE_STALE_S = 5.0     # no progress for this long: the rate is 0 (while uploading) or unknown
+
+
+class Board:
+    def __init__(self, lock: threading.RLock, enabled: bool):
+        self.lock = lock
+        self.state = SyncState.IDLE if enabled else SyncState.DISABLED
+        self.last_ok_at: float | None = None
+        self.last_error = ""
+        self.last_error_at: float | None = None
+        self.current = ""
+        self.pending = Pending(0, 0, [], [])
+        self.partial: list[str] = []
+        self.uploaded_session = 0       # files sent since the engine started
+        self.sent = 0                   # bytes sent since the engine started
+        self.samples: deque[tuple[float, int]] = deque(maxlen=64)
+        self.stats = {"scans": 0, "files_uploaded": 0, "bytes_uploaded": 0, "header_reads": 0}
+
+    def move(self, new: SyncState, failing: bool) -> None:
+        """The one place the state changes. While the target is failing, idle and scanning show
+        as FAILING: the person reading status must see the failure, not a quiet engine."""
+        with self.lock:
+            if failing and new in (SyncState.IDLE, SyncState.SCANNING):
+                new = SyncState.FAILING
+            check_sync_move(self.state, new)
+            self.state = new
+
+    def error(self, text: str, now: float) -> None:
+        with self.lock:
+            self.last_error = text[:500]
+            self.last_error_at = now
+
+    def uploading(self, key: str) -> None:
+        with self.lock:
+            self.current = key
+
+    def uploaded(self, sent: int) -> None:
+        with self.lock:
+            self.uploaded_session += 1
+            self.stats["files_uploaded"] += 1
+            self.stats["bytes_uploaded"] += sent
+
+    def progress(self, nbytes: int, now: float) -> None:
+        with self.lock:
+            self.sent += nbytes
+            self.samples.append((now, self.sent))
+
+    def add_partial(self, label: str) -> None:
+        with self.lock:
+            if label not in self.partial:
+                self.partial.append(label)
+
+    def snapshot(self, now: float, backoff: Backoff, target: str, totals: tuple[int, int],
+                 watch: list[str]) -> dict:
+        with self.lock:
+            p = self.pending
+            return {
+                "target": target,
+                "state": self.state.value,
+                "last_ok_at": self.last_ok_at,
+                "last_error": self.last_error,
+                "last_error_at": self.last_error_at,
+                "pending_bytes": p.bytes,
+                "pending_files": p.files,
+                "uploaded_files": totals[0],
+                "uploaded_bytes": totals[1],
+                "current_file": self.current,
+                "rate_bps": rate(list(self.samples), now, self.state == SyncState.UPLOADING),
+                "failing_for_s": backoff.failing_for(now),
+                "next_retry_in_s": backoff.retry_in(now),
+                "waiting": [{"unit": u, "reason": r} for u, r in p.waiting[:20]],
+                "partial": list(self.partial[:20]),
+                "sent_bytes": self.sent,
+                "watch": list(watch),
+            }
+
+
+def rate(samples: list[tuple[float, int]], now: float, uploading: bool) -> float | None:
+    """Bytes per second over the recent samples of (monotonic time, bytes sent so far)."""
+    if len(samples) < 2:
+        return None
+    if now - samples[-1][0] > RATE_STALE_S:
+        return 0.0 if uploading else None
+    t0, b0 = samples[0]
+    for t, b in samples:
+        if now - t <= RATE_WINDOW_S:
+            t0, b0 = t, b
+            break
+    dt = samples[-1][0] - t0
+    return (samples[-1][1] - b0) / dt if dt > 0.2 else None

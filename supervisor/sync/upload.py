@@ -1,0 +1,168 @@
+"""Getting units onto the target: the files first, each recorded in the ledger as the target
+confirms it, then the folder's manifest, last; keep_last's deletions after a folder completed.
+Raises TargetError when the target fails (the engine backs off); a problem with one source file
+(vanished, changed, unreadable) is reported and the unit waits for the next scan."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..checkpoints import checkpoint_step
+from ..clock import Clock
+from . import manifest as mf
+from . import retention
+from ._log import get_logger
+from .ledger import Entry, Ledger
+from .scan import Selected, Unit, files_synced, needs_manifest
+from .status import Board
+from .targets.base import LocalFile, SourceProblem, Target, Uploaded
+
+log = get_logger("sync")
+
+
+class Uploader:
+    def __init__(self, target: Target, ledger: Ledger, board: Board, clock: Clock, hostname: str,
+                 keep_last: int, closing: threading.Event):
+        self.target = target
+        self.ledger = ledger
+        self.board = board
+        self.clock = clock
+        self.hostname = hostname
+        self.keep_last = keep_last
+        self.closing = closing
+
+    # --- what the target holds ------------------------------------------------------------------
+    def synced(self, u: Unit) -> bool:
+        """Every selected file of the unit is on the target, and the manifest it needs there
+        describes exactly these files."""
+        if not files_synced(u, self.ledger.current):
+            return False
+        if needs_manifest(u):
+            m = self.ledger.manifest(u.key)
+            return m is not None and m.get("digest") == self._digest(u)
+        return True
+
+    def _listed(self, u: Unit) -> list[mf.ManifestFile] | None:
+        files = []
+        for s in u.selected:
+            e = self.ledger.current(s.key, s.size, s.mtime_ns)
+            if e is None:
+                return None
+            files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
+        return files
+
+    def _digest(self, u: Unit) -> str | None:
+        """What the ledger records for the unit's manifest: a partial one never passes for complete."""
+        files = self._listed(u)
+        if files is None:
+            return None
+        return mf.digest(files) if u.verdict.complete else f"damaged:{mf.digest(files)}"
+
+    def _todo(self, selected: list[Selected]) -> list[Selected]:
+        return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
+
+    # --- sending --------------------------------------------------------------------------------
+    def unit(self, u: Unit) -> bool:
+        """Upload one folder unit (or one single-file unit); False when a source file had a
+        problem (rescan soon)."""
+        todo = self._todo(u.selected)
+        if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
+            # the folder changed since its manifest: it is not complete on the target until the
+            # new files and a new manifest are there
+            self.target.delete_manifest(u.key)
+            self.ledger.manifest_forget(u.key)
+        sink = _Sink(self)
+        if todo:
+            log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
+                     forced=u.forced, partial=u.verdict.partial)
+            self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
+        if sink.problems:
+            if not os.path.exists(u.abspath):
+                log.info("sync_unit_vanished", unit=u.label, note="rotated away locally before it was whole "
+                         "on the target; no manifest written")
+            return False
+        if u.verdict.partial:
+            self.board.add_partial(u.label)
+            log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason, damaged=list(u.verdict.damaged),
+                        note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
+                        else "uploaded without a manifest")
+        if needs_manifest(u):
+            self._manifest(u)
+        return True
+
+    def files(self, units: list[Unit]) -> bool:
+        """Single-file units of one root in one batch (one rsync run, one pool of puts)."""
+        todo = self._todo([s for u in units for s in u.selected])
+        if not todo:
+            return True
+        log.info("sync_files_upload", files=len(todo), bytes=sum(s.size for s in todo), root=units[0].root.path)
+        sink = _Sink(self)
+        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
+        return not sink.problems
+
+    def _manifest(self, u: Unit) -> None:
+        """Write the folder's manifest (last), once every file is on the target."""
+        files = self._listed(u)
+        d = self._digest(u)
+        if files is None or d is None:
+            return
+        m = self.ledger.manifest(u.key)
+        if m is not None and m.get("digest") == d:
+            return
+        v = u.verdict
+        data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
+                        source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
+        self.target.write_manifest(u.key, data)
+        self.ledger.manifest_done(u.key, d, self.clock.time())
+        self.ledger.sync()
+        log.info("sync_unit_complete" if v.complete else "sync_unit_damaged_manifest", unit=u.label,
+                 files=len(files), bytes=sum(f.size for f in files))
+        if v.complete and checkpoint_step(u.rel) is not None:
+            self._keep_last(u)
+
+    def _keep_last(self, u: Unit) -> None:
+        """Delete the checkpoint folders keep_last no longer keeps (only ones we uploaded)."""
+        for unit_key in retention.to_delete(self.ledger.manifests_under(u.root.prefix), u.root.prefix,
+                                            self.keep_last, u.key):
+            log.info("sync_keep_last_delete", unit=unit_key, keep_last=self.keep_last)
+            self.target.delete_prefix(unit_key)
+            self.ledger.manifest_forget(unit_key)
+            for k in self.ledger.keys_under(unit_key):
+                self.ledger.forget(k)
+
+
+class _Sink:
+    """Where a target reports each file; runs on the target's threads."""
+
+    def __init__(self, up: Uploader):
+        self.up = up
+        self.problems: list[SourceProblem] = []
+
+    def begin(self, f: LocalFile, info: dict) -> None:
+        self.up.ledger.begin(f.key, f.size, f.mtime_ns, info)
+        self.up.board.uploading(f.key)
+
+    def part(self, f: LocalFile, n: int, etag: str, checksum: str, size: int) -> None:
+        self.up.ledger.part(f.key, n, etag, checksum, size)
+
+    def done(self, f: LocalFile, result: Uploaded) -> None:
+        self.up.ledger.done(f.key, Entry(f.size, f.mtime_ns, result.sha256, result.etag, f.path,
+                                         self.up.clock.time()))
+        self.up.board.uploaded(result.sent)
+
+    def problem(self, f: LocalFile, err: SourceProblem) -> None:
+        self.problems.append(err)
+        level = "info" if err.kind in ("vanished", "changed") else "warning"
+        getattr(log, level)("sync_source_problem", path=f.path, kind=err.kind, detail=str(err))
+        if err.kind == "unreadable":
+            self.up.board.error(str(err), self.up.clock.time())
+
+    def progress(self, f: LocalFile, nbytes: int) -> None:
+        self.up.board.progress(nbytes, self.up.clock.monotonic())
+
+    def in_flight(self, key: str) -> dict | None:
+        return self.up.ledger.in_flight(key)
+
+    def cancelled(self) -> bool:
+        return self.up.closing.is_set()
