@@ -94,7 +94,7 @@ def merge(a: dict, b: dict) -> dict:
 class H:
     """The guard as the daemon runs it, with every poll POLL fake seconds apart."""
 
-    def __init__(self, tmp_path, clock, smtp=None, config=None, training=None, gpu=None, sync=None):
+    def __init__(self, tmp_path, clock, smtp=None, config=None, training=None, gpu=None, sync=None, mailer=None):
         base = {
             "price_per_hour": 3.6, "currency": "EUR",
             "training": {"on_finish": "none", "finish_grace": "2m", "session": "train"},
@@ -107,7 +107,7 @@ class H:
         if smtp is not None:
             base["email"] = {"to": ["me@example.com"], "from": "sup@gpu-box", "smtp_host": "127.0.0.1",
                              "smtp_port": smtp.port, "security": "none"}
-        self.tmp, self.clock, self.smtp = tmp_path, clock, smtp
+        self.tmp, self.clock, self.smtp, self.mailer = tmp_path, clock, smtp, mailer
         self.config = merge(base, config or {})
         self.training = training or FakeTraining(tmp_path)
         self.gpu = gpu or FakeGpu(0.0)
@@ -119,7 +119,7 @@ class H:
         """A new daemon: same state dir, same clock (monotonic is system-wide within a boot)."""
         if config:
             self.config = merge(self.config, config)
-        mailer = None
+        mailer = self.mailer
         if self.smtp is not None:
             from supervisor.config import from_dict
             mailer = SmtpMailer(from_dict({"state_dir": "/tmp", "email": self.config["email"]}).email, "gpu-box")
