@@ -10,7 +10,6 @@ calls `on_training_ended(info)` when a run ends, and routes `supervisorctl keepa
 
 from __future__ import annotations
 
-import datetime as dt
 import queue
 import threading
 from collections.abc import Callable
@@ -35,9 +34,10 @@ from .idle import (
     Thresholds,
 )
 from .interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
-from .render import _clock
 from .states import TRAINING_ALIVE, IdleState, TrainingState
 from .stop import StopActionError, StopSequence, describe_action, may_act_without_sync
+from .timefmt import clock as _clock
+from .timefmt import hm, when
 from .training import boot_id
 
 log = structlog.get_logger("idle")
@@ -53,18 +53,6 @@ def read_boot() -> tuple[str, float]:
     except (OSError, ValueError, IndexError):
         up = 0.0
     return boot_id() or "unknown-boot", up
-
-
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return dt.datetime.fromtimestamp(t).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-
-
-def _hm(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return dt.datetime.fromtimestamp(t).astimezone().strftime("%H:%M:%S")
 
 
 class IdleGuard:
@@ -347,7 +335,7 @@ class IdleGuard:
             else:
                 after = f"the idle clock starts then (warning {format_duration(self.th.warn_after)} later)"
             log.info("keepalive", seconds=seconds, until=until)
-            return {"message": f"kept alive until {_when(until)} ({format_duration(seconds)}); {after}",
+            return {"message": f"kept alive until {when(until)} ({format_duration(seconds)}); {after}",
                     "keepalive_until": until, "idle": self.status()["idle"]}
 
     def cancel_keepalive(self) -> dict:
@@ -418,10 +406,10 @@ class IdleGuard:
                 lines.append(f"          warns {format_duration(self.th.warn_after)} after the last activity, "
                              f"stops {format_duration(self.th.stop_after_warning)} after the warning")
         elif state == "IDLE":
-            lines.append(f"idle      IDLE for {format_duration(i['idle_for_s'])} (since {_hm(i['idle_since'])})  "
+            lines.append(f"idle      IDLE for {format_duration(i['idle_for_s'])} (since {hm(i['idle_since'])})  "
                          f"warn {_clock(i['warn_at'], now)}  stop {_clock(i['stop_at'], now)}")
         elif state == "WARNED":
-            head = "training ended, grace" if i["mode"] == "finish" else f"warned {_hm(i['warn_at'])}"
+            head = "training ended, grace" if i["mode"] == "finish" else f"warned {hm(i['warn_at'])}"
             lines.append(f"idle      WARNED  {head}  stop {_clock(i['stop_at'], now)}  "
                          "prevent: supervisorctl keepalive 2h")
         else:
@@ -445,7 +433,7 @@ class IdleGuard:
         info = self._last_info
         if info is None or not self._looks_stalled(self._signals):
             return ""
-        since = f", started {_when(info.started_at)}" if info.started_at else ""
+        since = f", started {when(info.started_at)}" if info.started_at else ""
         return (f"\nThe training is still {info.state.value} (pid {info.pid}{since}) but looks stalled: "
                 "no GPU load above the threshold and no log output. It is not killed: the final sync "
                 "covers its outputs, then the machine stops.\n")
@@ -465,12 +453,12 @@ class IdleGuard:
         stop_at = now.wall + a.stop_in_s
         checked = "\n".join(f"  {n}" for n in self._signals.notes()) or "  (no probes)"
         stall = self._stall_text()
-        subject = f"idle for {format_duration(a.idle_s)}: stopping at {_hm(stop_at)} unless you act"
+        subject = f"idle for {format_duration(a.idle_s)}: stopping at {hm(stop_at)} unless you act"
         if stall:
             subject += " (training looks stalled)"
-        body = (f"This machine has been idle for {format_duration(a.idle_s)} (since {_when(self.m.idle_since)}).\n"
+        body = (f"This machine has been idle for {format_duration(a.idle_s)} (since {when(self.m.idle_since)}).\n"
                 f"{self._cost_text()}"
-                f"\nIt will stop at {_when(stop_at)} (in {format_duration(a.stop_in_s)}), after a verified final "
+                f"\nIt will stop at {when(stop_at)} (in {format_duration(a.stop_in_s)}), after a verified final "
                 f"sync of {self._target_text()}.\nStop action: {describe_action(self.cfg.stop)}.\n"
                 f"\nTo prevent it, run on the machine:\n\n    supervisorctl keepalive 2h\n\n"
                 "Logging in over SSH, attaching to the training, Jupyter activity or GPU load also cancel it.\n"
@@ -482,7 +470,7 @@ class IdleGuard:
         why = "; ".join(a.reasons) or "activity"
         subject = f"stop cancelled: {why}"
         body = (f"The {'stop that was under way' if a.during_stop else 'idle stop announced earlier'} is cancelled "
-                f"at {_when(now.wall)} because of activity:\n  " + "\n  ".join(a.reasons) +
+                f"at {when(now.wall)} because of activity:\n  " + "\n  ".join(a.reasons) +
                 f"\n\nThe idle clock starts again once the machine is idle; the next warning comes "
                 f"{format_duration(self.th.warn_after)} after that.\n")
         self.ctx.alerts.event(f"idle:cancelled:{a.cycle}", "stop_cancelled", "info", subject, body)
@@ -518,7 +506,7 @@ class IdleGuard:
         subject = f"stopping now ({reason}): " + (
             f"final sync verified, {synced.get('files', 0)} files at {synced.get('target') or 'no target'}"
             if synced.get("ok") else "final sync FAILED, stopping anyway")
-        body = (f"Stopping this machine at {_when(now.wall)} ({reason}).\n\n{what}"
+        body = (f"Stopping this machine at {when(now.wall)} ({reason}).\n\n{what}"
                 f"Stop action: {describe_action(self.cfg.stop)}.\n{self._cost_text()}{stall}")
         self.ctx.alerts.event(f"stop:now:{rec.id}", "stopping", "warning", subject, body)
 
@@ -528,7 +516,7 @@ class IdleGuard:
             f"exit code {info.exit_code}" if info.exit_code is not None else "exit status unknown")
         ran = ""
         if info.started_at and info.ended_at:
-            ran = f"Ran: {_when(info.started_at)} -> {_when(info.ended_at)} " \
+            ran = f"Ran: {when(info.started_at)} -> {when(info.ended_at)} " \
                   f"({format_duration(info.ended_at - info.started_at)})\n"
         prog = ""
         if self.progress is not None:
@@ -561,7 +549,7 @@ class IdleGuard:
         mode = self.cfg.training.on_finish
         if mode == "stop":
             stop_at = idle.projection(self.m, self.th, now.wall)["stop_at"]
-            nxt = (f"\nNext: this machine stops at {_when(stop_at)} (in {format_duration(self.th.finish_grace)}), "
+            nxt = (f"\nNext: this machine stops at {when(stop_at)} (in {format_duration(self.th.finish_grace)}), "
                    "after a verified final sync.\nTo keep it: log in over SSH (the stop then waits until "
                    f"{format_duration(self.th.finish_grace)} after you leave) or run\n\n    supervisorctl keepalive 2h\n")
             if self.m.state in (I.STOPPING, I.STOPPED):
@@ -573,7 +561,7 @@ class IdleGuard:
             nxt = "\non_finish = \"none\": nothing is stopped because the training ended.\n"
         subject = f"training {'finished' if ok else 'FAILED'} ({how})"
         if mode == "stop" and self.m.state == I.WARNED:
-            subject += f"; stopping at {_hm(idle.projection(self.m, self.th, now.wall)['stop_at'])}"
+            subject += f"; stopping at {hm(idle.projection(self.m, self.th, now.wall)['stop_at'])}"
         body = (f"Training {'finished' if ok else 'failed'}: {how} (run {info.run_id}).\n"
                 f"Command: {info.command}\n{ran}{prog}{outputs}Log: {info.log_path}\n{nxt}")
         self.ctx.alerts.event(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",

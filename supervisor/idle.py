@@ -20,12 +20,12 @@ How time is measured, so that no clock trick can bring a stop forward:
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .config import Config
 from .states import IdleState
+from .timefmt import hm
 
 I = IdleState  # noqa: E741 - short alias for the states, used throughout
 
@@ -180,10 +180,6 @@ class AbortStop:
 Action = SendWarning | SendCancelled | BeginStop | AbortStop
 
 
-def _clock_text(t: float) -> str:
-    return dt.datetime.fromtimestamp(t).astimezone().strftime("%H:%M:%S")
-
-
 def keepalive_holds(m: IdleMachine, now: Now) -> bool:
     return m.keepalive_mono is not None and now.mono < m.keepalive_mono
 
@@ -248,7 +244,7 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     reasons = sig.reasons()
     if keepalive_holds(m, now):
         until = m.keepalive_until if m.keepalive_until is not None else now.wall
-        reasons.append(f"keepalive until {_clock_text(until)}")
+        reasons.append(f"keepalive until {hm(until)}")
     active = bool(reasons)
     m.reasons = reasons
     if sig.training_alive and m.mode == FINISH_MODE and m.state != I.STOPPING and not m.committed:
@@ -327,7 +323,7 @@ def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, li
     m.keepalive_mono = now.mono + seconds
     m.keepalive_until = now.wall + seconds
     actions: list[Action] = []
-    reason = f"keepalive until {_clock_text(m.keepalive_until)}"
+    reason = f"keepalive until {hm(m.keepalive_until)}"
     if m.state != I.ACTIVE:
         _to_active(m, [reason], actions)
     m.reasons = [r for r in m.reasons if not r.startswith("keepalive")] + [reason]

@@ -30,6 +30,7 @@ import structlog
 
 from .config import Config, StopConfig
 from .interfaces import FinalSyncResult
+from .timefmt import when
 
 log = structlog.get_logger("stop")
 
@@ -173,10 +174,7 @@ class StopRecord:
         return rec
 
     def note(self, wall: float, text: str) -> None:
-        import datetime as dt
-
-        stamp = dt.datetime.fromtimestamp(wall, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        self.history = (self.history + [f"{stamp} {text}"])[-30:]
+        self.history = (self.history + [f"{when(wall)} {text}"])[-30:]
 
 
 def may_act_without_sync(cfg: Config, idle_cost: float | None) -> str:
