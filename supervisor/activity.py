@@ -24,8 +24,11 @@ from pathlib import Path
 import psutil
 import structlog
 
+from .config import IdleConfig
 from .durations import format_duration
-from .interfaces import GpuView
+from .idle import Now, Signal, Signals
+from .interfaces import GpuView, TrainingInfo
+from .states import TRAINING_ALIVE, TrainingState
 
 log = structlog.get_logger("activity")
 
@@ -402,3 +405,44 @@ class CpuProbe:
         if pct >= threshold:
             return True, f"training cpu: {pct:.0f}% of a core"
         return False, f"training cpu: {pct:.0f}% of a core (below {threshold:g}%)"
+
+
+# --- all of them ---------------------------------------------------------------------------------
+class Probes:
+    """Every probe `[idle]` turns on, looked at afresh on each poll. Only the probes that compare
+    with their previous reading (GPU unknown-since, log growth, CPU time) keep anything."""
+
+    def __init__(self, cfg: IdleConfig, tmux_socket: str, session: str):
+        self.cfg = cfg
+        self.tmux_socket = tmux_socket
+        self.session = session
+        self.jupyter = JupyterProbe(cfg.jupyter_url, cfg.jupyter_token_file) if cfg.jupyter_url else None
+        self.gpu = GpuProbe()
+        self.output = OutputProbe()
+        self.cpu = CpuProbe()
+
+    def gather(self, info: TrainingInfo, now: Now, gpu: GpuView | None,
+               training_pids: Callable[[], Iterable[int]]) -> Signals:
+        c = self.cfg
+        alive = info.state in TRAINING_ALIVE
+        items: list[Signal] = []
+        if c.count_ssh:
+            items.append(Signal("ssh", *safe("ssh", probe_ssh)))
+        if c.count_tmux_clients:
+            items.append(Signal("tmux", *safe("tmux", probe_tmux, self.tmux_socket, info.session or self.session)))
+        if self.jupyter is not None:
+            items.append(Signal("jupyter", *safe("jupyter", self.jupyter.probe, now.wall, c.activity_window)))
+        items.append(Signal("gpu", *safe("gpu", self.gpu.probe, gpu, now.mono, c.gpu_window,
+                                         c.gpu_util_threshold, alive)))
+        if info.state == TrainingState.STARTING:
+            items.append(Signal("training", True, "training: starting"))
+        elif info.state == TrainingState.STOPPING:
+            items.append(Signal("training", True, "training: stopping"))
+        elif info.state == TrainingState.RUNNING:
+            if c.count_training_output:
+                items.append(Signal("training_output", *safe("training", self.output.probe, info.log_path,
+                                                             now.mono, now.wall, c.activity_window)))
+            if c.count_training_cpu:
+                items.append(Signal("training_cpu", *safe("training_cpu", lambda: self.cpu.probe(
+                    training_pids(), now.mono, c.training_cpu_threshold))))
+        return Signals(tuple(items), training_alive=alive)

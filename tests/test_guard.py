@@ -15,6 +15,7 @@ from supervisor.control import RequestError
 from supervisor.guard import IdleGuard
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.mailer import SmtpMailer
+from supervisor.render import idle_lines
 from supervisor.states import TrainingState as T
 from tests.fixtures.idle import make_ctx
 
@@ -112,7 +113,7 @@ class H:
         self.training = training or FakeTraining(tmp_path)
         self.gpu = gpu or FakeGpu(0.0)
         self.sync = sync or FakeSync()
-        self.boot = ("boot-1", 50.0)
+        self.clock.set_boot("boot-1", 50.0)
         self.restart()
 
     def restart(self, config: dict | None = None) -> IdleGuard:
@@ -124,7 +125,7 @@ class H:
             from supervisor.config import from_dict
             mailer = SmtpMailer(from_dict({"state_dir": "/tmp", "email": self.config["email"]}).email, "gpu-box")
         self.ctx = make_ctx(self.tmp, self.clock, self.config, mailer)
-        self.guard = IdleGuard(self.ctx, self.training, self.gpu, self.sync, FakeProgress(), boot=lambda: self.boot)
+        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, FakeProgress())
         return self.guard
 
     def poll(self, n: int = 1) -> None:
@@ -140,6 +141,10 @@ class H:
                 return i
             self.poll()
         raise AssertionError(f"never reached {state}; at {self.state}: {self.guard.status()}")
+
+    def lines(self) -> list[str]:
+        """The idle section of `supervisorctl status`, built from the status dict as the CLI does."""
+        return idle_lines({"now": self.clock.time(), **self.guard.status()})
 
     @property
     def state(self) -> str:
@@ -192,7 +197,7 @@ def test_full_idle_cycle_warning_then_verified_stop(h):
     st = h.guard.status()
     assert st["stop"]["phase"] == "done" and st["stop"]["result"].startswith("dry-run")
     assert st["stop"]["final_sync"]["files"] == 3
-    assert any("dry-run" in ln for ln in h.guard.render_lines())
+    assert any("dry-run" in ln for ln in h.lines())
 
 
 def test_activity_after_the_warning_cancels_with_a_mail(h):
@@ -270,7 +275,7 @@ def test_stalled_training_is_warned_about_and_stopped_without_being_killed(h):
     subject, body = h.mails()[0]
     assert "(training looks stalled)" in subject
     assert "still RUNNING (pid 4242" in body and "It is not killed" in body
-    assert any("looks stalled" in ln for ln in h.guard.render_lines())
+    assert any("looks stalled" in ln for ln in h.lines())
     h.until("STOPPED")
     assert "still running but looked stalled" in h.mails()[1][1]
     assert h.training.state == T.RUNNING
@@ -363,7 +368,7 @@ def test_restart_mid_stop_resumes_instead_of_starting_over(h):
 
 def test_reboot_forgets_a_stop_and_starts_the_clock_at_boot(h):
     h.until("STOPPED")
-    h.boot = ("boot-2", 40.0)
+    h.clock.set_boot("boot-2", 40.0)
     h.restart()
     h.poll()
     st = h.guard.status()

@@ -89,7 +89,7 @@ class Transcript:
 
 
 def idle_lines(h: H) -> list[str]:
-    return h.guard.render_lines()
+    return h.lines()
 
 
 def make(tmp_path, clock, config=None, **kw) -> tuple[H, Transcript]:
