@@ -403,7 +403,7 @@ class IdleGuard:
                     "finish_grace_s": self.th.finish_grace,
                     "idle_cost": idle.idle_cost(m, self.conf.price_per_hour),
                     "currency": self.conf.currency,
-                    "training_stalled": self._looks_stalled(sig),
+                    "training_stalled": looks_stalled(sig),
                 },
                 "stop": {
                     "action": self.conf.stop.action,
@@ -418,17 +418,13 @@ class IdleGuard:
                 },
             }
 
-    # --- mails: the facts; the words are in mails/ ------------------------------------------------
+    # --- mails: the guard gathers the facts; the words are in mails/ -------------------------------
     def _send(self, key: str, kind: str, severity: str, mail: Mail) -> None:
         self.alerts.event(key, kind, severity, mail.subject, mail.body)
 
-    @staticmethod
-    def _looks_stalled(sig: Signals) -> bool:
-        return sig.training_alive and not sig.active
-
     def _stalled(self) -> words.LiveTraining | None:
         info = self._last_info
-        if info is None or not self._looks_stalled(self._signals):
+        if info is None or not looks_stalled(self._signals):
             return None
         return words.LiveTraining(info.state.value, info.pid, info.started_at)
 
@@ -459,36 +455,50 @@ class IdleGuard:
     def _mail_stopping(self, rec: StopRecord, now: Now) -> None:
         self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), self._looks_stalled(self._signals))))
-
-    def _last_progress(self, wall: float) -> run_words.LastProgress | None:
-        if self.progress is None:
-            return None
-        p: dict = {}
-        c: dict = {}
-        try:  # a progress bug must not lose the result mail
-            p = self.progress.snapshot(wall) or {}
-            c = self.progress.cost(wall) or {}
-        except Exception:  # noqa: BLE001
-            log.exception("progress_for_mail_failed")
-        return run_words.LastProgress(p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("loss"),
-                                      c.get("spent"), c.get("currency") or self.conf.currency)
+            self._cost(), looks_stalled(self._signals))))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED
-        run = run_words.RunEnd(ok, info.run_id, info.exit_code, info.signal, info.command, info.started_at,
-                               info.ended_at, info.log_path, info.workdir)
-        out = run_words.Outputs(sync_target=self.conf.sync_target, paths=self.conf.final_paths)
-        if r is not None:
-            out = run_words.Outputs(r.ok, r.files, r.bytes, r.target, r.error, tuple(r.unsynced),
-                                    self.conf.final_paths, self.conf.sync_target)
         nxt = run_words.Next(self.conf.on_finish, idle.projection(self.m, self.th, now.wall)["stop_at"],
                              self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
                              stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
+        mail = run_words.ended(run_words.Ended(run_end(info), last_progress(self.progress, now.wall, self.conf.currency),
+                                               outputs(self.conf, r), nxt))
         self._send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
-                   "training_finished" if ok else "training_failed", "info" if ok else "warning",
-                   run_words.ended(run_words.Ended(run, self._last_progress(now.wall), out, nxt)))
+                   "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until no background job is queued or running (tests; shutdown)."""
         return self.jobs.drain(timeout)
+
+
+# --- facts ---------------------------------------------------------------------------------------
+def looks_stalled(sig: Signals) -> bool:
+    """A training is alive, yet nothing (GPU, output, CPU, a person) counts as work."""
+    return sig.training_alive and not sig.active
+
+
+def run_end(info: TrainingInfo) -> run_words.RunEnd:
+    return run_words.RunEnd(info.state == TrainingState.FINISHED, info.run_id, info.exit_code, info.signal,
+                            info.command, info.started_at, info.ended_at, info.log_path, info.workdir)
+
+
+def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
+    if r is None:
+        return run_words.Outputs(sync_target=conf.sync_target, paths=conf.final_paths)
+    return run_words.Outputs(r.ok, r.files, r.bytes, r.target, r.error, tuple(r.unsynced), conf.final_paths,
+                             conf.sync_target)
+
+
+def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastProgress | None:
+    if progress is None:
+        return None
+    p: dict = {}
+    c: dict = {}
+    try:  # a progress bug must not lose the result mail
+        p = progress.snapshot(wall) or {}
+        c = progress.cost(wall) or {}
+    except Exception:  # noqa: BLE001
+        log.exception("progress_for_mail_failed")
+    return run_words.LastProgress(p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("loss"),
+                                  c.get("spent"), c.get("currency") or currency)
