@@ -319,13 +319,16 @@ class GpuProbe:
 
     def __init__(self) -> None:
         self.unknown_since: float | None = None
+        self.figure = ""  # the reading in two words, for a mail about the training ("GPU 3%")
 
     def probe(self, gpu: GpuView | None, now_mono: float, window: float, threshold: float,
               training_alive: bool) -> Probe:
+        self.figure = "no GPU"
         if gpu is None:
             return False, "gpu: not monitored"
         util = gpu.utilization(window)
         span = format_duration(window)
+        self.figure = "GPU unknown" if util is None else f"GPU {util:.0f}%"
         if util is not None:
             self.unknown_since = None
             if util > threshold:
@@ -333,6 +336,7 @@ class GpuProbe:
             return False, f"gpu: {util:.0f}% over {span} (idle below {threshold:g}%)"
         st = gpu.status() or {}
         if not st.get("gpus"):
+            self.figure = "no GPU"
             return False, f"gpu: none ({st.get('gpu_error') or 'no GPU found'})"
         if not training_alive:
             self.unknown_since = None
@@ -354,8 +358,10 @@ class OutputProbe:
     def __init__(self) -> None:
         self._last: tuple | None = None
         self._grew_mono: float | None = None
+        self.figure = ""
 
     def probe(self, path: str, now_mono: float, now_wall: float, window: float) -> Probe:
+        self.figure = "no output yet"
         if not path:
             return False, "training: no log file"
         try:
@@ -369,18 +375,20 @@ class OutputProbe:
             self._grew_mono = now_mono
         self._last = key
         age = max(0.0, now_mono - self._grew_mono)
+        self.figure = f"output {_ago(age)} ago" if age < window else f"no output for {_ago(age)}"
         if age < window:
             return True, f"training: log written {_ago(age)} ago"
         return False, f"training: no log output for {_ago(age)}"
 
 
 class CpuProbe:
-    """The training's process tree used at least `threshold` % of one core since the last poll
-    (opt-in: a CPU-bound hang would otherwise keep the machine forever)."""
+    """The training's process tree used at least `threshold` % of one core since the last poll: a
+    process waiting on nothing uses none, a tokenizer or a data pipeline at work uses a core or more."""
 
     def __init__(self) -> None:
         self._prev: dict[int, tuple[float, float]] = {}
         self._prev_mono: float | None = None
+        self.figure = ""
 
     def probe(self, pids: Iterable[int], now_mono: float, threshold: float) -> Probe:
         cur: dict[int, tuple[float, float]] = {}
@@ -393,6 +401,7 @@ class CpuProbe:
                 continue
         prev, prev_mono = self._prev, self._prev_mono
         self._prev, self._prev_mono = cur, now_mono
+        self.figure = ""
         if prev_mono is None or now_mono - prev_mono <= 0:
             return False, "training cpu: measuring"
         used = 0.0
@@ -402,6 +411,7 @@ class CpuProbe:
             if before is not None and abs(before[0] - ctime) < 1.0:
                 used += max(0.0, total - before[1])
         pct = 100.0 * used / (now_mono - prev_mono)
+        self.figure = f"CPU {pct:.0f}%"
         if pct >= threshold:
             return True, f"training cpu: {pct:.0f}% of a core"
         return False, f"training cpu: {pct:.0f}% of a core (below {threshold:g}%)"
@@ -434,6 +444,7 @@ class Probes:
             items.append(Signal("jupyter", *safe("jupyter", self.jupyter.probe, now.wall, c.activity_window)))
         items.append(Signal("gpu", *safe("gpu", self.gpu.probe, gpu, now.mono, c.gpu_window,
                                          c.gpu_util_threshold, alive)))
+        signs = [self.gpu.figure]
         if info.state == TrainingState.STARTING:
             items.append(Signal("training", True, "training: starting"))
         elif info.state == TrainingState.STOPPING:
@@ -442,7 +453,10 @@ class Probes:
             if c.count_training_output:
                 items.append(Signal("training_output", *safe("training", self.output.probe, info.log_path,
                                                              now.mono, now.wall, c.activity_window)))
+                signs.insert(0, self.output.figure)
             if c.count_training_cpu:
                 items.append(Signal("training_cpu", *safe("training_cpu", lambda: self.cpu.probe(
                     training_pids(), now.mono, c.training_cpu_threshold))))
-        return Signals(tuple(items), training_alive=alive)
+                signs.append(self.cpu.figure)
+        return Signals(tuple(items), training_alive=alive,
+                       training_signs=tuple(x for x in signs if x) if alive else ())

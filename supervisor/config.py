@@ -113,7 +113,7 @@ class IdleConfig:
     poll_interval: float = _k("duration", 30.0, min=0.1)
     count_ssh: bool = _k("bool", True)
     count_tmux_clients: bool = _k("bool", True)
-    count_training_cpu: bool = _k("bool", False)
+    count_training_cpu: bool = _k("bool", True)
     training_cpu_threshold: float = _k("float", 50.0, min=0)
     count_training_output: bool = _k("bool", True)
     activity_window: float = _k("duration", 600.0)

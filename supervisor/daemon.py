@@ -112,7 +112,9 @@ class Daemon:
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
-    def start(self) -> None:
+    def start(self, schedule: bool = True) -> None:
+        """Adopt, start the sync worker and the control socket, and schedule DUTIES (`schedule=False`:
+        a test runs them itself, with a fake clock where hours pass)."""
         self.training.adopt()
         self.follower.switch(self.training.log_path(), start_at_end=True)
         info = self.training.info()
@@ -121,9 +123,10 @@ class Daemon:
         self.sync.start()
         self.control.start()
         c = self.cfg
-        for duty in DUTIES:
-            self._every(duty)
-        self.scheduler.start()
+        if schedule:
+            for duty in DUTIES:
+                self._every(duty)
+            self.scheduler.start()
         self.training.maybe_autostart()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,

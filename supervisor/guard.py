@@ -30,11 +30,11 @@ from .context import Context
 from .durations import format_duration
 from .idle import AbortStop, BeginStop, IdleMachine, Now, SendCancelled, SendWarning, Signals, Thresholds
 from .interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
-from .mails import Mail
+from .mails import Mail, describe_exit
 from .mails import idle as words
 from .mails import training as run_words
 from .statefile import StateStore
-from .states import IdleState, StopPhase, TrainingState
+from .states import TRAINING_ALIVE, IdleState, StopPhase, TrainingState
 from .stop import StopActionError, StopRecord, StopSequence, describe_action, may_act_without_sync
 from .timefmt import when
 
@@ -61,12 +61,19 @@ class GuardConfig:
     price_per_hour: float | None
     currency: str
     max_idle_cost: float | None
+    stop_grace: float = 30.0          # training.stop_grace: how long each of SIGINT and SIGTERM may take
 
     @classmethod
     def of(cls, cfg: Config) -> GuardConfig:
         return cls(cfg.idle, cfg.stop, cfg.training.on_finish, cfg.training.finish_grace, cfg.training.session,
                    tuple(cfg.stop.final_sync or cfg.sync.watch), cfg.sync.target, cfg.state_dir,
-                   dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost)
+                   dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost,
+                   cfg.training.stop_grace)
+
+    @property
+    def interrupt_patience(self) -> float:
+        """How long a stop waits for an interrupted training: SIGINT, SIGTERM, SIGKILL, and a margin."""
+        return 2 * self.stop_grace + 60.0
 
 
 class Jobs:
@@ -181,6 +188,8 @@ class IdleGuard:
             info = self._info()
             sig = self.probes.gather(info, now, self.gpu, self.training.pids)
             with self._lock:
+                if self._interrupted(info):
+                    sig = idle.people_only(sig, "the stop is interrupting the training")
                 self._signals, self._last_info = sig, info
                 before = self.m.state
                 self.m, actions = idle.step(self.m, sig, now, self.th)
@@ -190,7 +199,7 @@ class IdleGuard:
                 self._carry_out(actions, now)
                 self._save()
                 self._reconcile_finish(info, now)
-                self._schedule_stop(now)
+                self._schedule_stop(now, info)
                 self._check_still_up(now)
         except Exception:  # noqa: BLE001 - the guard must keep polling
             log.exception("idle_poll_failed")
@@ -218,7 +227,13 @@ class IdleGuard:
                 self.alerts.resolve("stop:failing")
 
     # --- the stop sequence ------------------------------------------------------------------------
-    def _schedule_stop(self, now: Now) -> None:
+    def _interrupted(self, info: TrainingInfo) -> bool:
+        """This stop interrupted the live run: its signs of life now are its way out, not work."""
+        rec = self.stopper.rec
+        return (self.m.state == I.STOPPING and rec is not None and rec.phase in (P.INTERRUPTING, P.FINAL_SYNC)
+                and rec.interrupted_at is not None and rec.interrupted_run == info.run_id)
+
+    def _schedule_stop(self, now: Now, info: TrainingInfo) -> None:
         if self.m.state != I.STOPPING or self._stop_queued:
             return
         sid = f"{now.boot_id}:{self.m.cycle}"
@@ -231,10 +246,43 @@ class IdleGuard:
             self.m = idle.mark_stopped(self.m, dry_run=rec.action == "dry-run")
             self._save()
             return
+        if rec.phase in (P.INTERRUPTING, P.FINAL_SYNC) and not self._training_gone(rec, info, now):
+            return  # the final sync waits for the training's end: what it saves on the way out goes up too
         if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono:
             return
         self._stop_queued = True
         self.jobs.submit("stop", self._stop_attempt)
+
+    def _training_gone(self, rec: StopRecord, info: TrainingInfo, now: Now) -> bool:
+        """Interrupt a live training (once per run) and say whether the final sync may begin: no
+        training is alive, or the interrupted one outlived SIGINT, SIGTERM and SIGKILL."""
+        alive = info.state in TRAINING_ALIVE
+        if alive and (rec.interrupted_at is None or rec.interrupted_run != info.run_id):
+            self.stopper.interrupting(info.run_id, info.pid, now.wall, now.mono)
+            self._stop_training()
+            return False
+        if rec.phase != P.INTERRUPTING:
+            return True  # none alive, or the interrupted one outlived every signal
+        waited = now.mono - (rec.interrupted_mono if rec.interrupted_mono is not None else now.mono)
+        if alive:
+            if info.state != TrainingState.STOPPING:
+                self._stop_training()  # a daemon restart came between the record and the signal
+            if waited < self.conf.interrupt_patience:
+                return False
+            self.stopper.interrupted("", now.wall, f"run {rec.interrupted_run} still alive {format_duration(waited)} "
+                                     "after SIGINT, SIGTERM and SIGKILL; the final sync goes ahead")
+            log.error("interrupted_training_still_alive", run_id=rec.interrupted_run, waited_s=round(waited))
+            return True
+        ended = describe_exit(info.exit_code, info.signal)
+        self.stopper.interrupted(ended, now.wall, f"run {rec.interrupted_run} ended ({ended}) "
+                                                  f"{format_duration(waited)} after the interrupt; final sync next")
+        return True
+
+    def _stop_training(self) -> None:
+        try:
+            self.training.stop()
+        except Exception as e:  # noqa: BLE001 - it ended meanwhile; the next poll sees that
+            log.warning("training_interrupt_failed", error=str(e))
 
     def _final_sync(self) -> FinalSyncResult:
         try:
@@ -259,10 +307,13 @@ class IdleGuard:
         if phase == P.FINAL_SYNC:
             result = self._final_sync()
             now = self._now()
+            info = self._info()
             with self._lock:
                 if self.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != P.FINAL_SYNC:
                     return  # cancelled by activity while the sync ran
                 self.stopper.record_sync(result, now.wall, now.mono)
+                if info.state in TRAINING_ALIVE and info.run_id != rec.interrupted_run:
+                    return  # a training started meanwhile: the next poll interrupts it, then syncs again
                 if not result.ok:
                     why = may_act_without_sync(self.conf.stop, self._idle_cost(), self.conf.max_idle_cost,
                                                self.conf.currency)
@@ -378,45 +429,8 @@ class IdleGuard:
     # --- status -----------------------------------------------------------------------------------
     def status(self) -> dict:
         with self._lock:
-            m, sig = self.m, self._signals
-            rec = self.stopper.current(m.boot_id) if m.boot_id else None
-            now = self.clock.time()
-            proj = idle.projection(m, self.th, now)
-            stop_at = proj["stop_at"]
-            if m.state in (I.STOPPING, I.STOPPED) and rec is not None:
-                stop_at = rec.done_at or rec.planned_at
-            live = rec if m.state in (I.STOPPING, I.STOPPED) else None
-            return {
-                "idle": {
-                    "state": m.state.value,
-                    "mode": m.mode,
-                    "idle_since": m.idle_since if m.state != I.ACTIVE else None,
-                    "idle_for_s": m.idle_s if m.state != I.ACTIVE else 0.0,
-                    "warn_at": proj["warn_at"],
-                    "stop_at": stop_at,
-                    "reasons": list(m.reasons),
-                    "checked": sig.notes(),
-                    "keepalive_until": m.keepalive_until,
-                    "warn_after_s": self.th.warn_after,
-                    "stop_after_warning_s": idle.stop_wait(m, self.th) if m.state == I.WARNED
-                    else self.th.stop_after_warning,
-                    "finish_grace_s": self.th.finish_grace,
-                    "idle_cost": idle.idle_cost(m, self.conf.price_per_hour),
-                    "currency": self.conf.currency,
-                    "training_stalled": looks_stalled(sig),
-                },
-                "stop": {
-                    "action": self.conf.stop.action,
-                    "planned_at": live.planned_at if live else stop_at,
-                    "phase": live.phase.value if live else None,
-                    "reason": live.reason if live else (m.stop_reason or None),
-                    "attempts": live.attempts if live else 0,
-                    "last_error": live.last_error if live else "",
-                    "final_sync": live.synced if live else None,
-                    "result": live.result if live else "",
-                    "final_sync_paths": list(self.conf.final_paths),
-                },
-            }
+            rec = self.stopper.current(self.m.boot_id) if self.m.boot_id else None
+            return status_of(self.m, self._signals, rec, self.th, self.conf, self.clock.time())
 
     # --- mails: the guard gathers the facts; the words are in mails/ -------------------------------
     def _send(self, key: str, kind: str, severity: str, mail: Mail) -> None:
@@ -426,7 +440,8 @@ class IdleGuard:
         info = self._last_info
         if info is None or not looks_stalled(self._signals):
             return None
-        return words.LiveTraining(info.state.value, info.pid, info.started_at)
+        return words.LiveTraining(info.run_id, info.pid, info.started_at, self._signals.training_signs,
+                                  self.conf.stop_grace)
 
     def _idle_cost(self) -> float | None:
         return idle.idle_cost(self.m, self.conf.price_per_hour)
@@ -453,9 +468,13 @@ class IdleGuard:
         log.error("final_sync_failed_not_stopping", error=r.error, unsynced=len(r.unsynced))
 
     def _mail_stopping(self, rec: StopRecord, now: Now) -> None:
+        interrupted = None
+        if rec.interrupted_run and rec.interrupted_at is not None:
+            interrupted = words.Interrupted(rec.interrupted_run, rec.interrupted_at, rec.interrupt_ended,
+                                            self.conf.interrupt_patience)
         self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), looks_stalled(self._signals))))
+            self._cost(), interrupted)))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED
@@ -502,3 +521,46 @@ def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastPr
         log.exception("progress_for_mail_failed")
     return run_words.LastProgress(p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("loss"),
                                   c.get("spent"), c.get("currency") or currency)
+
+
+def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Thresholds, conf: GuardConfig,
+              now: float) -> dict:
+    """The `idle` and `stop` blocks of status --json."""
+    proj = idle.projection(m, th, now)
+    stop_at = proj["stop_at"]
+    if m.state in (I.STOPPING, I.STOPPED) and rec is not None:
+        stop_at = rec.done_at or rec.planned_at
+    live = rec if m.state in (I.STOPPING, I.STOPPED) else None
+    return {
+        "idle": {
+            "state": m.state.value,
+            "mode": m.mode,
+            "idle_since": m.idle_since if m.state != I.ACTIVE else None,
+            "idle_for_s": m.idle_s if m.state != I.ACTIVE else 0.0,
+            "warn_at": proj["warn_at"],
+            "stop_at": stop_at,
+            "reasons": list(m.reasons),
+            "checked": sig.notes(),
+            "keepalive_until": m.keepalive_until,
+            "warn_after_s": th.warn_after,
+            "stop_after_warning_s": idle.stop_wait(m, th) if m.state == I.WARNED else th.stop_after_warning,
+            "finish_grace_s": th.finish_grace,
+            "idle_cost": idle.idle_cost(m, conf.price_per_hour),
+            "currency": conf.currency,
+            "training_stalled": looks_stalled(sig),
+        },
+        "stop": {
+            "action": conf.stop.action,
+            "planned_at": live.planned_at if live else stop_at,
+            "phase": live.phase.value if live else None,
+            "reason": live.reason if live else (m.stop_reason or None),
+            "attempts": live.attempts if live else 0,
+            "last_error": live.last_error if live else "",
+            "final_sync": live.synced if live else None,
+            "result": live.result if live else "",
+            "final_sync_paths": list(conf.final_paths),
+            "interrupted_run": live.interrupted_run if live else 0,
+            "interrupted_at": live.interrupted_at if live else None,
+            "interrupt_ended": live.interrupt_ended if live else "",
+        },
+    }

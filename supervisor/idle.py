@@ -44,6 +44,7 @@ class Signal:
 class Signals:
     items: tuple[Signal, ...] = ()
     training_alive: bool = False  # the training is STARTING/RUNNING/STOPPING (it may look stalled)
+    training_signs: tuple[str, ...] = ()  # what its own probes read, in two words each ("GPU 3%"), for mails
 
     @property
     def active(self) -> bool:
@@ -55,6 +56,19 @@ class Signals:
     def notes(self) -> list[str]:
         """What the inactive probes saw, for the warning mail ("gpu: 0% over 5m")."""
         return [s.reason for s in self.items if not s.active]
+
+
+# The signals that are a person at the machine (a keepalive is one too, kept by the machine itself).
+PEOPLE = frozenset({"ssh", "tmux", "jupyter"})
+
+
+def people_only(sig: Signals, why: str) -> Signals:
+    """The signals with only people counting: while the stop interrupts the training, the training's
+    own signs of life (STOPPING, the GPU load and output of its save, its CPU) are what the stop asked
+    for, not activity that cancels it."""
+    items = tuple(s if s.name in PEOPLE or not s.active else Signal(s.name, False, f"{s.reason} ({why})")
+                  for s in sig.items)
+    return replace(sig, items=items)
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,11 @@ def idle_lines(st: dict) -> list[str]:
                      f"phase {s.get('phase') or '-'}")
     if i.get("idle_cost"):
         lines.append(f"          idle cost so far {i['idle_cost']:.2f} {i.get('currency') or ''}".rstrip())
-    if i.get("training_stalled") and state != "ACTIVE":
+    if i.get("training_stalled") and state != "ACTIVE" and s.get("phase") != "interrupting":
         lines.append("          training is still running but looks stalled (no GPU load, no log output)")
+    if s.get("phase") == "interrupting":
+        lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
+                     "so it can save; the final sync follows its end")
     if s.get("last_error"):
         lines.append(f"stop      {s['last_error'][:200]}")
     elif s.get("result"):

@@ -1,8 +1,11 @@
 """Stopping the machine: the stop actions, and the stop sequence recorded in `stop.json`.
 
-The sequence is final sync -> (verified, or forced) -> "stopping now" mail -> action -> done. Every
-step is written to `stop.json` before the next begins, so a daemon killed mid-stop resumes where
-it was instead of starting over, and a stop from an earlier boot is never resumed.
+The sequence is [interrupt a live training and wait for its end] -> final sync -> (verified, or
+forced) -> "stopping now" mail -> action -> done. Every step is written to `stop.json` before the
+next begins, so a daemon killed mid-stop resumes where it was instead of starting over, and a stop
+from an earlier boot is never resumed. The training is interrupted the way `supervisorctl stop`
+does it (SIGINT, then SIGTERM and SIGKILL `training.stop_grace` apart) so it can save, and the final
+sync comes after its end, so what it saved on the way out goes up before the machine stops.
 
 Exactly once, after a `kill -9` between "action started" and "action done":
 - `dry-run`: the record *is* the action (one atomic write), so it cannot happen twice;
@@ -156,6 +159,11 @@ class StopRecord:
     done_at: float | None = None
     done_mono: float | None = None
     history: list[str] = field(default_factory=list)
+    interrupted_run: int = 0     # the live training this stop interrupted (0 = none)
+    interrupted_pid: int | None = None
+    interrupted_at: float | None = None
+    interrupted_mono: float | None = None
+    interrupt_ended: str = ""    # how it ended ("exit code 0"), or "" while waiting / when it outlived every signal
 
     @classmethod
     def from_dict(cls, d: Any) -> StopRecord:
@@ -225,7 +233,7 @@ class StopSequence:
     def begin(self, boot_id: str, cycle: int, reason: str, wall: float) -> StopRecord:
         """Start (or, after a restart in the same boot, resume) the stop for this idle cycle."""
         sid = f"{boot_id}:{cycle}"
-        if self.rec is not None and self.rec.id == sid and self.rec.phase in (P.FINAL_SYNC, P.ACTING):
+        if self.rec is not None and self.rec.id == sid and self.rec.phase in (P.INTERRUPTING, P.FINAL_SYNC, P.ACTING):
             self.rec.note(wall, "resumed after a daemon restart")
             self.save()
             log.warning("stop_resumed", id=sid, phase=self.rec.phase)
@@ -246,11 +254,31 @@ class StopSequence:
         return None
 
     def cancel(self, wall: float, why: str) -> None:
-        if self.rec is not None and self.rec.phase == P.FINAL_SYNC:
+        if self.rec is not None and self.rec.phase in (P.INTERRUPTING, P.FINAL_SYNC):
             move(self.rec, P.CANCELLED)
             self.rec.note(wall, f"cancelled: {why}")
             self.save()
             log.info("stop_cancelled", id=self.rec.id, why=why)
+
+    def interrupting(self, run_id: int, pid: int | None, wall: float, mono: float) -> None:
+        """A live training is being stopped before the final sync."""
+        rec = self._rec()
+        move(rec, P.INTERRUPTING)
+        rec.interrupted_run, rec.interrupted_pid, rec.interrupted_at, rec.interrupted_mono = run_id, pid, wall, mono
+        rec.interrupt_ended = ""
+        rec.note(wall, f"interrupting run {run_id} (pid {pid}) before the final sync: SIGINT, then SIGTERM "
+                       "and SIGKILL as `supervisorctl stop` does")
+        self.save()
+        log.warning("stop_interrupting_training", id=rec.id, run_id=run_id, pid=pid)
+
+    def interrupted(self, ended: str, wall: float, text: str) -> None:
+        """The interrupted training is gone (`ended` says how; "" = it outlived every signal): sync now."""
+        rec = self._rec()
+        move(rec, P.FINAL_SYNC)
+        rec.interrupt_ended, rec.next_try_mono = ended, 0.0
+        rec.note(wall, text)
+        self.save()
+        log.warning("stop_training_ended", id=rec.id, run_id=rec.interrupted_run, ended=ended or "not ended")
 
     def record_sync(self, r: FinalSyncResult, wall: float, mono: float) -> None:
         rec = self._rec()

@@ -29,11 +29,30 @@ class FakeTraining:
         self.run_id = 0
         self.exit_code = None
         self.raise_info = False
+        self.stops = 0
+        self.polls_to_end: int | None = 1  # how many polls a stop takes (its save on SIGINT); None = never ends
+        self._left: int | None = None
+
+    def stop(self) -> dict:
+        """As supervisorctl stop: SIGINT now, the end comes later (see tick)."""
+        if self.state not in (T.STARTING, T.RUNNING, T.STOPPING):
+            raise RuntimeError(f"training is not running ({self.state.value})")
+        self.stops += 1
+        if self.state != T.STOPPING:
+            self.state, self._left = T.STOPPING, self.polls_to_end
+        return {}
+
+    def tick(self) -> None:
+        if self.state == T.STOPPING and self._left is not None:
+            self._left -= 1
+            if self._left <= 0:
+                self.state, self.exit_code = T.STOPPED, 0
 
     def info(self) -> TrainingInfo:
         if self.raise_info:
             raise RuntimeError("training module bug")
-        return TrainingInfo(state=self.state, pid=4242 if self.state in (T.STARTING, T.RUNNING) else None,
+        alive = (T.STARTING, T.RUNNING, T.STOPPING)
+        return TrainingInfo(state=self.state, pid=4242 if self.state in alive else None,
                             started_at=1_799_990_000.0, ended_at=1_800_000_000.0 if self.exit_code is not None else None,
                             exit_code=self.exit_code, command="python train.py", log_path=str(self.log),
                             workdir="/workspace", session="train", run_id=self.run_id)
@@ -131,6 +150,8 @@ class H:
     def poll(self, n: int = 1) -> None:
         for _ in range(n):
             self.clock.advance(POLL)
+            if hasattr(self.training, "tick"):
+                self.training.tick()
             self.guard.poll()
             assert self.guard.drain(20)
             self.ctx.alerts.tick(wait=True)
@@ -263,22 +284,78 @@ def test_failing_sync_blocks_the_stop_unless_allowed_or_capped(tmp_path, clock, 
         assert rec.forced and rec.phase == "done"
 
 
-def test_stalled_training_is_warned_about_and_stopped_without_being_killed(h):
-    h.training.state, h.training.run_id = T.RUNNING, 1
+def _quiet_run(h, run_id: int = 1) -> None:
+    h.training.state, h.training.run_id = T.RUNNING, run_id
     h.training.log.write_text("step 1\n")
     os.utime(h.training.log, (h.clock.time(), h.clock.time()))
+
+
+def test_stalled_training_is_interrupted_and_ends_before_the_final_sync_and_the_stop(h):
+    _quiet_run(h)
     h.poll()
     st = h.guard.status()["idle"]
     assert st["state"] == "ACTIVE" and st["reasons"][0].startswith("training: log written")
-    # no output for activity_window (10 min), GPU idle: looks stalled
+    # no output for activity_window (10 min), GPU idle, no CPU: looks stalled
     h.until("WARNED", max_polls=60)
     subject, body = h.mails()[0]
     assert "(training looks stalled)" in subject
-    assert "still RUNNING (pid 4242" in body and "It is not killed" in body
+    assert "Run 1 is still running (pid 4242" in body and "no output for 20m00s, GPU 0%, CPU 0%" in body
+    assert "it looks stalled; it will be interrupted at" in body and "SIGINT, then SIGTERM and SIGKILL" in body
     assert any("looks stalled" in ln for ln in h.lines())
+    h.training.polls_to_end = 3
+    h.until("STOPPING")
+    assert h.training.stops == 1 and not h.sync.calls
+    st = h.guard.status()["stop"]
+    assert st["phase"] == "interrupting" and st["interrupted_run"] == 1
+    assert any(ln.startswith("stop      interrupting run 1") for ln in h.lines())
+    h.poll()  # its STOPPING state, the GPU load and the output of its save are not activity now
+    h.gpu.util = 90.0
+    h.poll()
+    assert h.state == "STOPPING" and h.guard.status()["stop"]["phase"] == "interrupting" and not h.sync.calls
+    h.poll()
+    assert h.state == "STOPPED" and h.training.state == T.STOPPED
+    assert h.training.stops == 1 and h.sync.calls == [["/workspace/out"]]
+    _, body = h.mails()[1]
+    assert "Run 1 was still running and looked stalled: it was interrupted at" in body
+    assert "and ended (exit code 0) before the final sync" in body
+    history = " | ".join(h.guard.stopper.rec.history)
+    assert history.index("interrupting run 1") < history.index("run 1 ended (exit code 0)") \
+        < history.index("final sync verified") < history.index("dry-run: would have")
+
+
+def test_a_restart_mid_interrupt_waits_for_the_same_run_and_stops_once(h):
+    _quiet_run(h)
+    h.training.polls_to_end = 4
+    h.until("STOPPING", max_polls=80)
+    assert h.guard.status()["stop"]["phase"] == "interrupting"
+    h.restart()  # kill -9 while the training saves
+    h.poll()
+    assert h.state == "STOPPING" and h.guard.status()["stop"]["phase"] == "interrupting" and not h.sync.calls
     h.until("STOPPED")
-    assert "still running but looked stalled" in h.mails()[1][1]
-    assert h.training.state == T.RUNNING
+    assert h.training.stops == 1 and len(h.sync.calls) == 1
+    assert len([s for s, _ in h.mails() if "stopping now" in s]) == 1
+
+
+def test_a_training_that_outlives_every_signal_does_not_hold_the_stop_for_ever(h):
+    _quiet_run(h)
+    h.training.polls_to_end = None
+    h.until("STOPPING", max_polls=80)
+    h.poll(3)  # 2 x stop_grace (30s) + 60s = 2 min
+    assert h.guard.status()["stop"]["phase"] == "interrupting" and not h.sync.calls
+    h.until("STOPPED", max_polls=3)
+    assert "was still alive 2m00s later, after SIGINT, SIGTERM and SIGKILL" in h.mails()[-1][1]
+
+
+def test_a_person_cancels_an_interrupting_stop_the_training_does_not(h):
+    _quiet_run(h)
+    h.training.polls_to_end = None
+    h.until("STOPPING", max_polls=80)
+    h.gpu.util = 80.0
+    h.poll(2)
+    assert h.state == "STOPPING"
+    h.guard.keepalive(3600)
+    assert h.state == "ACTIVE" and h.guard.status()["stop"]["phase"] is None
+    assert h.guard.stopper.rec.phase == "cancelled" and not h.sync.calls
 
 
 def test_training_starting_counts_as_work(h):

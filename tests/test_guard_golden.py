@@ -152,6 +152,9 @@ def test_stalled_training(tmp_path, clock):
     t.lines("active: the log is written")
     h.until("WARNED", max_polls=60)
     t.lines("warned, stalled")
+    h.training.polls_to_end = 2
+    h.until("STOPPING")
+    t.lines("interrupting the training")
     h.until("STOPPED")
     t.lines("stopped, stalled")
     t.check("stalled_training")

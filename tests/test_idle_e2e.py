@@ -100,7 +100,7 @@ def test_idle_cycle_with_tmux_ssh_keepalive_and_a_verified_stop(tmp_path, make_d
     subject, body = wait_mail(smtp_server, "unless you act")
     assert "(training looks stalled)" in subject
     assert "supervisorctl keepalive 2h" in body and "Cost while idle:" in body and "EUR/hour" in body
-    assert "still RUNNING" in body
+    assert "Run 1 is still running" in body and "it will be interrupted at" in body
     assert idle_of(d)["state"] == "WARNED"
     st = d.status()
     assert st["idle"]["stop_at"] and st["stop"]["action"] == "command"
@@ -124,14 +124,14 @@ def test_idle_cycle_with_tmux_ssh_keepalive_and_a_verified_stop(tmp_path, make_d
     wait_until(lambda: count_mails(smtp_server, "unless you act") == 2, 30, what="second warning")
     subject, body = wait_mail(smtp_server, "stopping now", timeout=40)
     assert "final sync verified" in subject and f"s3://{s3_server.bucket}/{s3_prefix}" in subject
-    assert "still running but looked stalled" in body
+    assert "Run 1 was still running and looked stalled: it was interrupted at" in body
     wait_until(lambda: lines(tmp_path / "stopped.txt") == ["stopped"], 20, what="stop command ran")
     wait_idle(d, lambda i: i["state"] == "STOPPED", what="STOPPED")
     objs = s3_server.objects(s3_prefix)
     assert any(k.endswith("checkpoint-10/trainer_state.json") for k in objs), objs
     st = d.status()
     assert st["stop"]["phase"] == "done" and st["stop"]["final_sync"]["ok"]
-    assert st["training"]["state"] == "RUNNING"  # stopping the machine is the stop; the job is not killed
+    assert st["training"]["state"] == "STOPPED"  # interrupted as `supervisorctl stop` does, before the final sync
     assert lines(tmp_path / "stopped.txt") == ["stopped"]
 
 

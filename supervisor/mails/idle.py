@@ -28,11 +28,23 @@ class StopPlan:
 
 @dataclass(frozen=True)
 class LiveTraining:
-    """A training that is still alive while the machine counts as idle."""
+    """A training that is still alive while the machine counts as idle: the stop interrupts it."""
 
-    state: str
+    run_id: int
     pid: int | None
     started_at: float | None
+    signs: tuple[str, ...] = ()  # what its probes read: "no output for 2h00m", "GPU 3%", "CPU 0%"
+    stop_grace_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The live training this stop interrupted before its final sync."""
+
+    run_id: int
+    at: float
+    ended: str           # how it ended ("exit code 0"); "" = still alive after every signal
+    waited_s: float = 0.0
 
 
 def cost_text(cost: IdleCost | None) -> str:
@@ -47,13 +59,25 @@ def target_text(plan: StopPlan) -> str:
     return f"{paths} to {plan.target}" if plan.target else "nothing (no sync.target configured)"
 
 
-def _stall_text(t: LiveTraining | None) -> str:
+def _live_text(t: LiveTraining | None, stop_at: float) -> str:
     if t is None:
         return ""
     since = f", started {when(t.started_at)}" if t.started_at else ""
-    return (f"\nThe training is still {t.state} (pid {t.pid}{since}) but looks stalled: "
-            "no GPU load above the threshold and no log output. It is not killed: the final sync "
-            "covers its outputs, then the machine stops.\n")
+    signs = f": {', '.join(t.signs)}" if t.signs else ""
+    return (f"\nRun {t.run_id} is still running (pid {t.pid}{since}){signs}; it looks stalled; it will be "
+            f"interrupted at {hm(stop_at)} unless you act. It gets SIGINT, then SIGTERM and SIGKILL "
+            f"{format_duration(t.stop_grace_s)} apart, as `supervisorctl stop` does; what it saves on the way "
+            "out is synced before the machine stops.\n")
+
+
+def _interrupted_text(i: Interrupted | None) -> str:
+    if i is None:
+        return ""
+    head = f"\nRun {i.run_id} was still running and looked stalled: it was interrupted at {hm(i.at)}"
+    if i.ended:
+        return f"{head} and ended ({i.ended}) before the final sync, so what it saved on the way out is included.\n"
+    return (f"{head} and was still alive {format_duration(i.waited_s)} later, after SIGINT, SIGTERM and "
+            "SIGKILL; the final sync went ahead without waiting longer.\n")
 
 
 @dataclass(frozen=True)
@@ -79,7 +103,7 @@ def warning(f: IdleWarning) -> Mail:
             f"sync of {target_text(f.plan)}.\nStop action: {f.plan.action}.\n"
             f"\nTo prevent it, run on the machine:\n\n    supervisorctl keepalive 2h\n\n"
             "Logging in over SSH, attaching to the training, Jupyter activity or GPU load also cancel it.\n"
-            f"{_stall_text(f.stalled)}\nWhat was checked:\n{checked}\n")
+            f"{_live_text(f.stalled, f.stop_at)}\nWhat was checked:\n{checked}\n")
     return Mail(subject, body)
 
 
@@ -133,7 +157,7 @@ class Stopping:
     forced: str = ""               # why it stops although the final sync did not verify
     plan: StopPlan = StopPlan((), "", "")
     cost: IdleCost | None = None
-    stalled: bool = False
+    interrupted: Interrupted | None = None
 
 
 def stopping(f: Stopping) -> Mail:
@@ -147,13 +171,11 @@ def stopping(f: Stopping) -> Mail:
         what = (f"The final sync did NOT verify ({s.get('error') or '?'}), and the machine stops anyway "
                 f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n")
     reason = "training finished" if f.finished else f"idle for {format_duration(f.idle_s)}"
-    stall = ("\nThe training was still running but looked stalled (no GPU load, no log output); it was not "
-             "killed separately.\n") if f.stalled else ""
     subject = f"stopping now ({reason}): " + (
         f"final sync verified, {s.get('files', 0)} files at {s.get('target') or 'no target'}"
         if s.get("ok") else "final sync FAILED, stopping anyway")
     body = (f"Stopping this machine at {when(f.at)} ({reason}).\n\n{what}"
-            f"Stop action: {f.plan.action}.\n{cost_text(f.cost)}{stall}")
+            f"Stop action: {f.plan.action}.\n{cost_text(f.cost)}{_interrupted_text(f.interrupted)}")
     return Mail(subject, body)
 
 
