@@ -35,8 +35,8 @@ log = structlog.get_logger("activity")
 Probe = tuple[bool, str]
 
 # the per-connection server processes a remote shell hangs from (OpenSSH >= 9.8 forks
-# "sshd-session"; mosh-server detaches from sshd but is a remote terminal all the same)
-SSH_SERVERS = frozenset({"sshd", "sshd-session", "mosh-server", "dropbear"})
+# "sshd-session", 10.0 also "sshd-auth"; mosh-server detaches from sshd but is a remote terminal all the same)
+SSH_SERVERS = frozenset({"sshd", "sshd-session", "sshd-auth", "mosh-server", "dropbear"})
 
 _logged: dict[str, str] = {}
 
@@ -103,10 +103,15 @@ def _proc_table() -> dict[int, dict]:
     return out
 
 
-def ssh_sessions() -> list[dict]:
-    """Remote terminal sessions now: every /dev/pts/* with an sshd ancestor (what SkyPilot counts,
-    so `ssh -N` tunnels, which have no terminal, do not count), plus utmp logins whose process
-    is alive (utmp is often absent in containers, and can hold stale entries)."""
+def ssh_sessions(count_tunnels: bool = False) -> list[dict]:
+    """The people connected over SSH now, each {user, tty, host, pid, kind}:
+    - "pty": a /dev/pts/* with an SSH-server ancestor (a login; what SkyPilot counts), and utmp logins
+      whose process is alive (utmp is often absent in containers, and can hold stale entries);
+    - "session": a command running under an SSH connection without a terminal. VS Code Remote-SSH,
+      Cursor and JetBrains Gateway work this way: their server re-parents to init and owns its own
+      ptys, and the editor keeps an SSH session open (a shell waiting on its stdin) while it is open;
+    - "tunnel" (only with `count_tunnels`): a connection that carries no session at all, only
+      forwarded ports (`ssh -N -L ...`)."""
     procs = _proc_table()
     pts = _pts_devices()
     found: dict[str, dict] = {}
@@ -118,12 +123,29 @@ def ssh_sessions() -> list[dict]:
         server = _server_ancestor(pid, procs)
         if server is None:
             continue
-        found[tty] = {"user": _username(pid), "tty": tty[len("/dev/"):], "host": "", "pid": pid}
+        found[tty] = {"user": _username(pid), "tty": tty[len("/dev/"):], "host": "", "pid": pid, "kind": "pty"}
         servers[tty] = server
-    if found:
-        peers = _peers()
-        for tty, server in servers.items():
-            found[tty]["host"] = _peer_of(server, procs, peers)
+    in_pty = set(servers.values())
+    for pid in sorted(procs):
+        info = procs[pid]
+        if info["name"] in SSH_SERVERS or (pts and pts.get(info["tty"])):
+            continue
+        server = _server_ancestor(pid, procs)
+        key = f"ssh-session:{server}"
+        if server is None or server in in_pty:
+            continue
+        if key in found and (info["ppid"] != server or procs[found[key]["pid"]]["ppid"] == server):
+            continue  # one entry per connection, named after the command sshd started (its direct child)
+        if "[" in _title(server):
+            continue  # a helper of the login itself (PAM's unix_chkpwd under "sshd: me [priv]"): nobody yet
+        found[key] = {"user": _username(pid), "tty": "", "host": "", "pid": pid, "kind": "session",
+                      "command": info["name"]}
+        servers[key] = server
+    peers = _peers() if servers or count_tunnels else {}
+    for key, server in servers.items():
+        found[key]["host"] = _peer_of(server, procs, peers)
+    if count_tunnels:
+        _tunnels(procs, peers, list(servers.values()), found)
     try:
         users = psutil.users()
     except Exception as e:  # noqa: BLE001 - a broken utmp is reported, the /proc view still counts
@@ -136,8 +158,59 @@ def ssh_sessions() -> list[dict]:
             continue
         if getattr(u, "pid", None) and not psutil.pid_exists(u.pid):
             continue  # a stale utmp record of a session that is gone
-        found[key] = {"user": u.name, "tty": term, "host": u.host or "", "pid": getattr(u, "pid", None)}
-    return sorted(found.values(), key=lambda s: s["tty"])
+        found[key] = {"user": u.name, "tty": term, "host": u.host or "", "pid": getattr(u, "pid", None),
+                      "kind": "pty"}
+    return sorted(found.values(), key=lambda s: (s["tty"] == "", s["tty"], s["pid"] or 0))
+
+
+def _tunnels(procs: dict[int, dict], peers: dict[int, str], session_servers: list[int], found: dict) -> None:
+    """Add the authenticated SSH connections that carry no session (bare port forwards)."""
+    kids: dict[int, list[int]] = {}
+    for pid, info in procs.items():
+        if info["name"] in SSH_SERVERS:
+            kids.setdefault(info["ppid"], []).append(pid)
+    carrying = [_ancestry(sv, procs) for sv in session_servers]
+    for pid in sorted(peers):
+        info = procs.get(pid)
+        if info is None or info["name"] not in SSH_SERVERS:
+            continue
+        mine = _ancestry(pid, procs)
+        if any(pid in a or a[0] in mine for a in carrying):
+            continue  # this connection carries a session already counted
+        group, todo = [], [pid]
+        while todo:
+            q = todo.pop()
+            group.append(q)
+            todo.extend(kids.get(q, []))
+        # sshd titles its processes: "[listener]", "[priv]", "[net]", "[accepted]" before and during
+        # authentication (a scanner knocking is nobody); "user@notty" or "sshd: user" once logged in
+        authed = [q for q in group if "[" not in _title(q)]
+        if not authed:
+            continue
+        carrying.append(mine)
+        found[f"ssh-tunnel:{pid}"] = {"user": _username(authed[-1]), "tty": "", "host": peers[pid], "pid": pid,
+                                      "kind": "tunnel"}
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(512).replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return "["  # gone or unreadable: not known to be logged in
+
+
+def _ancestry(pid: int, procs: dict[int, dict]) -> list[int]:
+    """pid, its parent, its parent's parent ... (at most 64)."""
+    out = [pid]
+    cur = procs.get(pid)
+    while cur is not None and len(out) < 64:
+        ppid = cur.get("ppid")
+        if not ppid or ppid in out:
+            break
+        out.append(ppid)
+        cur = procs.get(ppid)
+    return out
 
 
 def _username(pid: int) -> str:
@@ -188,11 +261,14 @@ def _peer_of(server: int, procs: dict[int, dict], peers: dict[int, str]) -> str:
 
 def describe_session(s: dict) -> str:
     where = f" from {s['host']}" if s.get("host") else ""
-    return f"ssh: {s['user']}{where} ({s['tty']})"
+    kind = s.get("kind", "pty")
+    what = s["tty"] if kind == "pty" else (f"no terminal: {s.get('command') or '?'}" if kind == "session"
+                                           else "tunnel, no session")
+    return f"ssh: {s['user']}{where} ({what})"
 
 
-def probe_ssh() -> Probe:
-    sessions = ssh_sessions()
+def probe_ssh(count_tunnels: bool = False) -> Probe:
+    sessions = ssh_sessions(count_tunnels)
     if not sessions:
         return False, "ssh: nobody logged in"
     text = "; ".join(describe_session(s) for s in sessions[:3])
@@ -437,7 +513,7 @@ class Probes:
         alive = info.state in TRAINING_ALIVE
         items: list[Signal] = []
         if c.count_ssh:
-            items.append(Signal("ssh", *safe("ssh", probe_ssh)))
+            items.append(Signal("ssh", *safe("ssh", probe_ssh, c.count_ssh_tunnels)))
         if c.count_tmux_clients:
             items.append(Signal("tmux", *safe("tmux", probe_tmux, self.tmux_socket, info.session or self.session)))
         if self.jupyter is not None:

@@ -112,6 +112,7 @@ class IdleConfig:
     gpu_window: float = _k("duration", 300.0)
     poll_interval: float = _k("duration", 30.0, min=0.1)
     count_ssh: bool = _k("bool", True)
+    count_ssh_tunnels: bool = _k("bool", False)
     count_tmux_clients: bool = _k("bool", True)
     count_training_cpu: bool = _k("bool", True)
     training_cpu_threshold: float = _k("float", 50.0, min=0)
