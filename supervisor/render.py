@@ -101,6 +101,11 @@ def idle_lines(st: dict) -> list[str]:
         lines.append(f"          idle cost so far {i['idle_cost']:.2f} {i.get('currency') or ''}".rstrip())
     if i.get("training_stalled") and state != "ACTIVE" and s.get("phase") != "interrupting":
         lines.append("          training is still running but looks stalled (no GPU load, no log output)")
+    fs = s.get("final_sync") or {}
+    if fs.get("ok") and (fs.get("damaged") or fs.get("partial_units")):
+        named = [*(fs.get("partial_units") or []), *(fs.get("damaged") or [])]
+        lines.append(f"stop      final sync sent as they are: {'; '.join(named[:3])}"
+                     + (f" and {len(named) - 3} more" if len(named) > 3 else ""))
     if s.get("phase") == "interrupting":
         lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
                      "so it can save; the final sync follows its end")

@@ -196,8 +196,11 @@ def may_act_without_sync(stop: StopConfig, idle_cost: float | None, max_idle_cos
 
 
 def sync_summary(r: FinalSyncResult) -> dict:
+    # damaged / partial_units: what went up as it is although it is not whole (newer sync engines say)
     return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
-            "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50])}
+            "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50]),
+            "damaged": list(getattr(r, "damaged", None) or [])[:50],
+            "partial_units": list(getattr(r, "partial_units", None) or [])[:50]}
 
 
 class StopSequence:

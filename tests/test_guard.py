@@ -79,13 +79,17 @@ class FakeSync:
         self.ok = True
         self.calls: list[list[str]] = []
         self.gate: threading.Event | None = None
+        self.damaged: list[str] = []        # what a final sync sent as it is although it is not whole
+        self.partial_units: list[str] = []
 
     def final_sync(self, paths, timeout_s):
         self.calls.append(list(paths))
         if self.gate is not None:
             self.gate.wait(10)
         if self.ok:
-            return FinalSyncResult(ok=True, target=self.display, files=3, bytes=3 * 1024 * 1024, uploaded_files=1)
+            r = FinalSyncResult(ok=True, target=self.display, files=3, bytes=3 * 1024 * 1024, uploaded_files=1)
+            r.damaged, r.partial_units = list(self.damaged), list(self.partial_units)  # fields of newer engines
+            return r
         return FinalSyncResult(ok=False, target=self.display, error="connection refused",
                                unsynced=["/workspace/out/checkpoint-30/model.safetensors"])
 

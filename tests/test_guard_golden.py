@@ -233,6 +233,16 @@ def test_training_finished_while_a_stop_is_under_way(tmp_path, clock):
     t.check("finished_during_stop")
 
 
+def test_final_syncs_that_sent_files_as_they_are_name_them(tmp_path, clock):
+    h, t = make(tmp_path, clock, config={"training": {"on_finish": "stop"}})
+    h.sync.damaged = ["/workspace/out/adapter/adapter_model.safetensors"]
+    h.sync.partial_units = ["checkpoint-8 (never finished: no trainer_state.json)"]
+    _end(h, T.FINISHED, 0, 5)
+    h.until("STOPPED")
+    t.lines("stopped; the final sync sent files as they are")
+    t.check("not_whole")
+
+
 @pytest.mark.parametrize("mode", ["idle", "none"])
 def test_training_failed_on_finish_idle_and_none(tmp_path, clock, mode):
     h, t = make(tmp_path, clock, config={"training": {"on_finish": mode}})

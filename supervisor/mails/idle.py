@@ -54,6 +54,28 @@ def cost_text(cost: IdleCost | None) -> str:
             f"(at {cost.price_per_hour:.2f} {cost.currency}/hour).\n")
 
 
+def not_whole_text(damaged: list[str] | tuple[str, ...], partial: list[str] | tuple[str, ...]) -> str:
+    """What the final sync sent as it was although it is not whole: named, never hidden behind "verified"."""
+    out = ""
+    if partial:
+        out += ("Incomplete checkpoints, uploaded as they are (not marked complete on the target):\n"
+                + "".join(f"  {p}\n" for p in partial[:20]))
+    if damaged:
+        out += ("Files that fail their format check (cut short, damaged or a format this daemon cannot read), "
+                "uploaded as they are:\n" + "".join(f"  {p}\n" for p in damaged[:20]))
+    return out
+
+
+def not_whole_count(damaged: list[str] | tuple[str, ...], partial: list[str] | tuple[str, ...]) -> str:
+    """"1 damaged file, 2 incomplete checkpoints" ("" when everything is whole)."""
+    bits = []
+    if damaged:
+        bits.append(f"{len(damaged)} damaged file{'s' if len(damaged) != 1 else ''}")
+    if partial:
+        bits.append(f"{len(partial)} incomplete checkpoint{'s' if len(partial) != 1 else ''}")
+    return ", ".join(bits)
+
+
 def target_text(plan: StopPlan) -> str:
     paths = ", ".join(plan.paths) or "(no folders configured)"
     return f"{paths} to {plan.target}" if plan.target else "nothing (no sync.target configured)"
@@ -165,14 +187,17 @@ def stopping(f: Stopping) -> Mail:
     if s.get("ok"):
         what = (f"Final sync verified: {s.get('files', 0)} files, {format_bytes(s.get('bytes', 0))} "
                 f"at {s.get('target') or '(no target)'} ({s.get('uploaded_files', 0)} uploaded just now).\n"
-                f"Folders: {', '.join(f.plan.paths) or '(none)'}\n")
+                f"Folders: {', '.join(f.plan.paths) or '(none)'}\n"
+                f"{not_whole_text(s.get('damaged') or [], s.get('partial_units') or [])}")
     else:
         unsynced = "\n".join(f"  {p}" for p in (s.get("unsynced") or [])[:20])
         what = (f"The final sync did NOT verify ({s.get('error') or '?'}), and the machine stops anyway "
                 f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n")
     reason = "training finished" if f.finished else f"idle for {format_duration(f.idle_s)}"
+    not_whole = not_whole_count(s.get("damaged") or [], s.get("partial_units") or [])
     subject = f"stopping now ({reason}): " + (
         f"final sync verified, {s.get('files', 0)} files at {s.get('target') or 'no target'}"
+        + (f" ({not_whole} among them)" if not_whole else "")
         if s.get("ok") else "final sync FAILED, stopping anyway")
     body = (f"Stopping this machine at {when(f.at)} ({reason}).\n\n{what}"
             f"Stop action: {f.plan.action}.\n{cost_text(f.cost)}{_interrupted_text(f.interrupted)}")

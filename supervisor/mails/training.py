@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..durations import format_bytes, format_duration
 from ..timefmt import hm, when
 from . import Mail, describe_exit
+from .idle import not_whole_text
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Outputs:
     unsynced: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()  # the final sync's folders
     sync_target: str = ""        # the configured target, for "synced continuously"
+    damaged: tuple[str, ...] = ()        # files sent as they are although they fail their format check
+    partial_units: tuple[str, ...] = ()  # checkpoints sent as they are although never finished
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ def _outputs_text(o: Outputs, workdir: str) -> str:
     if o.ok:
         return (f"Outputs: final sync verified, {o.files} files ({format_bytes(o.bytes)}) at "
                 f"{o.target or '(no target: nothing leaves this machine)'}; folders "
-                f"{', '.join(o.paths) or '(none)'}\n")
+                f"{', '.join(o.paths) or '(none)'}\n{not_whole_text(o.damaged, o.partial_units)}")
     return (f"Outputs: the final sync FAILED ({o.error}); not yet safe:\n"
             + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n")
 
