@@ -498,10 +498,14 @@ class Probes:
     """Every probe `[idle]` turns on, looked at afresh on each poll. Only the probes that compare
     with their previous reading (GPU unknown-since, log growth, CPU time) keep anything."""
 
-    def __init__(self, cfg: IdleConfig, tmux_socket: str, session: str):
+    def __init__(self, cfg: IdleConfig, tmux_socket: str, session: str, stopping_patience: float = 120.0):
         self.cfg = cfg
         self.tmux_socket = tmux_socket
         self.session = session
+        # a training on its way out (SIGINT, SIGTERM, SIGKILL) counts as work this long at most: one
+        # that outlives SIGKILL (uninterruptible) must not keep the machine billed for ever
+        self.stopping_patience = stopping_patience
+        self._stopping: tuple[int, float] | None = None  # (run, monotonic time it was first seen STOPPING)
         self.jupyter = JupyterProbe(cfg.jupyter_url, cfg.jupyter_token_file) if cfg.jupyter_url else None
         self.gpu = GpuProbe()
         self.output = OutputProbe()
@@ -524,7 +528,7 @@ class Probes:
         if info.state == TrainingState.STARTING:
             items.append(Signal("training", True, "training: starting"))
         elif info.state == TrainingState.STOPPING:
-            items.append(Signal("training", True, "training: stopping"))
+            items.append(Signal("training", *self._stopping_signal(info, now)))
         elif info.state == TrainingState.RUNNING:
             if c.count_training_output:
                 items.append(Signal("training_output", *safe("training", self.output.probe, info.log_path,
@@ -534,5 +538,15 @@ class Probes:
                 items.append(Signal("training_cpu", *safe("training_cpu", lambda: self.cpu.probe(
                     training_pids(), now.mono, c.training_cpu_threshold))))
                 signs.append(self.cpu.figure)
+        if info.state != TrainingState.STOPPING:
+            self._stopping = None
         return Signals(tuple(items), training_alive=alive,
                        training_signs=tuple(x for x in signs if x) if alive else ())
+
+    def _stopping_signal(self, info: TrainingInfo, now: Now) -> Probe:
+        if self._stopping is None or self._stopping[0] != info.run_id:
+            self._stopping = (info.run_id, now.mono)
+        for_s = now.mono - self._stopping[1]
+        if for_s < self.stopping_patience:
+            return True, "training: stopping"
+        return False, f"training: stopping for {_ago(for_s)}, still alive after SIGKILL (no longer counted)"

@@ -136,7 +136,7 @@ class IdleGuard:
         self.progress = progress
         socket = tmux_socket or getattr(getattr(training, "tmux", None), "socket", None) \
             or str(Path(conf.state_dir) / "tmux.sock")
-        self.probes = Probes(conf.idle, socket, conf.session)
+        self.probes = Probes(conf.idle, socket, conf.session, conf.interrupt_patience)
         self.mail_flush_s = mail_flush_s
         self._lock = threading.RLock()
         self.jobs = Jobs(self._lock)

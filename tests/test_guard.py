@@ -362,6 +362,15 @@ def test_a_person_cancels_an_interrupting_stop_the_training_does_not(h):
     assert h.guard.stopper.rec.phase == "cancelled" and not h.sync.calls
 
 
+def test_a_training_that_outlives_sigkill_counts_as_stopping_only_for_a_while(h):
+    h.training.state, h.training.run_id = T.STOPPING, 6  # someone's `supervisorctl stop`, unkillable job
+    h.poll()
+    assert h.state == "ACTIVE" and h.guard.status()["idle"]["reasons"] == ["training: stopping"]
+    h.poll(4)  # 2 x stop_grace (30s) + 1m
+    st = h.guard.status()["idle"]
+    assert st["state"] == "IDLE" and any("still alive after SIGKILL (no longer counted)" in c for c in st["checked"])
+
+
 def test_training_starting_counts_as_work(h):
     h.training.state = T.STARTING
     h.poll(40)
