@@ -24,16 +24,19 @@ from pathlib import Path
 import psutil
 import structlog
 
+from .config import IdleConfig
 from .durations import format_duration
-from .interfaces import GpuView
+from .idle import Now, Signal, Signals
+from .interfaces import GpuView, TrainingInfo
+from .states import TRAINING_ALIVE, TrainingState
 
 log = structlog.get_logger("activity")
 
 Probe = tuple[bool, str]
 
 # the per-connection server processes a remote shell hangs from (OpenSSH >= 9.8 forks
-# "sshd-session"; mosh-server detaches from sshd but is a remote terminal all the same)
-SSH_SERVERS = frozenset({"sshd", "sshd-session", "mosh-server", "dropbear"})
+# "sshd-session", 10.0 also "sshd-auth"; mosh-server detaches from sshd but is a remote terminal all the same)
+SSH_SERVERS = frozenset({"sshd", "sshd-session", "sshd-auth", "mosh-server", "dropbear"})
 
 _logged: dict[str, str] = {}
 
@@ -100,10 +103,15 @@ def _proc_table() -> dict[int, dict]:
     return out
 
 
-def ssh_sessions() -> list[dict]:
-    """Remote terminal sessions now: every /dev/pts/* with an sshd ancestor (what SkyPilot counts,
-    so `ssh -N` tunnels, which have no terminal, do not count), plus utmp logins whose process
-    is alive (utmp is often absent in containers, and can hold stale entries)."""
+def ssh_sessions(count_tunnels: bool = False) -> list[dict]:
+    """The people connected over SSH now, each {user, tty, host, pid, kind}:
+    - "pty": a /dev/pts/* with an SSH-server ancestor (a login; what SkyPilot counts), and utmp logins
+      whose process is alive (utmp is often absent in containers, and can hold stale entries);
+    - "session": a command running under an SSH connection without a terminal. VS Code Remote-SSH,
+      Cursor and JetBrains Gateway work this way: their server re-parents to init and owns its own
+      ptys, and the editor keeps an SSH session open (a shell waiting on its stdin) while it is open;
+    - "tunnel" (only with `count_tunnels`): a connection that carries no session at all, only
+      forwarded ports (`ssh -N -L ...`)."""
     procs = _proc_table()
     pts = _pts_devices()
     found: dict[str, dict] = {}
@@ -115,12 +123,29 @@ def ssh_sessions() -> list[dict]:
         server = _server_ancestor(pid, procs)
         if server is None:
             continue
-        found[tty] = {"user": _username(pid), "tty": tty[len("/dev/"):], "host": "", "pid": pid}
+        found[tty] = {"user": _username(pid), "tty": tty[len("/dev/"):], "host": "", "pid": pid, "kind": "pty"}
         servers[tty] = server
-    if found:
-        peers = _peers()
-        for tty, server in servers.items():
-            found[tty]["host"] = _peer_of(server, procs, peers)
+    in_pty = set(servers.values())
+    for pid in sorted(procs):
+        info = procs[pid]
+        if info["name"] in SSH_SERVERS or (pts and pts.get(info["tty"])):
+            continue
+        server = _server_ancestor(pid, procs)
+        key = f"ssh-session:{server}"
+        if server is None or server in in_pty:
+            continue
+        if key in found and (info["ppid"] != server or procs[found[key]["pid"]]["ppid"] == server):
+            continue  # one entry per connection, named after the command sshd started (its direct child)
+        if "[" in _title(server):
+            continue  # a helper of the login itself (PAM's unix_chkpwd under "sshd: me [priv]"): nobody yet
+        found[key] = {"user": _username(pid), "tty": "", "host": "", "pid": pid, "kind": "session",
+                      "command": info["name"]}
+        servers[key] = server
+    peers = _peers() if servers or count_tunnels else {}
+    for key, server in servers.items():
+        found[key]["host"] = _peer_of(server, procs, peers)
+    if count_tunnels:
+        _tunnels(procs, peers, list(servers.values()), found)
     try:
         users = psutil.users()
     except Exception as e:  # noqa: BLE001 - a broken utmp is reported, the /proc view still counts
@@ -133,8 +158,59 @@ def ssh_sessions() -> list[dict]:
             continue
         if getattr(u, "pid", None) and not psutil.pid_exists(u.pid):
             continue  # a stale utmp record of a session that is gone
-        found[key] = {"user": u.name, "tty": term, "host": u.host or "", "pid": getattr(u, "pid", None)}
-    return sorted(found.values(), key=lambda s: s["tty"])
+        found[key] = {"user": u.name, "tty": term, "host": u.host or "", "pid": getattr(u, "pid", None),
+                      "kind": "pty"}
+    return sorted(found.values(), key=lambda s: (s["tty"] == "", s["tty"], s["pid"] or 0))
+
+
+def _tunnels(procs: dict[int, dict], peers: dict[int, str], session_servers: list[int], found: dict) -> None:
+    """Add the authenticated SSH connections that carry no session (bare port forwards)."""
+    kids: dict[int, list[int]] = {}
+    for pid, info in procs.items():
+        if info["name"] in SSH_SERVERS:
+            kids.setdefault(info["ppid"], []).append(pid)
+    carrying = [_ancestry(sv, procs) for sv in session_servers]
+    for pid in sorted(peers):
+        info = procs.get(pid)
+        if info is None or info["name"] not in SSH_SERVERS:
+            continue
+        mine = _ancestry(pid, procs)
+        if any(pid in a or a[0] in mine for a in carrying):
+            continue  # this connection carries a session already counted
+        group, todo = [], [pid]
+        while todo:
+            q = todo.pop()
+            group.append(q)
+            todo.extend(kids.get(q, []))
+        # sshd titles its processes: "[listener]", "[priv]", "[net]", "[accepted]" before and during
+        # authentication (a scanner knocking is nobody); "user@notty" or "sshd: user" once logged in
+        authed = [q for q in group if "[" not in _title(q)]
+        if not authed:
+            continue
+        carrying.append(mine)
+        found[f"ssh-tunnel:{pid}"] = {"user": _username(authed[-1]), "tty": "", "host": peers[pid], "pid": pid,
+                                      "kind": "tunnel"}
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(512).replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return "["  # gone or unreadable: not known to be logged in
+
+
+def _ancestry(pid: int, procs: dict[int, dict]) -> list[int]:
+    """pid, its parent, its parent's parent ... (at most 64)."""
+    out = [pid]
+    cur = procs.get(pid)
+    while cur is not None and len(out) < 64:
+        ppid = cur.get("ppid")
+        if not ppid or ppid in out:
+            break
+        out.append(ppid)
+        cur = procs.get(ppid)
+    return out
 
 
 def _username(pid: int) -> str:
@@ -185,11 +261,14 @@ def _peer_of(server: int, procs: dict[int, dict], peers: dict[int, str]) -> str:
 
 def describe_session(s: dict) -> str:
     where = f" from {s['host']}" if s.get("host") else ""
-    return f"ssh: {s['user']}{where} ({s['tty']})"
+    kind = s.get("kind", "pty")
+    what = s["tty"] if kind == "pty" else (f"no terminal: {s.get('command') or '?'}" if kind == "session"
+                                           else "tunnel, no session")
+    return f"ssh: {s['user']}{where} ({what})"
 
 
-def probe_ssh() -> Probe:
-    sessions = ssh_sessions()
+def probe_ssh(count_tunnels: bool = False) -> Probe:
+    sessions = ssh_sessions(count_tunnels)
     if not sessions:
         return False, "ssh: nobody logged in"
     text = "; ".join(describe_session(s) for s in sessions[:3])
@@ -316,13 +395,16 @@ class GpuProbe:
 
     def __init__(self) -> None:
         self.unknown_since: float | None = None
+        self.figure = ""  # the reading in two words, for a mail about the training ("GPU 3%")
 
     def probe(self, gpu: GpuView | None, now_mono: float, window: float, threshold: float,
               training_alive: bool) -> Probe:
+        self.figure = "no GPU"
         if gpu is None:
             return False, "gpu: not monitored"
         util = gpu.utilization(window)
         span = format_duration(window)
+        self.figure = "GPU unknown" if util is None else f"GPU {util:.0f}%"
         if util is not None:
             self.unknown_since = None
             if util > threshold:
@@ -330,6 +412,7 @@ class GpuProbe:
             return False, f"gpu: {util:.0f}% over {span} (idle below {threshold:g}%)"
         st = gpu.status() or {}
         if not st.get("gpus"):
+            self.figure = "no GPU"
             return False, f"gpu: none ({st.get('gpu_error') or 'no GPU found'})"
         if not training_alive:
             self.unknown_since = None
@@ -351,8 +434,10 @@ class OutputProbe:
     def __init__(self) -> None:
         self._last: tuple | None = None
         self._grew_mono: float | None = None
+        self.figure = ""
 
     def probe(self, path: str, now_mono: float, now_wall: float, window: float) -> Probe:
+        self.figure = "no output yet"
         if not path:
             return False, "training: no log file"
         try:
@@ -366,18 +451,20 @@ class OutputProbe:
             self._grew_mono = now_mono
         self._last = key
         age = max(0.0, now_mono - self._grew_mono)
+        self.figure = f"output {_ago(age)} ago" if age < window else f"no output for {_ago(age)}"
         if age < window:
             return True, f"training: log written {_ago(age)} ago"
         return False, f"training: no log output for {_ago(age)}"
 
 
 class CpuProbe:
-    """The training's process tree used at least `threshold` % of one core since the last poll
-    (opt-in: a CPU-bound hang would otherwise keep the machine forever)."""
+    """The training's process tree used at least `threshold` % of one core since the last poll: a
+    process waiting on nothing uses none, a tokenizer or a data pipeline at work uses a core or more."""
 
     def __init__(self) -> None:
         self._prev: dict[int, tuple[float, float]] = {}
         self._prev_mono: float | None = None
+        self.figure = ""
 
     def probe(self, pids: Iterable[int], now_mono: float, threshold: float) -> Probe:
         cur: dict[int, tuple[float, float]] = {}
@@ -390,6 +477,7 @@ class CpuProbe:
                 continue
         prev, prev_mono = self._prev, self._prev_mono
         self._prev, self._prev_mono = cur, now_mono
+        self.figure = ""
         if prev_mono is None or now_mono - prev_mono <= 0:
             return False, "training cpu: measuring"
         used = 0.0
@@ -399,6 +487,66 @@ class CpuProbe:
             if before is not None and abs(before[0] - ctime) < 1.0:
                 used += max(0.0, total - before[1])
         pct = 100.0 * used / (now_mono - prev_mono)
+        self.figure = f"CPU {pct:.0f}%"
         if pct >= threshold:
             return True, f"training cpu: {pct:.0f}% of a core"
         return False, f"training cpu: {pct:.0f}% of a core (below {threshold:g}%)"
+
+
+# --- all of them ---------------------------------------------------------------------------------
+class Probes:
+    """Every probe `[idle]` turns on, looked at afresh on each poll. Only the probes that compare
+    with their previous reading (GPU unknown-since, log growth, CPU time) keep anything."""
+
+    def __init__(self, cfg: IdleConfig, tmux_socket: str, session: str, stopping_patience: float = 120.0):
+        self.cfg = cfg
+        self.tmux_socket = tmux_socket
+        self.session = session
+        # a training on its way out (SIGINT, SIGTERM, SIGKILL) counts as work this long at most: one
+        # that outlives SIGKILL (uninterruptible) must not keep the machine billed for ever
+        self.stopping_patience = stopping_patience
+        self._stopping: tuple[int, float] | None = None  # (run, monotonic time it was first seen STOPPING)
+        self.jupyter = JupyterProbe(cfg.jupyter_url, cfg.jupyter_token_file) if cfg.jupyter_url else None
+        self.gpu = GpuProbe()
+        self.output = OutputProbe()
+        self.cpu = CpuProbe()
+
+    def gather(self, info: TrainingInfo, now: Now, gpu: GpuView | None,
+               training_pids: Callable[[], Iterable[int]]) -> Signals:
+        c = self.cfg
+        alive = info.state in TRAINING_ALIVE
+        items: list[Signal] = []
+        if c.count_ssh:
+            items.append(Signal("ssh", *safe("ssh", probe_ssh, c.count_ssh_tunnels)))
+        if c.count_tmux_clients:
+            items.append(Signal("tmux", *safe("tmux", probe_tmux, self.tmux_socket, info.session or self.session)))
+        if self.jupyter is not None:
+            items.append(Signal("jupyter", *safe("jupyter", self.jupyter.probe, now.wall, c.activity_window)))
+        items.append(Signal("gpu", *safe("gpu", self.gpu.probe, gpu, now.mono, c.gpu_window,
+                                         c.gpu_util_threshold, alive)))
+        signs = [self.gpu.figure]
+        if info.state == TrainingState.STARTING:
+            items.append(Signal("training", True, "training: starting"))
+        elif info.state == TrainingState.STOPPING:
+            items.append(Signal("training", *self._stopping_signal(info, now)))
+        elif info.state == TrainingState.RUNNING:
+            if c.count_training_output:
+                items.append(Signal("training_output", *safe("training", self.output.probe, info.log_path,
+                                                             now.mono, now.wall, c.activity_window)))
+                signs.insert(0, self.output.figure)
+            if c.count_training_cpu:
+                items.append(Signal("training_cpu", *safe("training_cpu", lambda: self.cpu.probe(
+                    training_pids(), now.mono, c.training_cpu_threshold))))
+                signs.append(self.cpu.figure)
+        if info.state != TrainingState.STOPPING:
+            self._stopping = None
+        return Signals(tuple(items), training_alive=alive,
+                       training_signs=tuple(x for x in signs if x) if alive else ())
+
+    def _stopping_signal(self, info: TrainingInfo, now: Now) -> Probe:
+        if self._stopping is None or self._stopping[0] != info.run_id:
+            self._stopping = (info.run_id, now.mono)
+        for_s = now.mono - self._stopping[1]
+        if for_s < self.stopping_patience:
+            return True, "training: stopping"
+        return False, f"training: stopping for {_ago(for_s)}, still alive after SIGKILL (no longer counted)"

@@ -29,6 +29,7 @@ import structlog
 from .clock import Clock
 from .config import AlertsConfig
 from .statefile import StateStore, set_aside
+from .timefmt import when
 
 log = structlog.get_logger("alerts")
 
@@ -121,7 +122,7 @@ def plan(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
         if r.resolve_pending:
             r.resolve_pending = False
             if r.mails > 0:
-                note = r.resolve_note or f"Resolved at {_ts(now)}."
+                note = r.resolve_note or f"Resolved at {when(now)}."
                 new.append(Mail(r.key, r.kind, f"RESOLVED: {r.subject}", f"{r.body}\n\n{note}", now))
             continue
         if not r.active:
@@ -168,12 +169,6 @@ def sanitize_subject(text: str, limit: int = 150) -> str:
     """One line, no control characters: log text can never inject a header."""
     s = _CTRL.sub(" ", text).strip()
     return s[:limit]
-
-
-def _ts(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class Mailer(Protocol):

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -70,7 +71,7 @@ class Daemon:
 
         from .guard import IdleGuard
 
-        self.guard = IdleGuard(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
+        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
 
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
@@ -80,14 +81,18 @@ class Daemon:
         self._stop = threading.Event()
 
     # --- wiring -------------------------------------------------------------------------------
-    def _every(self, name: str, seconds: float, fn: Callable[[], Any]) -> None:
-        def duty() -> None:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - one failing duty must never stop the others
-                log.exception("duty_failed", duty=name)
+    def _every(self, duty: Duty) -> None:
+        seconds = duty.every(self.cfg)
+        if not seconds:
+            return
 
-        self.scheduler.add_job(duty, "interval", seconds=max(seconds, 0.2), id=name, name=name,
+        def run() -> None:
+            try:
+                duty.run(self)
+            except Exception:  # noqa: BLE001 - one failing duty must never stop the others
+                log.exception("duty_failed", duty=duty.name)
+
+        self.scheduler.add_job(run, "interval", seconds=max(seconds, 0.2), id=duty.name, name=duty.name,
                                next_run_time=_soon())
 
     def _on_training_start(self, info: TrainingInfo) -> None:
@@ -107,7 +112,9 @@ class Daemon:
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
-    def start(self) -> None:
+    def start(self, schedule: bool = True) -> None:
+        """Adopt, start the sync worker and the control socket, and schedule DUTIES (`schedule=False`:
+        a test runs them itself, with a fake clock where hours pass)."""
         self.training.adopt()
         self.follower.switch(self.training.log_path(), start_at_end=True)
         info = self.training.info()
@@ -116,18 +123,10 @@ class Daemon:
         self.sync.start()
         self.control.start()
         c = self.cfg
-        self._every("training", 1.0, self.training.poll)
-        self._every("gpu", c.gpu.poll_interval, self.gpu.poll)
-        self._every("log", 2.0, lambda: self.follower.poll(self.clock.time()))
-        self._every("progress", 30.0, lambda: self.progress.scan_checkpoints(self._checkpoint_dirs()))
-        self._every("estimate", 60.0, lambda: self.progress.maybe_early_estimate(self.clock.time()))
-        self._every("idle", c.idle.poll_interval, self.guard.poll)
-        self._every("host", 15.0, self.hostcheck.poll)  # host RAM exhaustion is followed fast by the OOM killer
-        self._every("alerts", 5.0, self.alerts.tick)
-        wd = watchdog_interval()
-        if wd:
-            self._every("watchdog", wd, lambda: notify("WATCHDOG=1", f"STATUS={self._status_line()}"))
-        self.scheduler.start()
+        if schedule:
+            for duty in DUTIES:
+                self._every(duty)
+            self.scheduler.start()
         self.training.maybe_autostart()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,
@@ -180,7 +179,7 @@ class Daemon:
             "stop": guard.get("stop", {}),
             "alerts": self.alerts.active(),
             "cost": self.progress.cost(now),
-            "lines": {"gpus": self.gpu.render_lines(), "idle": self.guard.render_lines(),
+            "lines": {"gpus": self.gpu.render_lines(),
                       "progress": self.progress.render_line(now)},
         }
 
@@ -241,6 +240,32 @@ class Daemon:
         if not 0 < secs <= 7 * 86400:
             raise RequestError("keepalive: duration must be between 1s and 7d")
         return self.guard.keepalive(secs)
+
+
+@dataclass(frozen=True)
+class Duty:
+    """A periodic duty: its name (the scheduler's job id, `duty=` in the log), how often (seconds from
+    the config; 0 or None = not scheduled) and what it does. Each runs isolated: one that raises is
+    logged and tried again at its next turn, never taking the others down."""
+
+    name: str
+    every: Callable[[Config], float | None]
+    run: Callable[[Daemon], object]
+
+
+# Every periodic duty of the daemon, in one place (as SkyPilot's skylet declares its EVENTS).
+DUTIES: tuple[Duty, ...] = (
+    Duty("training", lambda c: 1.0, lambda d: d.training.poll()),
+    Duty("gpu", lambda c: c.gpu.poll_interval, lambda d: d.gpu.poll()),
+    Duty("log", lambda c: 2.0, lambda d: d.follower.poll(d.clock.time())),
+    Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
+    Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
+    Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
+    Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
+    Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
+    Duty("watchdog", lambda c: watchdog_interval(),
+         lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
+)
 
 
 def _int(v: Any, name: str, lo: int, hi: int) -> int:

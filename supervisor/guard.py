@@ -1,7 +1,8 @@
 """IdleGuard: the thin shell around the idle machine. It gathers the probes' signals, steps the
 machine, persists it (`idle.json`), sends the mails, and runs the stop sequence (`stop.json`) and
 the on-finish handling in a background worker so the scheduler and the control socket never wait
-on a final sync.
+on a final sync. Decisions live in `idle.py` (the machine) and `stop.py` (the sequence), words in
+`mails/idle.py` and `mails/training.py`, status lines in `render.idle_lines`.
 
 The daemon builds one after GPU, sync and training, schedules `poll()` every idle.poll_interval,
 calls `on_training_ended(info)` when a run ends, and routes `supervisorctl keepalive` to
@@ -10,120 +11,174 @@ calls `on_training_ended(info)` when a run ends, and routes `supervisorctl keepa
 
 from __future__ import annotations
 
-import datetime as dt
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from . import idle
-from .activity import CpuProbe, GpuProbe, JupyterProbe, OutputProbe, probe_ssh, probe_tmux, safe
+from .activity import Probes
+from .alerts import Alerts
+from .clock import Clock
+from .config import Config, IdleConfig, StopConfig
 from .context import Context
-from .durations import format_bytes, format_duration
-from .idle import (
-    AbortStop,
-    BeginStop,
-    IdleMachine,
-    Now,
-    SendCancelled,
-    SendWarning,
-    Signal,
-    Signals,
-    Thresholds,
-)
+from .durations import format_duration
+from .idle import AbortStop, BeginStop, IdleMachine, Now, SendCancelled, SendWarning, Signals, Thresholds
 from .interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
-from .render import _clock
-from .states import TRAINING_ALIVE, IdleState, TrainingState
-from .stop import StopActionError, StopSequence, describe_action, may_act_without_sync
-from .training import boot_id
+from .mails import Mail, describe_exit
+from .mails import idle as words
+from .mails import training as run_words
+from .statefile import StateStore
+from .states import TRAINING_ALIVE, IdleState, StopPhase, TrainingState
+from .stop import StopActionError, StopRecord, StopSequence, describe_action, may_act_without_sync
+from .timefmt import when
 
 log = structlog.get_logger("idle")
 
 I = IdleState  # noqa: E741
+P = StopPhase
 STILL_UP_AFTER_S = 600.0  # a real stop action "succeeded" but the machine is still here: say so
 
 
-def read_boot() -> tuple[str, float]:
-    """(boot id, seconds since boot) of this machine."""
-    try:
-        up = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        up = 0.0
-    return boot_id() or "unknown-boot", up
+@dataclass(frozen=True)
+class GuardConfig:
+    """What the guard reads of the config: its own sections and the few values it needs from others."""
+
+    idle: IdleConfig
+    stop: StopConfig
+    on_finish: str
+    finish_grace: float
+    session: str
+    final_paths: tuple[str, ...]      # stop.final_sync, else sync.watch
+    sync_target: str
+    state_dir: str
+    training_env: dict[str, str]      # the stop command runs with it (provider ids, tokens)
+    price_per_hour: float | None
+    currency: str
+    max_idle_cost: float | None
+    stop_grace: float = 30.0          # training.stop_grace: how long each of SIGINT and SIGTERM may take
+
+    @classmethod
+    def of(cls, cfg: Config) -> GuardConfig:
+        return cls(cfg.idle, cfg.stop, cfg.training.on_finish, cfg.training.finish_grace, cfg.training.session,
+                   tuple(cfg.stop.final_sync or cfg.sync.watch), cfg.sync.target, cfg.state_dir,
+                   dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost,
+                   cfg.training.stop_grace)
+
+    @property
+    def interrupt_patience(self) -> float:
+        """How long a stop waits for an interrupted training: SIGINT, SIGTERM, SIGKILL, and a margin."""
+        return 2 * self.stop_grace + 60.0
 
 
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return dt.datetime.fromtimestamp(t).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+class Jobs:
+    """One background worker, started on demand, running queued jobs one at a time."""
 
+    def __init__(self, lock: threading.RLock):
+        self._lock = lock
+        self._q: queue.Queue = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(lock)
+        self._worker: threading.Thread | None = None
 
-def _hm(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return dt.datetime.fromtimestamp(t).astimezone().strftime("%H:%M:%S")
+    def submit(self, name: str, fn: Callable, *args) -> None:
+        with self._lock:
+            self._pending += 1
+            self._q.put((name, fn, args))
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._run, name="idle-worker", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._q.empty():
+                    self._worker = None
+                    return
+                name, fn, args = self._q.get()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a failed job is logged; the next poll tries again
+                log.exception("idle_job_failed", job=name)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (real time: real threads run the jobs) until no job is queued or running."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
 
 
 class IdleGuard:
-    def __init__(self, ctx: Context, training: TrainingView, gpu: GpuView | None, sync: SyncView,
-                 progress: Any = None, *, boot: Callable[[], tuple[str, float]] | None = None,
+    def __init__(self, conf: GuardConfig, clock: Clock, store: StateStore, alerts: Alerts,
+                 training: TrainingView, gpu: GpuView | None, sync: SyncView, progress: Any = None, *,
                  tmux_socket: str | None = None, runners: dict | None = None, env: dict[str, str] | None = None,
                  mail_flush_s: float = 30.0):
-        self.ctx = ctx
-        self.cfg = ctx.config
-        self.th = Thresholds.from_config(self.cfg)
+        self.conf = conf
+        self.clock, self.store, self.alerts = clock, store, alerts
+        self.th = Thresholds.of(conf.idle, conf.finish_grace)
         self.training = training
         self.gpu = gpu
         self.sync = sync
         self.progress = progress
-        self._boot = boot or read_boot
-        self._tmux_socket = tmux_socket or getattr(getattr(training, "tmux", None), "socket", None) \
-            or str(Path(self.cfg.state_dir) / "tmux.sock")
+        socket = tmux_socket or getattr(getattr(training, "tmux", None), "socket", None) \
+            or str(Path(conf.state_dir) / "tmux.sock")
+        self.probes = Probes(conf.idle, socket, conf.session, conf.interrupt_patience)
         self.mail_flush_s = mail_flush_s
         self._lock = threading.RLock()
+        self.jobs = Jobs(self._lock)
         self.m = self._load()
-        self.stopper = StopSequence(self.cfg, ctx.store, runners=runners, env=env)
-        ic = self.cfg.idle
-        self._jupyter = JupyterProbe(ic.jupyter_url, ic.jupyter_token_file) if ic.jupyter_url else None
-        self._gpu_probe = GpuProbe()
-        self._output = OutputProbe()
-        self._cpu = CpuProbe()
+        self.stopper = StopSequence(conf.stop, store, clock, state_dir=conf.state_dir,
+                                    command_env=conf.training_env, runners=runners, env=env)
         self._signals = Signals()
         self._last_info: TrainingInfo | None = None
-        self._jobs: queue.Queue = queue.Queue()
-        self._pending = 0
-        self._idle_cond = threading.Condition(self._lock)
-        self._worker: threading.Thread | None = None
         self._stop_queued = False
         self._stop_seen = ""
         self._finish_queued: int | None = None
         self._still_up_alerted = False
 
+    @classmethod
+    def of(cls, ctx: Context, training: TrainingView, gpu: GpuView | None, sync: SyncView,
+           progress: Any = None, **kw: Any) -> IdleGuard:
+        """The guard as the daemon wires it: its slice of the config, the shared clock, store and alerts."""
+        return cls(GuardConfig.of(ctx.config), ctx.clock, ctx.store, ctx.alerts, training, gpu, sync, progress,
+                   **kw)
+
     # --- persistence ----------------------------------------------------------------------------
     def _load(self) -> IdleMachine:
-        raw = self.ctx.store.load("idle", None)
+        raw = self.store.load("idle", None)
         if raw is None:
             return IdleMachine()
         try:
             return IdleMachine.from_dict(raw)
         except ValueError as e:
             # unusable: start over; the idle clock restarts now, it never jumps ahead
-            self.ctx.store.problems.append(f"idle.json: {e}; the idle clock starts over")
+            self.store.problems.append(f"idle.json: {e}; the idle clock starts over")
             log.error("idle_state_unusable", error=str(e))
             return IdleMachine()
 
     def _save(self) -> None:
         try:
-            self.ctx.store.save("idle", self.m.to_dict())
+            self.store.save("idle", self.m.to_dict())
         except OSError as e:
             log.error("idle_state_save_failed", error=str(e))
 
     def _now(self) -> Now:
-        bid, up = self._boot()
-        return Now(self.ctx.clock.time(), self.ctx.clock.monotonic(), bid, up)
+        bid, up = self.clock.boot()
+        return Now(self.clock.time(), self.clock.monotonic(), bid, up)
 
     # --- the poll ---------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -131,8 +186,10 @@ class IdleGuard:
         try:
             now = self._now()
             info = self._info()
-            sig = self.gather(info, now)
+            sig = self.probes.gather(info, now, self.gpu, self.training.pids)
             with self._lock:
+                if self._interrupted(info):
+                    sig = idle.people_only(sig, "the stop is interrupting the training")
                 self._signals, self._last_info = sig, info
                 before = self.m.state
                 self.m, actions = idle.step(self.m, sig, now, self.th)
@@ -142,7 +199,7 @@ class IdleGuard:
                 self._carry_out(actions, now)
                 self._save()
                 self._reconcile_finish(info, now)
-                self._schedule_stop(now)
+                self._schedule_stop(now, info)
                 self._check_still_up(now)
         except Exception:  # noqa: BLE001 - the guard must keep polling
             log.exception("idle_poll_failed")
@@ -154,71 +211,82 @@ class IdleGuard:
             log.exception("training_info_failed")
             return TrainingInfo(state=TrainingState.STOPPED)
 
-    def gather(self, info: TrainingInfo, now: Now) -> Signals:
-        """Every configured probe, afresh."""
-        ic = self.cfg.idle
-        alive = info.state in TRAINING_ALIVE
-        items: list[Signal] = []
-        if ic.count_ssh:
-            items.append(Signal("ssh", *safe("ssh", probe_ssh)))
-        if ic.count_tmux_clients:
-            items.append(Signal("tmux", *safe("tmux", probe_tmux, self._tmux_socket,
-                                              info.session or self.cfg.training.session)))
-        if self._jupyter is not None:
-            items.append(Signal("jupyter", *safe("jupyter", self._jupyter.probe, now.wall, ic.activity_window)))
-        items.append(Signal("gpu", *safe("gpu", self._gpu_probe.probe, self.gpu, now.mono, ic.gpu_window,
-                                         ic.gpu_util_threshold, alive)))
-        if info.state == TrainingState.STARTING:
-            items.append(Signal("training", True, "training: starting"))
-        elif info.state == TrainingState.STOPPING:
-            items.append(Signal("training", True, "training: stopping"))
-        elif info.state == TrainingState.RUNNING:
-            if ic.count_training_output:
-                items.append(Signal("training_output", *safe("training", self._output.probe, info.log_path,
-                                                             now.mono, now.wall, ic.activity_window)))
-            if ic.count_training_cpu:
-                items.append(Signal("training_cpu", *safe("training_cpu", lambda: self._cpu.probe(
-                    self.training.pids(), now.mono, ic.training_cpu_threshold))))
-        return Signals(tuple(items), training_alive=alive)
-
     def _carry_out(self, actions: list, now: Now) -> None:
         for a in actions:
             if isinstance(a, SendWarning):
                 self._mail_warning(a, now)
             elif isinstance(a, SendCancelled):
-                self._mail_cancelled(a, now)
+                self._send(f"idle:cancelled:{a.cycle}", "stop_cancelled", "info", words.cancelled(
+                    words.Cancelled(now.wall, a.reasons, a.during_stop, self.th.warn_after)))
+                log.info("stop_cancelled_mail", cycle=a.cycle, reasons=list(a.reasons))
             elif isinstance(a, BeginStop):
                 self.stopper.begin(now.boot_id, a.cycle, a.reason, now.wall)
                 self._stop_seen = f"{now.boot_id}:{a.cycle}"
             elif isinstance(a, AbortStop):
                 self.stopper.cancel(now.wall, "; ".join(self.m.reasons) or "activity")
-                self.ctx.alerts.resolve("stop:failing")
+                self.alerts.resolve("stop:failing")
 
     # --- the stop sequence ------------------------------------------------------------------------
-    def _schedule_stop(self, now: Now) -> None:
+    def _interrupted(self, info: TrainingInfo) -> bool:
+        """This stop interrupted the live run: its signs of life now are its way out, not work."""
+        rec = self.stopper.rec
+        return (self.m.state == I.STOPPING and rec is not None and rec.phase in (P.INTERRUPTING, P.FINAL_SYNC)
+                and rec.interrupted_at is not None and rec.interrupted_run == info.run_id)
+
+    def _schedule_stop(self, now: Now, info: TrainingInfo) -> None:
         if self.m.state != I.STOPPING or self._stop_queued:
             return
         sid = f"{now.boot_id}:{self.m.cycle}"
         rec = self.stopper.current(now.boot_id)
-        if rec is None or rec.id != sid or rec.phase == "cancelled" or self._stop_seen != sid:
+        if rec is None or rec.id != sid or rec.phase == P.CANCELLED or self._stop_seen != sid:
             # begin() resumes a record this boot's earlier daemon left unfinished
             rec = self.stopper.begin(now.boot_id, self.m.cycle, self.m.stop_reason or "idle", now.wall)
             self._stop_seen = sid
-        if rec.phase == "done":
+        if rec.phase == P.DONE:
             self.m = idle.mark_stopped(self.m, dry_run=rec.action == "dry-run")
             self._save()
             return
-        if rec.phase == "final_sync" and now.mono < rec.next_try_mono:
+        if rec.phase in (P.INTERRUPTING, P.FINAL_SYNC) and not self._training_gone(rec, info, now):
+            return  # the final sync waits for the training's end: what it saves on the way out goes up too
+        if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono:
             return
         self._stop_queued = True
-        self._submit("stop", self._stop_attempt)
+        self.jobs.submit("stop", self._stop_attempt)
 
-    def _final_paths(self) -> list[str]:
-        return list(self.cfg.stop.final_sync or self.cfg.sync.watch)
+    def _training_gone(self, rec: StopRecord, info: TrainingInfo, now: Now) -> bool:
+        """Interrupt a live training (once per run) and say whether the final sync may begin: no
+        training is alive, or the interrupted one outlived SIGINT, SIGTERM and SIGKILL."""
+        alive = info.state in TRAINING_ALIVE
+        if alive and (rec.interrupted_at is None or rec.interrupted_run != info.run_id):
+            self.stopper.interrupting(info.run_id, info.pid, now.wall, now.mono)
+            self._stop_training()
+            return False
+        if rec.phase != P.INTERRUPTING:
+            return True  # none alive, or the interrupted one outlived every signal
+        waited = now.mono - (rec.interrupted_mono if rec.interrupted_mono is not None else now.mono)
+        if alive:
+            if info.state != TrainingState.STOPPING:
+                self._stop_training()  # a daemon restart came between the record and the signal
+            if waited < self.conf.interrupt_patience:
+                return False
+            self.stopper.interrupted("", now.wall, f"run {rec.interrupted_run} still alive {format_duration(waited)} "
+                                     "after SIGINT, SIGTERM and SIGKILL; the final sync goes ahead")
+            log.error("interrupted_training_still_alive", run_id=rec.interrupted_run, waited_s=round(waited))
+            return True
+        ended = describe_exit(info.exit_code, info.signal)
+        self.stopper.interrupted(ended, now.wall, f"run {rec.interrupted_run} ended ({ended}) "
+                                                  f"{format_duration(waited)} after the interrupt; final sync next")
+        return True
+
+    def _stop_training(self) -> None:
+        try:
+            self.training.stop()
+        except Exception as e:  # noqa: BLE001 - it ended meanwhile; the next poll sees that
+            log.warning("training_interrupt_failed", error=str(e))
 
     def _final_sync(self) -> FinalSyncResult:
         try:
-            return self.sync.final_sync(self._final_paths(), self.cfg.stop.final_sync_timeout)
+            return self.sync.final_sync(list(self.conf.final_paths), self.conf.stop.final_sync_timeout)
         except Exception as e:  # noqa: BLE001 - a crashing sync is a failed sync, never a stop
             log.exception("final_sync_raised")
             return FinalSyncResult(ok=False, target="", error=f"final sync raised {type(e).__name__}: {e}")
@@ -233,29 +301,33 @@ class IdleGuard:
     def _stop_attempt_inner(self) -> None:
         with self._lock:
             rec = self.stopper.rec
-            if self.m.state != I.STOPPING or rec is None or rec.phase not in ("final_sync", "acting"):
+            if self.m.state != I.STOPPING or rec is None or rec.phase not in (P.FINAL_SYNC, P.ACTING):
                 return
             phase = rec.phase
-        if phase == "final_sync":
+        if phase == P.FINAL_SYNC:
             result = self._final_sync()
             now = self._now()
+            info = self._info()
             with self._lock:
-                if self.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != "final_sync":
+                if self.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != P.FINAL_SYNC:
                     return  # cancelled by activity while the sync ran
                 self.stopper.record_sync(result, now.wall, now.mono)
+                if info.state in TRAINING_ALIVE and info.run_id != rec.interrupted_run:
+                    return  # a training started meanwhile: the next poll interrupts it, then syncs again
                 if not result.ok:
-                    why = may_act_without_sync(self.cfg, idle.idle_cost(self.m, self.cfg.price_per_hour))
+                    why = may_act_without_sync(self.conf.stop, self._idle_cost(), self.conf.max_idle_cost,
+                                               self.conf.currency)
                     if not why:
-                        self._alert_sync_failed(result, now)
+                        self._alert_sync_failed(result)
                         return
                     self.stopper.force(why, now.wall)
-                self.ctx.alerts.resolve("stop:failing")
+                self.alerts.resolve("stop:failing")
                 if not rec.mailed:
                     self._mail_stopping(rec, now)
                     self.stopper.mark_mailed()
                 self.m = idle.commit_stop(self.m)
                 self._save()
-            self.ctx.alerts.flush(self.mail_flush_s)  # the last words go out before the machine does
+            self.alerts.flush(self.mail_flush_s)  # the last words go out before the machine does
         else:
             with self._lock:
                 if not self.m.committed:
@@ -268,12 +340,8 @@ class IdleGuard:
             with self._lock:
                 self.m = idle.stop_failed(self.m)
                 self._save()
-                self.ctx.alerts.fire("stop:failing", "stop_failed", "critical",
-                                     f"stop action failed: {str(e)[:100]}",
-                                     f"The stop action ({describe_action(self.cfg.stop)}) failed:\n  {e}\n\n"
-                                     f"The machine is still running (and billing). The daemon tries again every "
-                                     f"{format_duration(self.cfg.stop.retry_interval)}; any activity or "
-                                     f"`supervisorctl keepalive 2h` cancels the stop.\n")
+                mail = words.stop_failed(describe_action(self.conf.stop), str(e), self.conf.stop.retry_interval)
+                self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
             return
         with self._lock:
             self.m = idle.mark_stopped(self.m, dry_run=rec.action == "dry-run")
@@ -286,10 +354,8 @@ class IdleGuard:
             return
         if now.mono - rec.done_mono >= STILL_UP_AFTER_S and not self._still_up_alerted:
             self._still_up_alerted = True
-            self.ctx.alerts.event(f"stop:still-up:{rec.id}", "stop_failed", "critical",
-                                  f"still running {format_duration(now.mono - rec.done_mono)} after the stop action",
-                                  f"The stop action reported: {rec.result}\nbut this machine is still up and may "
-                                  f"still be billing. Check the provider's console.\n")
+            self._send(f"stop:still-up:{rec.id}", "stop_failed", "critical",
+                       words.still_up(now.mono - rec.done_mono, rec.result))
 
     # --- training ended ---------------------------------------------------------------------------
     def on_training_ended(self, info: TrainingInfo) -> None:
@@ -298,10 +364,10 @@ class IdleGuard:
         with self._lock:
             if info.run_id and info.run_id == self.m.finish_run:
                 return
-            self.m.finish_run, self.m.finish_done = info.run_id, False
+            self.m = idle.run_ended(self.m, info.run_id)
             self._finish_queued = info.run_id
             self._save()
-        self._submit("finish", self._finish, info)
+        self.jobs.submit("finish", self._finish, info)
 
     def _reconcile_finish(self, info: TrainingInfo, now: Now) -> None:
         """A run end whose final sync and mail a daemon restart cut short: finish it now. (Ends
@@ -310,22 +376,22 @@ class IdleGuard:
         if self.m.finish_done or not self.m.finish_run or self._finish_queued == self.m.finish_run:
             return
         if info.run_id != self.m.finish_run or info.state not in (TrainingState.FINISHED, TrainingState.FAILED):
-            self.m.finish_done = True  # a newer run started, or the record is gone: nothing left to finish
+            self.m = idle.finish_handled(self.m)  # a newer run started, or the record is gone: nothing left
             self._save()
             return
         self._finish_queued = info.run_id
         log.warning("finish_resumed", run_id=info.run_id)
-        self._submit("finish", self._finish, info)
+        self.jobs.submit("finish", self._finish, info)
 
     def _finish(self, info: TrainingInfo) -> None:
-        mode = self.cfg.training.on_finish
+        mode = self.conf.on_finish
         result = self._final_sync() if mode in ("stop", "idle") else None
         now = self._now()
         with self._lock:
             if mode == "stop":
                 self.m = idle.begin_finish(self.m, now, self.th, info.run_id)
             else:
-                self.m.finish_done = True
+                self.m = idle.finish_handled(self.m)
             self._save()
             self._mail_finished(info, result, now)
 
@@ -347,7 +413,7 @@ class IdleGuard:
             else:
                 after = f"the idle clock starts then (warning {format_duration(self.th.warn_after)} later)"
             log.info("keepalive", seconds=seconds, until=until)
-            return {"message": f"kept alive until {_when(until)} ({format_duration(seconds)}); {after}",
+            return {"message": f"kept alive until {when(until)} ({format_duration(seconds)}); {after}",
                     "keepalive_until": until, "idle": self.status()["idle"]}
 
     def cancel_keepalive(self) -> dict:
@@ -363,257 +429,139 @@ class IdleGuard:
     # --- status -----------------------------------------------------------------------------------
     def status(self) -> dict:
         with self._lock:
-            m, sig = self.m, self._signals
-            boot = m.boot_id
-            rec = self.stopper.current(boot) if boot else None
-            now = self.ctx.clock.time()
-            proj = idle.projection(m, self.th, now)
-            stop_at = proj["stop_at"]
-            if m.state in (I.STOPPING, I.STOPPED) and rec is not None:
-                stop_at = rec.done_at or rec.planned_at
-            live_rec = rec if m.state in (I.STOPPING, I.STOPPED) else None
-            return {
-                "idle": {
-                    "state": m.state.value,
-                    "mode": m.mode,
-                    "idle_since": m.idle_since if m.state != I.ACTIVE else None,
-                    "idle_for_s": m.idle_s if m.state != I.ACTIVE else 0.0,
-                    "warn_at": proj["warn_at"],
-                    "stop_at": stop_at,
-                    "reasons": list(m.reasons),
-                    "checked": sig.notes(),
-                    "keepalive_until": m.keepalive_until,
-                    "warn_after_s": self.th.warn_after,
-                    "stop_after_warning_s": idle.stop_wait(m, self.th) if m.state == I.WARNED
-                    else self.th.stop_after_warning,
-                    "idle_cost": idle.idle_cost(m, self.cfg.price_per_hour),
-                    "training_stalled": self._looks_stalled(sig),
-                },
-                "stop": {
-                    "action": self.cfg.stop.action,
-                    "planned_at": live_rec.planned_at if live_rec else stop_at,
-                    "phase": live_rec.phase if live_rec else None,
-                    "reason": live_rec.reason if live_rec else (m.stop_reason or None),
-                    "attempts": live_rec.attempts if live_rec else 0,
-                    "last_error": live_rec.last_error if live_rec else "",
-                    "final_sync": live_rec.synced if live_rec else None,
-                    "result": live_rec.result if live_rec else "",
-                    "final_sync_paths": self._final_paths(),
-                },
-            }
+            rec = self.stopper.current(self.m.boot_id) if self.m.boot_id else None
+            return status_of(self.m, self._signals, rec, self.th, self.conf, self.clock.time())
 
-    def render_lines(self) -> list[str]:
-        st = self.status()
-        i, s = st["idle"], st["stop"]
-        now = self.ctx.clock.time()
-        state = i["state"]
-        lines = []
-        if state == "ACTIVE":
-            why = "; ".join(i["reasons"]) or "starting up"
-            lines.append(f"idle      ACTIVE  {why}")
-            if i["mode"] == "finish":
-                lines.append(f"          training ended: stops {format_duration(self.th.finish_grace)} after "
-                             "the last activity ends")
-            else:
-                lines.append(f"          warns {format_duration(self.th.warn_after)} after the last activity, "
-                             f"stops {format_duration(self.th.stop_after_warning)} after the warning")
-        elif state == "IDLE":
-            lines.append(f"idle      IDLE for {format_duration(i['idle_for_s'])} (since {_hm(i['idle_since'])})  "
-                         f"warn {_clock(i['warn_at'], now)}  stop {_clock(i['stop_at'], now)}")
-        elif state == "WARNED":
-            head = "training ended, grace" if i["mode"] == "finish" else f"warned {_hm(i['warn_at'])}"
-            lines.append(f"idle      WARNED  {head}  stop {_clock(i['stop_at'], now)}  "
-                         "prevent: supervisorctl keepalive 2h")
-        else:
-            lines.append(f"idle      {state}  ({s['reason'] or 'idle'})  stop {s['action']}  "
-                         f"phase {s['phase'] or '-'}")
-        if i.get("idle_cost"):
-            lines.append(f"          idle cost so far {i['idle_cost']:.2f} {self.cfg.currency}")
-        if i["training_stalled"] and state != "ACTIVE":
-            lines.append("          training is still running but looks stalled (no GPU load, no log output)")
-        if s["last_error"]:
-            lines.append(f"stop      {s['last_error'][:200]}")
-        elif s["result"]:
-            lines.append(f"stop      {s['result'][:200]}")
-        return lines
+    # --- mails: the guard gathers the facts; the words are in mails/ -------------------------------
+    def _send(self, key: str, kind: str, severity: str, mail: Mail) -> None:
+        self.alerts.event(key, kind, severity, mail.subject, mail.body)
 
-    # --- mails ------------------------------------------------------------------------------------
-    def _looks_stalled(self, sig: Signals) -> bool:
-        return sig.training_alive and not sig.active
-
-    def _stall_text(self) -> str:
+    def _stalled(self) -> words.LiveTraining | None:
         info = self._last_info
-        if info is None or not self._looks_stalled(self._signals):
-            return ""
-        since = f", started {_when(info.started_at)}" if info.started_at else ""
-        return (f"\nThe training is still {info.state.value} (pid {info.pid}{since}) but looks stalled: "
-                "no GPU load above the threshold and no log output. It is not killed: the final sync "
-                "covers its outputs, then the machine stops.\n")
+        if info is None or not looks_stalled(self._signals):
+            return None
+        return words.LiveTraining(info.run_id, info.pid, info.started_at, self._signals.training_signs,
+                                  self.conf.stop_grace)
 
-    def _cost_text(self) -> str:
-        c = idle.idle_cost(self.m, self.cfg.price_per_hour)
-        if c is None:
-            return ""
-        return f"Cost while idle: {c:.2f} {self.cfg.currency} (at {self.cfg.price_per_hour:.2f} {self.cfg.currency}/hour).\n"
+    def _idle_cost(self) -> float | None:
+        return idle.idle_cost(self.m, self.conf.price_per_hour)
 
-    def _target_text(self) -> str:
-        target = getattr(self.sync, "display", "") or self.cfg.sync.target
-        paths = ", ".join(self._final_paths()) or "(no folders configured)"
-        return f"{paths} to {target}" if target else "nothing (no sync.target configured)"
+    def _cost(self) -> words.IdleCost | None:
+        c, price = self._idle_cost(), self.conf.price_per_hour
+        return None if c is None or price is None else words.IdleCost(c, self.conf.currency, price)
+
+    def _plan(self) -> words.StopPlan:
+        target = getattr(self.sync, "display", "") or self.conf.sync_target
+        return words.StopPlan(self.conf.final_paths, target, describe_action(self.conf.stop))
 
     def _mail_warning(self, a: SendWarning, now: Now) -> None:
         stop_at = now.wall + a.stop_in_s
-        checked = "\n".join(f"  {n}" for n in self._signals.notes()) or "  (no probes)"
-        stall = self._stall_text()
-        subject = f"idle for {format_duration(a.idle_s)}: stopping at {_hm(stop_at)} unless you act"
-        if stall:
-            subject += " (training looks stalled)"
-        body = (f"This machine has been idle for {format_duration(a.idle_s)} (since {_when(self.m.idle_since)}).\n"
-                f"{self._cost_text()}"
-                f"\nIt will stop at {_when(stop_at)} (in {format_duration(a.stop_in_s)}), after a verified final "
-                f"sync of {self._target_text()}.\nStop action: {describe_action(self.cfg.stop)}.\n"
-                f"\nTo prevent it, run on the machine:\n\n    supervisorctl keepalive 2h\n\n"
-                "Logging in over SSH, attaching to the training, Jupyter activity or GPU load also cancel it.\n"
-                f"{stall}\nWhat was checked:\n{checked}\n")
-        self.ctx.alerts.event(f"idle:warning:{a.cycle}", "idle_warning", "warning", subject, body)
+        self._send(f"idle:warning:{a.cycle}", "idle_warning", "warning", words.warning(words.IdleWarning(
+            a.idle_s, self.m.idle_since, stop_at, a.stop_in_s, self._plan(), self._cost(), self._stalled(),
+            tuple(self._signals.notes()))))
         log.warning("idle_warning_sent", cycle=a.cycle, idle_s=round(a.idle_s), stop_at=stop_at)
 
-    def _mail_cancelled(self, a: SendCancelled, now: Now) -> None:
-        why = "; ".join(a.reasons) or "activity"
-        subject = f"stop cancelled: {why}"
-        body = (f"The {'stop that was under way' if a.during_stop else 'idle stop announced earlier'} is cancelled "
-                f"at {_when(now.wall)} because of activity:\n  " + "\n  ".join(a.reasons) +
-                f"\n\nThe idle clock starts again once the machine is idle; the next warning comes "
-                f"{format_duration(self.th.warn_after)} after that.\n")
-        self.ctx.alerts.event(f"idle:cancelled:{a.cycle}", "stop_cancelled", "info", subject, body)
-        log.info("stop_cancelled_mail", cycle=a.cycle, reasons=list(a.reasons))
-
-    def _alert_sync_failed(self, r: FinalSyncResult, now: Now) -> None:
-        unsynced = "\n".join(f"  {p}" for p in r.unsynced[:20]) or "  (unknown)"
-        self.ctx.alerts.fire(
-            "stop:failing", "stop_failed", "critical", f"NOT stopping: final sync failed ({(r.error or '?')[:80]})",
-            f"The machine is due to stop ({self.m.stop_reason or 'idle'}), but the final sync of "
-            f"{self._target_text()} did not verify:\n  {r.error or 'not verified'}\n\nNot yet safe:\n{unsynced}\n\n"
-            f"Nothing is stopped while work is unsynced. The daemon retries every "
-            f"{format_duration(self.cfg.stop.retry_interval)}.\n{self._cost_text()}"
-            "To stop anyway, set stop.stop_even_if_sync_fails = true (or max_idle_cost) and restart the daemon; "
-            "to keep the machine, run `supervisorctl keepalive 2h`.\n")
+    def _alert_sync_failed(self, r: FinalSyncResult) -> None:
+        mail = words.sync_failed(words.SyncFailed(self.m.stop_reason, self._plan(), r.error, tuple(r.unsynced),
+                                                  self.conf.stop.retry_interval, self._cost()))
+        self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
         log.error("final_sync_failed_not_stopping", error=r.error, unsynced=len(r.unsynced))
 
-    def _mail_stopping(self, rec, now: Now) -> None:
-        synced = rec.synced or {}
-        if synced.get("ok"):
-            what = (f"Final sync verified: {synced.get('files', 0)} files, {format_bytes(synced.get('bytes', 0))} "
-                    f"at {synced.get('target') or '(no target)'} ({synced.get('uploaded_files', 0)} uploaded just now).\n"
-                    f"Folders: {', '.join(self._final_paths()) or '(none)'}\n")
-        else:
-            unsynced = "\n".join(f"  {p}" for p in (synced.get("unsynced") or [])[:20])
-            what = (f"The final sync did NOT verify ({synced.get('error') or '?'}), and the machine stops anyway "
-                    f"because {rec.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n")
-        reason = "training finished" if rec.reason == "finished" else f"idle for {format_duration(self.m.idle_s)}"
-        stall = ""
-        if self._looks_stalled(self._signals):
-            stall = ("\nThe training was still running but looked stalled (no GPU load, no log output); it was not "
-                     "killed separately.\n")
-        subject = f"stopping now ({reason}): " + (
-            f"final sync verified, {synced.get('files', 0)} files at {synced.get('target') or 'no target'}"
-            if synced.get("ok") else "final sync FAILED, stopping anyway")
-        body = (f"Stopping this machine at {_when(now.wall)} ({reason}).\n\n{what}"
-                f"Stop action: {describe_action(self.cfg.stop)}.\n{self._cost_text()}{stall}")
-        self.ctx.alerts.event(f"stop:now:{rec.id}", "stopping", "warning", subject, body)
+    def _mail_stopping(self, rec: StopRecord, now: Now) -> None:
+        interrupted = None
+        if rec.interrupted_run and rec.interrupted_at is not None:
+            interrupted = words.Interrupted(rec.interrupted_run, rec.interrupted_at, rec.interrupt_ended,
+                                            self.conf.interrupt_patience)
+        self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
+            now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
+            self._cost(), interrupted)))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED
-        how = f"killed by {info.signal}" if info.signal else (
-            f"exit code {info.exit_code}" if info.exit_code is not None else "exit status unknown")
-        ran = ""
-        if info.started_at and info.ended_at:
-            ran = f"Ran: {_when(info.started_at)} -> {_when(info.ended_at)} " \
-                  f"({format_duration(info.ended_at - info.started_at)})\n"
-        prog = ""
-        if self.progress is not None:
-            try:
-                p = self.progress.snapshot(now.wall) or {}
-                bits = []
-                if p.get("step") is not None:
-                    bits.append(f"step {p['step']}" + (f"/{p['max_steps']}" if p.get("max_steps") else ""))
-                if p.get("epoch") is not None:
-                    bits.append(f"epoch {p['epoch']:.2f}")
-                if p.get("loss") is not None:
-                    bits.append(f"loss {p['loss']:.4g}")
-                if bits:
-                    prog = f"Last progress: {', '.join(bits)}\n"
-                c = self.progress.cost(now.wall) or {}
-                if c.get("spent") is not None:
-                    prog += f"Cost so far: {c['spent']:.2f} {c.get('currency') or self.cfg.currency}\n"
-            except Exception:  # noqa: BLE001 - a progress bug must not lose the result mail
-                log.exception("progress_for_mail_failed")
-        if r is None:
-            outputs = f"Outputs: {info.workdir or '(workdir not set)'}; synced continuously to " \
-                      f"{self.cfg.sync.target or '(no sync target)'}\n"
-        elif r.ok:
-            outputs = (f"Outputs: final sync verified, {r.files} files ({format_bytes(r.bytes)}) at "
-                       f"{r.target or '(no target: nothing leaves this machine)'}; folders "
-                       f"{', '.join(self._final_paths()) or '(none)'}\n")
-        else:
-            outputs = (f"Outputs: the final sync FAILED ({r.error}); not yet safe:\n"
-                       + "\n".join(f"  {p}" for p in r.unsynced[:20]) + "\n")
-        mode = self.cfg.training.on_finish
-        if mode == "stop":
-            stop_at = idle.projection(self.m, self.th, now.wall)["stop_at"]
-            nxt = (f"\nNext: this machine stops at {_when(stop_at)} (in {format_duration(self.th.finish_grace)}), "
-                   "after a verified final sync.\nTo keep it: log in over SSH (the stop then waits until "
-                   f"{format_duration(self.th.finish_grace)} after you leave) or run\n\n    supervisorctl keepalive 2h\n")
-            if self.m.state in (I.STOPPING, I.STOPPED):
-                nxt = "\nA stop was already under way.\n"
-        elif mode == "idle":
-            nxt = (f"\nNext: idle protection decides: a warning after {format_duration(self.th.warn_after)} "
-                   f"idle, the stop {format_duration(self.th.stop_after_warning)} later.\n")
-        else:
-            nxt = "\non_finish = \"none\": nothing is stopped because the training ended.\n"
-        subject = f"training {'finished' if ok else 'FAILED'} ({how})"
-        if mode == "stop" and self.m.state == I.WARNED:
-            subject += f"; stopping at {_hm(idle.projection(self.m, self.th, now.wall)['stop_at'])}"
-        body = (f"Training {'finished' if ok else 'failed'}: {how} (run {info.run_id}).\n"
-                f"Command: {info.command}\n{ran}{prog}{outputs}Log: {info.log_path}\n{nxt}")
-        self.ctx.alerts.event(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
-                              "training_finished" if ok else "training_failed", "info" if ok else "warning",
-                              subject, body)
-
-    # --- the background worker --------------------------------------------------------------------
-    def _submit(self, name: str, fn: Callable, *args) -> None:
-        with self._lock:
-            self._pending += 1
-            self._jobs.put((name, fn, args))
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._run_jobs, name="idle-worker", daemon=True)
-                self._worker.start()
-
-    def _run_jobs(self) -> None:
-        while True:
-            with self._lock:
-                if self._jobs.empty():
-                    self._worker = None
-                    return
-                name, fn, args = self._jobs.get()
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - a failed job is logged; the next poll tries again
-                log.exception("idle_job_failed", job=name)
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    self._idle_cond.notify_all()
+        nxt = run_words.Next(self.conf.on_finish, idle.projection(self.m, self.th, now.wall)["stop_at"],
+                             self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
+                             stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
+        mail = run_words.ended(run_words.Ended(run_end(info), last_progress(self.progress, now.wall, self.conf.currency),
+                                               outputs(self.conf, r), nxt))
+        self._send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
+                   "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until no background job is queued or running (tests; shutdown)."""
-        import time
+        return self.jobs.drain(timeout)
 
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle_cond.wait(left)
-        return True
+
+# --- facts ---------------------------------------------------------------------------------------
+def looks_stalled(sig: Signals) -> bool:
+    """A training is alive, yet nothing (GPU, output, CPU, a person) counts as work."""
+    return sig.training_alive and not sig.active
+
+
+def run_end(info: TrainingInfo) -> run_words.RunEnd:
+    return run_words.RunEnd(info.state == TrainingState.FINISHED, info.run_id, info.exit_code, info.signal,
+                            info.command, info.started_at, info.ended_at, info.log_path, info.workdir)
+
+
+def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
+    if r is None:
+        return run_words.Outputs(sync_target=conf.sync_target, paths=conf.final_paths)
+    return run_words.Outputs(r.ok, r.files, r.bytes, r.target, r.error, tuple(r.unsynced), conf.final_paths,
+                             conf.sync_target, tuple(getattr(r, "damaged", None) or ()),
+                             tuple(getattr(r, "partial_units", None) or ()))
+
+
+def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastProgress | None:
+    if progress is None:
+        return None
+    p: dict = {}
+    c: dict = {}
+    try:  # a progress bug must not lose the result mail
+        p = progress.snapshot(wall) or {}
+        c = progress.cost(wall) or {}
+    except Exception:  # noqa: BLE001
+        log.exception("progress_for_mail_failed")
+    return run_words.LastProgress(p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("loss"),
+                                  c.get("spent"), c.get("currency") or currency)
+
+
+def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Thresholds, conf: GuardConfig,
+              now: float) -> dict:
+    """The `idle` and `stop` blocks of status --json."""
+    proj = idle.projection(m, th, now)
+    stop_at = proj["stop_at"]
+    if m.state in (I.STOPPING, I.STOPPED) and rec is not None:
+        stop_at = rec.done_at or rec.planned_at
+    live = rec if m.state in (I.STOPPING, I.STOPPED) else None
+    return {
+        "idle": {
+            "state": m.state.value,
+            "mode": m.mode,
+            "idle_since": m.idle_since if m.state != I.ACTIVE else None,
+            "idle_for_s": m.idle_s if m.state != I.ACTIVE else 0.0,
+            "warn_at": proj["warn_at"],
+            "stop_at": stop_at,
+            "reasons": list(m.reasons),
+            "checked": sig.notes(),
+            "keepalive_until": m.keepalive_until,
+            "warn_after_s": th.warn_after,
+            "stop_after_warning_s": idle.stop_wait(m, th) if m.state == I.WARNED else th.stop_after_warning,
+            "finish_grace_s": th.finish_grace,
+            "idle_cost": idle.idle_cost(m, conf.price_per_hour),
+            "currency": conf.currency,
+            "training_stalled": looks_stalled(sig),
+        },
+        "stop": {
+            "action": conf.stop.action,
+            "planned_at": live.planned_at if live else stop_at,
+            "phase": live.phase.value if live else None,
+            "reason": live.reason if live else (m.stop_reason or None),
+            "attempts": live.attempts if live else 0,
+            "last_error": live.last_error if live else "",
+            "final_sync": live.synced if live else None,
+            "result": live.result if live else "",
+            "final_sync_paths": list(conf.final_paths),
+            "interrupted_run": live.interrupted_run if live else 0,
+            "interrupted_at": live.interrupted_at if live else None,
+            "interrupt_ended": live.interrupt_ended if live else "",
+        },
+    }

@@ -1,8 +1,8 @@
 """The idle decision: ACTIVE -> IDLE -> WARNED -> STOPPING -> STOPPED, as pure functions.
 
 `step(machine, signals, now, thresholds)` is the only thing that moves the machine on a poll;
-`keepalive`, `cancel_keepalive`, `begin_finish`, `commit_stop`, `stop_failed` and `mark_stopped`
-are the only other moves, each called by the guard under its lock. None of them reads a clock or
+`keepalive`, `cancel_keepalive`, `run_ended`, `finish_handled`, `begin_finish`, `commit_stop`,
+`stop_failed` and `mark_stopped` are the only other moves, each called by the guard under its lock. None of them reads a clock or
 touches a file: the guard hands in `Now` and carries out the returned actions.
 
 How time is measured, so that no clock trick can bring a stop forward:
@@ -20,12 +20,13 @@ How time is measured, so that no clock trick can bring a stop forward:
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .config import Config
+from . import records
+from .config import IdleConfig
 from .states import IdleState
+from .timefmt import hm
 
 I = IdleState  # noqa: E741 - short alias for the states, used throughout
 
@@ -43,6 +44,7 @@ class Signal:
 class Signals:
     items: tuple[Signal, ...] = ()
     training_alive: bool = False  # the training is STARTING/RUNNING/STOPPING (it may look stalled)
+    training_signs: tuple[str, ...] = ()  # what its own probes read, in two words each ("GPU 3%"), for mails
 
     @property
     def active(self) -> bool:
@@ -54,6 +56,19 @@ class Signals:
     def notes(self) -> list[str]:
         """What the inactive probes saw, for the warning mail ("gpu: 0% over 5m")."""
         return [s.reason for s in self.items if not s.active]
+
+
+# The signals that are a person at the machine (a keepalive is one too, kept by the machine itself).
+PEOPLE = frozenset({"ssh", "tmux", "jupyter"})
+
+
+def people_only(sig: Signals, why: str) -> Signals:
+    """The signals with only people counting: while the stop interrupts the training, the training's
+    own signs of life (STOPPING, the GPU load and output of its save, its CPU) are what the stop asked
+    for, not activity that cancels it."""
+    items = tuple(s if s.name in PEOPLE or not s.active else Signal(s.name, False, f"{s.reason} ({why})")
+                  for s in sig.items)
+    return replace(sig, items=items)
 
 
 @dataclass(frozen=True)
@@ -72,9 +87,8 @@ class Thresholds:
     finish_grace: float = 600.0
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Thresholds:
-        return cls(cfg.idle.warn_after, cfg.idle.stop_after_warning, cfg.idle.poll_interval,
-                   cfg.training.finish_grace)
+    def of(cls, idle: IdleConfig, finish_grace: float) -> Thresholds:
+        return cls(idle.warn_after, idle.stop_after_warning, idle.poll_interval, finish_grace)
 
     @property
     def max_tick(self) -> float:
@@ -116,36 +130,9 @@ class IdleMachine:
     @classmethod
     def from_dict(cls, d: Any) -> IdleMachine:
         """ValueError naming the field when `d` is not a machine this code wrote."""
-        if not isinstance(d, dict):
-            raise ValueError("idle state is not a JSON object")
-        m = cls()
-        for k, default in asdict(m).items():
-            if k not in d:
-                continue
-            v = d[k]
-            if k == "state":
-                try:
-                    v = IdleState(v)
-                except ValueError:
-                    raise ValueError(f"idle state: unknown state {v!r}") from None
-            elif k == "mode":
-                if v not in (IDLE_MODE, FINISH_MODE):
-                    raise ValueError(f"idle state: unknown mode {v!r}")
-            elif k == "reasons":
-                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                    raise ValueError("idle state: reasons is not a list of strings")
-            elif isinstance(default, bool):
-                if not isinstance(v, bool):
-                    raise ValueError(f"idle state: {k} is not true/false")
-            elif isinstance(default, int) and not isinstance(default, bool):
-                if isinstance(v, bool) or not isinstance(v, int):
-                    raise ValueError(f"idle state: {k} is not a whole number")
-            elif isinstance(default, str):
-                if not isinstance(v, str):
-                    raise ValueError(f"idle state: {k} is not a string")
-            elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ValueError(f"idle state: {k} is not a number")
-            setattr(m, k, v)
+        m = records.load(cls, d, "idle state")
+        if m.mode not in (IDLE_MODE, FINISH_MODE):
+            raise ValueError(f"idle state: mode should be {IDLE_MODE!r} or {FINISH_MODE!r}, got {m.mode!r:.60}")
         return m
 
 
@@ -178,10 +165,6 @@ class AbortStop:
 
 
 Action = SendWarning | SendCancelled | BeginStop | AbortStop
-
-
-def _clock_text(t: float) -> str:
-    return dt.datetime.fromtimestamp(t).astimezone().strftime("%H:%M:%S")
 
 
 def keepalive_holds(m: IdleMachine, now: Now) -> bool:
@@ -248,7 +231,7 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     reasons = sig.reasons()
     if keepalive_holds(m, now):
         until = m.keepalive_until if m.keepalive_until is not None else now.wall
-        reasons.append(f"keepalive until {_clock_text(until)}")
+        reasons.append(f"keepalive until {hm(until)}")
     active = bool(reasons)
     m.reasons = reasons
     if sig.training_alive and m.mode == FINISH_MODE and m.state != I.STOPPING and not m.committed:
@@ -327,7 +310,7 @@ def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, li
     m.keepalive_mono = now.mono + seconds
     m.keepalive_until = now.wall + seconds
     actions: list[Action] = []
-    reason = f"keepalive until {_clock_text(m.keepalive_until)}"
+    reason = f"keepalive until {hm(m.keepalive_until)}"
     if m.state != I.ACTIVE:
         _to_active(m, [reason], actions)
     m.reasons = [r for r in m.reasons if not r.startswith("keepalive")] + [reason]
@@ -338,6 +321,16 @@ def cancel_keepalive(m: IdleMachine) -> IdleMachine:
     """End a keepalive; the next poll judges the machine on its signals again."""
     return replace(m, keepalive_mono=None, keepalive_until=None,
                    reasons=[r for r in m.reasons if not r.startswith("keepalive")])
+
+
+def run_ended(m: IdleMachine, run_id: int) -> IdleMachine:
+    """A training run ended (FINISHED or FAILED, reported once): its final sync and mail are owed."""
+    return replace(m, finish_run=run_id, finish_done=False, reasons=list(m.reasons))
+
+
+def finish_handled(m: IdleMachine) -> IdleMachine:
+    """The run end is dealt with (its mail is out, or a newer run made it moot)."""
+    return replace(m, finish_done=True, reasons=list(m.reasons))
 
 
 def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleMachine:

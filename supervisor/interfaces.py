@@ -4,7 +4,7 @@ the daemon wires the real objects together. Plain data crosses them, never live 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .states import TrainingState
 
@@ -32,6 +32,11 @@ class TrainingView(Protocol):
 
     def pids(self) -> set[int]:
         """The job's process tree now (shell and descendants), for GPU-process and CPU attribution."""
+        ...
+
+    def stop(self) -> Any:
+        """Stop the job as `supervisorctl stop` does (SIGINT, then SIGTERM and SIGKILL after the grace,
+        escalated by the training's own poll); returns at once. Raises when nothing is running."""
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .durations import format_bytes, format_duration, format_hms
 from .mails import describe_exit
 from .timefmt import clock as _clock
-from .timefmt import stamp
+from .timefmt import hm, stamp
 
 
 def training_line(st: dict) -> str:
@@ -103,13 +103,47 @@ def sync_lines(st: dict) -> list[str]:
 
 
 def idle_lines(st: dict) -> list[str]:
-    got = (st.get("lines") or {}).get("idle") or []
-    if got:
-        return list(got)
+    """The idle clock and the stop, from `idle` and `stop` of the status dict."""
+    i, s = st.get("idle") or {}, st.get("stop") or {}
     now = st.get("now") or 0
-    idle = st.get("idle") or {}
-    return [f"idle      {idle.get('state', '?')}  warn {_clock(idle.get('warn_at'), now)}  "
-            f"stop {_clock(idle.get('stop_at'), now)}"]
+    state = i.get("state", "?")
+    lines = []
+    if state == "ACTIVE":
+        why = "; ".join(i.get("reasons") or []) or "starting up"
+        lines.append(f"idle      ACTIVE  {why}")
+        if i.get("mode") == "finish":
+            lines.append(f"          training ended: stops {format_duration(i.get('finish_grace_s') or 0)} after "
+                         "the last activity ends")
+        else:
+            lines.append(f"          warns {format_duration(i.get('warn_after_s') or 0)} after the last activity, "
+                         f"stops {format_duration(i.get('stop_after_warning_s') or 0)} after the warning")
+    elif state == "IDLE":
+        lines.append(f"idle      IDLE for {format_duration(i.get('idle_for_s') or 0)} (since {hm(i.get('idle_since'))})  "
+                     f"warn {_clock(i.get('warn_at'), now)}  stop {_clock(i.get('stop_at'), now)}")
+    elif state == "WARNED":
+        head = "training ended, grace" if i.get("mode") == "finish" else f"warned {hm(i.get('warn_at'))}"
+        lines.append(f"idle      WARNED  {head}  stop {_clock(i.get('stop_at'), now)}  "
+                     "prevent: supervisorctl keepalive 2h")
+    else:
+        lines.append(f"idle      {state}  ({s.get('reason') or 'idle'})  stop {s.get('action')}  "
+                     f"phase {s.get('phase') or '-'}")
+    if i.get("idle_cost"):
+        lines.append(f"          idle cost so far {i['idle_cost']:.2f} {i.get('currency') or ''}".rstrip())
+    if i.get("training_stalled") and state != "ACTIVE" and s.get("phase") != "interrupting":
+        lines.append("          training is still running but looks stalled (no GPU load, no log output)")
+    fs = s.get("final_sync") or {}
+    if fs.get("ok") and (fs.get("damaged") or fs.get("partial_units")):
+        named = [*(fs.get("partial_units") or []), *(fs.get("damaged") or [])]
+        lines.append(f"stop      final sync sent as they are: {'; '.join(named[:3])}"
+                     + (f" and {len(named) - 3} more" if len(named) > 3 else ""))
+    if s.get("phase") == "interrupting":
+        lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
+                     "so it can save; the final sync follows its end")
+    if s.get("last_error"):
+        lines.append(f"stop      {s['last_error'][:200]}")
+    elif s.get("result"):
+        lines.append(f"stop      {s['result'][:200]}")
+    return lines
 
 
 def render_alerts(res: dict) -> str:

@@ -49,6 +49,7 @@ def check_training_move(old: TrainingState, new: TrainingState) -> None:
 
 # --- the stop sequence (stop.json) -------------------------------------------------------------------
 class StopPhase(StrEnum):
+    INTERRUPTING = "interrupting"  # a live training was asked to stop (SIGINT, SIGTERM, SIGKILL); waiting for its end
     FINAL_SYNC = "final_sync"   # uploading and verifying what the stop would otherwise leave behind
     ACTING = "acting"           # the stop action has been started (resumed, never repeated blindly)
     DONE = "done"
@@ -56,7 +57,11 @@ class StopPhase(StrEnum):
 
 
 STOP_MOVES: dict[StopPhase, frozenset[StopPhase]] = {
-    StopPhase.FINAL_SYNC: frozenset({StopPhase.ACTING, StopPhase.CANCELLED, StopPhase.DONE}),
+    # the final sync comes only after the training has ended: what it saves on the way out goes up too
+    StopPhase.INTERRUPTING: frozenset({StopPhase.FINAL_SYNC, StopPhase.CANCELLED}),
+    # a training found alive (again) before the action is interrupted first
+    StopPhase.FINAL_SYNC: frozenset({StopPhase.INTERRUPTING, StopPhase.ACTING, StopPhase.CANCELLED,
+                                     StopPhase.DONE}),
     # a failed action goes back to FINAL_SYNC: sync again (cheap when nothing changed) before the next try
     StopPhase.ACTING: frozenset({StopPhase.DONE, StopPhase.FINAL_SYNC}),
     StopPhase.DONE: frozenset(),

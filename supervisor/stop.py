@@ -1,8 +1,11 @@
 """Stopping the machine: the stop actions, and the stop sequence recorded in `stop.json`.
 
-The sequence is final sync -> (verified, or forced) -> "stopping now" mail -> action -> done. Every
-step is written to `stop.json` before the next begins, so a daemon killed mid-stop resumes where
-it was instead of starting over, and a stop from an earlier boot is never resumed.
+The sequence is [interrupt a live training and wait for its end] -> final sync -> (verified, or
+forced) -> "stopping now" mail -> action -> done. Every step is written to `stop.json` before the
+next begins, so a daemon killed mid-stop resumes where it was instead of starting over, and a stop
+from an earlier boot is never resumed. The training is interrupted the way `supervisorctl stop`
+does it (SIGINT, then SIGTERM and SIGKILL `training.stop_grace` apart) so it can save, and the final
+sync comes after its end, so what it saved on the way out goes up before the machine stops.
 
 Exactly once, after a `kill -9` between "action started" and "action done":
 - `dry-run`: the record *is* the action (one atomic write), so it cannot happen twice;
@@ -16,24 +19,29 @@ Exactly once, after a `kill -9` between "action started" and "action done":
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import structlog
 
-from .config import Config, StopConfig
+from . import records
+from .clock import Clock
+from .config import StopConfig
 from .interfaces import FinalSyncResult
+from .proc import start_time
+from .states import StopPhase, check_stop_move
+from .timefmt import when
 
 log = structlog.get_logger("stop")
 
-PHASES = ("final_sync", "acting", "done", "cancelled")
+P = StopPhase
 COMMAND_TIMEOUT_S = 600.0
 MAX_ACTION_ATTEMPTS = 5
 
@@ -102,15 +110,8 @@ def ec2_stop(cfg: StopConfig) -> str:
 
 
 def _proc_ctime(pid: int | None) -> float | None:
-    if not pid:
-        return None
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except psutil.Error:
-        return None
+    # the wrapper is our child: exited but not yet reaped is exited
+    return start_time(pid, zombie_is_gone=True)
 
 
 def start_command(command: str, exit_file: Path, log_file: Path, env: dict[str, str]) -> int:
@@ -142,7 +143,7 @@ class StopRecord:
     reason: str                  # idle | finished
     action: str
     planned_at: float            # wall time the stop began
-    phase: str = "final_sync"
+    phase: StopPhase = P.FINAL_SYNC
     attempts: int = 0            # final-sync attempts
     next_try_mono: float = 0.0
     last_error: str = ""
@@ -158,40 +159,48 @@ class StopRecord:
     done_at: float | None = None
     done_mono: float | None = None
     history: list[str] = field(default_factory=list)
+    interrupted_run: int = 0     # the live training this stop interrupted (0 = none)
+    interrupted_pid: int | None = None
+    interrupted_at: float | None = None
+    interrupted_mono: float | None = None
+    interrupt_ended: str = ""    # how it ended ("exit code 0"), or "" while waiting / when it outlived every signal
 
     @classmethod
     def from_dict(cls, d: Any) -> StopRecord:
-        if not isinstance(d, dict):
-            raise ValueError("stop record is not a JSON object")
-        names = {f.name for f in fields(cls)}
-        try:
-            rec = cls(**{k: v for k, v in d.items() if k in names})
-        except TypeError as e:
-            raise ValueError(f"stop record: {e}") from None
-        if rec.phase not in PHASES:
-            raise ValueError(f"stop record: unknown phase {rec.phase!r}")
-        return rec
+        """ValueError naming the field when `d` is not a record this code wrote."""
+        if isinstance(d, dict):
+            for f in dataclasses.fields(cls):
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in d:
+                    raise ValueError(f"stop record: {f.name} is missing")
+        return records.load(cls, d, "stop record")
 
     def note(self, wall: float, text: str) -> None:
-        import datetime as dt
-
-        stamp = dt.datetime.fromtimestamp(wall, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        self.history = (self.history + [f"{stamp} {text}"])[-30:]
+        self.history = (self.history + [f"{when(wall)} {text}"])[-30:]
 
 
-def may_act_without_sync(cfg: Config, idle_cost: float | None) -> str:
+def move(rec: StopRecord, new: StopPhase) -> None:
+    """The one place a stop record changes phase; an illegal move raises IllegalTransition."""
+    check_stop_move(rec.phase, new)
+    rec.phase = new
+
+
+def may_act_without_sync(stop: StopConfig, idle_cost: float | None, max_idle_cost: float | None,
+                         currency: str) -> str:
     """Why the action may run although the final sync did not verify ("" = it may not)."""
-    if cfg.stop.stop_even_if_sync_fails:
+    if stop.stop_even_if_sync_fails:
         return "stop.stop_even_if_sync_fails is set"
-    if cfg.max_idle_cost is not None and idle_cost is not None and idle_cost >= cfg.max_idle_cost:
-        return (f"the idle cost {idle_cost:.2f} {cfg.currency} reached max_idle_cost "
-                f"{cfg.max_idle_cost:.2f} {cfg.currency}")
+    if max_idle_cost is not None and idle_cost is not None and idle_cost >= max_idle_cost:
+        return (f"the idle cost {idle_cost:.2f} {currency} reached max_idle_cost "
+                f"{max_idle_cost:.2f} {currency}")
     return ""
 
 
 def sync_summary(r: FinalSyncResult) -> dict:
+    # damaged / partial_units: what went up as it is although it is not whole (newer sync engines say)
     return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
-            "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50])}
+            "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50]),
+            "damaged": list(getattr(r, "damaged", None) or [])[:50],
+            "partial_units": list(getattr(r, "partial_units", None) or [])[:50]}
 
 
 class StopSequence:
@@ -200,13 +209,16 @@ class StopSequence:
 
     NAME = "stop"
 
-    def __init__(self, cfg: Config, store, *, runners: dict[str, Callable[[StopConfig], str]] | None = None,
-                 env: dict[str, str] | None = None):
+    def __init__(self, cfg: StopConfig, store, clock: Clock, *, state_dir: str | Path,
+                 command_env: dict[str, str] | None = None,
+                 runners: dict[str, Callable[[StopConfig], str]] | None = None, env: dict[str, str] | None = None):
         self.cfg = cfg
         self.store = store
-        self.dir = Path(cfg.state_dir)
+        self.clock = clock
+        self.dir = Path(state_dir)
         self.runners = {"poweroff": lambda c: poweroff(), "ec2": ec2_stop, **(runners or {})}
-        self.env = env
+        self.env = env                          # the stop command's environment (default: the daemon's) ...
+        self.command_env = command_env or {}    # ... plus these (training.env: provider ids, tokens)
         self.rec: StopRecord | None = None
         raw = store.load(self.NAME, None)
         if raw is not None:
@@ -224,18 +236,18 @@ class StopSequence:
     def begin(self, boot_id: str, cycle: int, reason: str, wall: float) -> StopRecord:
         """Start (or, after a restart in the same boot, resume) the stop for this idle cycle."""
         sid = f"{boot_id}:{cycle}"
-        if self.rec is not None and self.rec.id == sid and self.rec.phase in ("final_sync", "acting"):
+        if self.rec is not None and self.rec.id == sid and self.rec.phase in (P.INTERRUPTING, P.FINAL_SYNC, P.ACTING):
             self.rec.note(wall, "resumed after a daemon restart")
             self.save()
             log.warning("stop_resumed", id=sid, phase=self.rec.phase)
             return self.rec
-        if self.rec is not None and self.rec.id == sid and self.rec.phase == "done":
+        if self.rec is not None and self.rec.id == sid and self.rec.phase == P.DONE:
             return self.rec
-        self.rec = StopRecord(id=sid, boot_id=boot_id, cycle=cycle, reason=reason, action=self.cfg.stop.action,
+        self.rec = StopRecord(id=sid, boot_id=boot_id, cycle=cycle, reason=reason, action=self.cfg.action,
                               planned_at=wall)
-        self.rec.note(wall, f"stop begun ({reason}); action {self.cfg.stop.action}")
+        self.rec.note(wall, f"stop begun ({reason}); action {self.cfg.action}")
         self.save()
-        log.warning("stop_begun", id=sid, reason=reason, action=self.cfg.stop.action)
+        log.warning("stop_begun", id=sid, reason=reason, action=self.cfg.action)
         return self.rec
 
     def current(self, boot_id: str) -> StopRecord | None:
@@ -245,11 +257,31 @@ class StopSequence:
         return None
 
     def cancel(self, wall: float, why: str) -> None:
-        if self.rec is not None and self.rec.phase == "final_sync":
-            self.rec.phase = "cancelled"
+        if self.rec is not None and self.rec.phase in (P.INTERRUPTING, P.FINAL_SYNC):
+            move(self.rec, P.CANCELLED)
             self.rec.note(wall, f"cancelled: {why}")
             self.save()
             log.info("stop_cancelled", id=self.rec.id, why=why)
+
+    def interrupting(self, run_id: int, pid: int | None, wall: float, mono: float) -> None:
+        """A live training is being stopped before the final sync."""
+        rec = self._rec()
+        move(rec, P.INTERRUPTING)
+        rec.interrupted_run, rec.interrupted_pid, rec.interrupted_at, rec.interrupted_mono = run_id, pid, wall, mono
+        rec.interrupt_ended = ""
+        rec.note(wall, f"interrupting run {run_id} (pid {pid}) before the final sync: SIGINT, then SIGTERM "
+                       "and SIGKILL as `supervisorctl stop` does")
+        self.save()
+        log.warning("stop_interrupting_training", id=rec.id, run_id=run_id, pid=pid)
+
+    def interrupted(self, ended: str, wall: float, text: str) -> None:
+        """The interrupted training is gone (`ended` says how; "" = it outlived every signal): sync now."""
+        rec = self._rec()
+        move(rec, P.FINAL_SYNC)
+        rec.interrupt_ended, rec.next_try_mono = ended, 0.0
+        rec.note(wall, text)
+        self.save()
+        log.warning("stop_training_ended", id=rec.id, run_id=rec.interrupted_run, ended=ended or "not ended")
 
     def record_sync(self, r: FinalSyncResult, wall: float, mono: float) -> None:
         rec = self._rec()
@@ -260,7 +292,7 @@ class StopSequence:
             rec.note(wall, f"final sync verified: {r.files} files, {r.bytes} bytes at {r.target or '(no target)'}")
         else:
             rec.last_error = f"final sync failed: {r.error or 'not verified'}"
-            rec.next_try_mono = mono + self.cfg.stop.retry_interval
+            rec.next_try_mono = mono + self.cfg.retry_interval
             rec.note(wall, rec.last_error)
         self.save()
 
@@ -279,9 +311,10 @@ class StopSequence:
         raises StopActionError when the machine was not stopped."""
         rec = self._rec()
         action = rec.action
-        resuming = rec.phase == "acting"
+        resuming = rec.phase == P.ACTING
         if action == "dry-run":
-            rec.phase, rec.done_at, rec.done_mono = "done", wall, mono
+            move(rec, P.DONE)
+            rec.done_at, rec.done_mono = wall, mono
             rec.result = f"dry-run: would have stopped the machine ({rec.reason})"
             rec.action_attempts += 1
             rec.note(wall, rec.result)
@@ -292,12 +325,12 @@ class StopSequence:
             return self._act_command(rec, wall, mono, resuming)
         if resuming:
             rec.note(wall, f"re-running {action} (a daemon restart interrupted it; harmless to repeat)")
-        rec.phase = "acting"
+        move(rec, P.ACTING)
         rec.action_attempts += 1
         rec.action_started_at = wall
         self.save()
         try:
-            result = self.runners[action](self.cfg.stop)
+            result = self.runners[action](self.cfg)
         except StopActionError as e:
             self._action_failed(rec, str(e), wall, mono)
             raise
@@ -316,19 +349,19 @@ class StopSequence:
             if resuming:
                 rec.note(wall, "the stop command left no exit status and is not running: running it again"
                          if rec.action_pid else "the stop command had not started: starting it")
-            rec.phase = "acting"
+            move(rec, P.ACTING)
             rec.action_attempts += 1
             rec.action_started_at = wall
             exit_file = self.dir / "stop-actions" / f"{rec.id.replace(':', '-')}-{rec.action_attempts}.exit"
             rec.exit_file, rec.action_pid, rec.action_ctime = str(exit_file), None, None
             self.save()
             env = dict(self.env if self.env is not None else os.environ)
-            env.update(self.cfg.training.env or {})
-            pid = start_command(self.cfg.stop.command, exit_file, self.dir / "stop-action.log", env)
+            env.update(self.command_env)
+            pid = start_command(self.cfg.command, exit_file, self.dir / "stop-action.log", env)
             rec.action_pid, rec.action_ctime = pid, _proc_ctime(pid)
-            rec.note(wall, f"stop command started (pid {pid}): {self.cfg.stop.command}")
+            rec.note(wall, f"stop command started (pid {pid}): {self.cfg.command}")
             self.save()
-            log.warning("stop_command_started", pid=pid, command=self.cfg.stop.command)
+            log.warning("stop_command_started", pid=pid, command=self.cfg.command)
         elif code is None:
             rec.note(wall, f"waiting for the stop command already running (pid {rec.action_pid})")
             self.save()
@@ -342,14 +375,14 @@ class StopSequence:
             msg = f"stop command exited {code}: {self._log_tail()}"
             self._action_failed(rec, msg, wall, mono)
             raise StopActionError(msg)
-        result = f"stop command succeeded: {self.cfg.stop.command}"
+        result = f"stop command succeeded: {self.cfg.command}"
         self._done(rec, result, wall, mono)
         return result
 
     def _wait_exit(self, rec: StopRecord, exit_file: Path) -> int | None:
-        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        deadline = self.clock.monotonic() + COMMAND_TIMEOUT_S
         pid = rec.action_pid
-        while time.monotonic() < deadline:
+        while self.clock.monotonic() < deadline:
             code = read_exit(exit_file)
             if code is not None:
                 return code
@@ -359,7 +392,7 @@ class StopSequence:
                 except ChildProcessError:
                     pass
                 return read_exit(exit_file) if read_exit(exit_file) is not None else -1
-            time.sleep(0.05)
+            time.sleep(0.05)  # a real process: real time passes while it runs
         return None
 
     def _log_tail(self) -> str:
@@ -372,15 +405,16 @@ class StopSequence:
             return ""
 
     def _action_failed(self, rec: StopRecord, msg: str, wall: float, mono: float) -> None:
-        rec.phase = "final_sync"  # sync again (cheap when nothing changed) before the next try
+        move(rec, P.FINAL_SYNC)  # sync again (cheap when nothing changed) before the next try
         rec.last_error = f"stop action failed: {msg}"
-        rec.next_try_mono = mono + self.cfg.stop.retry_interval
+        rec.next_try_mono = mono + self.cfg.retry_interval
         rec.note(wall, rec.last_error)
         self.save()
         log.error("stop_action_failed", id=rec.id, action=rec.action, error=msg)
 
     def _done(self, rec: StopRecord, result: str, wall: float, mono: float) -> None:
-        rec.phase, rec.result, rec.done_at, rec.done_mono, rec.last_error = "done", result, wall, mono, ""
+        move(rec, P.DONE)
+        rec.result, rec.done_at, rec.done_mono, rec.last_error = result, wall, mono, ""
         rec.note(wall, result)
         self.save()
         log.warning("stop_action_done", id=rec.id, action=rec.action, result=result)

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import structlog
 
+from .clock import boot_id
 from .context import Context
 from .interfaces import TrainingInfo
 from .statefile import atomic_write
@@ -34,13 +35,6 @@ S = TrainingState
 
 class TrainingError(Exception):
     """A request about the training that cannot be done now; the message says why."""
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _proc_ctime(pid: int | None) -> float | None:

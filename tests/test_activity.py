@@ -53,6 +53,96 @@ def test_ssh_tunnel_without_terminal_is_not_a_person(sshd):
     t.terminate()
 
 
+def _server_side(sshd, client: int) -> set[int]:
+    """The sshd processes holding the other end of `client`'s connection (other tests may use sshd
+    on this machine at the same time)."""
+    import psutil
+
+    conns = [c for c in psutil.net_connections("tcp") if c.status == "ESTABLISHED" and c.raddr]
+    ports = {c.laddr.port for c in conns if c.pid == client and c.raddr.port == sshd.port}
+    return {c.pid for c in conns if c.laddr.port == sshd.port and c.raddr.port in ports}
+
+
+def _ours(sshd, client: subprocess.Popen, kind: str, **kw) -> list[dict]:
+    import psutil
+
+    def under(pid: int) -> set[int]:
+        try:
+            return {pid} | {p.pid for p in psutil.Process(pid).parents()}
+        except psutil.Error:
+            return set()
+    theirs = _server_side(sshd, client.pid)
+    return [s for s in activity.ssh_sessions(**kw) if s["kind"] == kind and under(s["pid"]) & theirs]
+
+
+def _processes_running(*argv: str) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if tuple(p.info["cmdline"] or ()) == argv]
+
+
+def test_an_editor_session_without_a_terminal_holds_the_machine_until_its_window_closes(sshd):
+    """VS Code Remote-SSH, Cursor, JetBrains Gateway: a shell over SSH without a terminal starts the
+    editor's server detached (setsid: re-parented to init, owning its own pty) and stays, waiting on
+    its input, for as long as the editor window is open."""
+    import psutil
+
+    marker = f"3600.{uuid.uuid4().int % 10**6}"  # the "editor server": a sleep nobody else runs
+    editor = ("script", "-qfc", f"sleep {marker}", "/dev/null")
+    client = sshd.session(f"setsid -f {' '.join(editor[:2])} 'sleep {marker}' /dev/null </dev/null >/dev/null 2>&1;"
+                          " exec cat")
+    server: list[int] = []
+    try:
+        # (root's ~/.bashrc runs first, sometimes slowly: the command is `bash -c ...` until it execs cat)
+        found = wait_until(lambda: _ours(sshd, client, "session"), 60, what="the editor's ssh session")
+        assert found[0]["host"] == "127.0.0.1" and found[0]["command"] in ("bash", "cat")
+        server = wait_until(lambda: _processes_running(*editor) + _processes_running("sleep", marker), 60,
+                            what="the detached editor server")
+        assert len(server) == 2
+        p = psutil.Process(server[1])
+        assert not any(a.name() in activity.SSH_SERVERS for a in p.parents()), "it must run detached"
+        # (read from /proc: psutil's terminal() map is memoized, see the first test)
+        assert activity._proc_table()[p.pid]["tty"] in activity._pts_devices(), "it owns a pty of its own"
+        wait_until(lambda: [s for s in _ours(sshd, client, "session") if s["command"] == "cat"], 60,
+                   what="the shell waiting on its input, as the editor's does")
+        active, reason = probe_ssh()
+        assert active and "ssh: root from 127.0.0.1 (no terminal: cat)" in reason
+        assert not [s for s in activity.ssh_sessions() if s["tty"] and s["pid"] in server]
+        # the window closes: the connection ends, the lingering server is nobody
+        client.terminate()
+        client.wait(10)
+        wait_until(lambda: not any(s["pid"] == found[0]["pid"] for s in activity.ssh_sessions()), 15,
+                   what="the session gone")
+        assert psutil.pid_exists(server[0])
+    finally:
+        client.kill()
+        for pid in server or _processes_running(*editor) + _processes_running("sleep", marker):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def test_a_bare_tunnel_counts_only_when_asked_and_a_login_is_never_a_tunnel(sshd):
+    import psutil
+
+    t = sshd.tunnel()
+    login = sshd.login()
+
+    try:
+        mine = wait_until(lambda: _ours(sshd, t, "tunnel", count_tunnels=True), 15, what="the tunnel seen")
+        assert all(s["kind"] != "tunnel" for s in activity.ssh_sessions())
+        assert activity.describe_session(mine[0]) == "ssh: root from 127.0.0.1 (tunnel, no session)"
+        shell = wait_until(lambda: [s for s in activity.ssh_sessions() if s["kind"] == "pty"
+                                    and s["host"] == "127.0.0.1"], 15, what="the login")
+        above = {p.pid for p in psutil.Process(shell[0]["pid"]).parents()}
+        assert not [s for s in activity.ssh_sessions(count_tunnels=True) if s["kind"] == "tunnel"
+                    and s["pid"] in above], "the login's connection carries a session: not a tunnel"
+    finally:
+        t.terminate()
+        login.terminate()
+
+
 def test_stale_utmp_entries_do_not_count(monkeypatch):
     """This container has no utmp, so the records are handed in; their shape is psutil's."""
     import collections

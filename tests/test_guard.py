@@ -15,6 +15,7 @@ from supervisor.control import RequestError
 from supervisor.guard import IdleGuard
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.mailer import SmtpMailer
+from supervisor.render import idle_lines
 from supervisor.states import TrainingState as T
 from tests.fixtures.idle import make_ctx
 
@@ -28,11 +29,30 @@ class FakeTraining:
         self.run_id = 0
         self.exit_code = None
         self.raise_info = False
+        self.stops = 0
+        self.polls_to_end: int | None = 1  # how many polls a stop takes (its save on SIGINT); None = never ends
+        self._left: int | None = None
+
+    def stop(self) -> dict:
+        """As supervisorctl stop: SIGINT now, the end comes later (see tick)."""
+        if self.state not in (T.STARTING, T.RUNNING, T.STOPPING):
+            raise RuntimeError(f"training is not running ({self.state.value})")
+        self.stops += 1
+        if self.state != T.STOPPING:
+            self.state, self._left = T.STOPPING, self.polls_to_end
+        return {}
+
+    def tick(self) -> None:
+        if self.state == T.STOPPING and self._left is not None:
+            self._left -= 1
+            if self._left <= 0:
+                self.state, self.exit_code = T.STOPPED, 0
 
     def info(self) -> TrainingInfo:
         if self.raise_info:
             raise RuntimeError("training module bug")
-        return TrainingInfo(state=self.state, pid=4242 if self.state in (T.STARTING, T.RUNNING) else None,
+        alive = (T.STARTING, T.RUNNING, T.STOPPING)
+        return TrainingInfo(state=self.state, pid=4242 if self.state in alive else None,
                             started_at=1_799_990_000.0, ended_at=1_800_000_000.0 if self.exit_code is not None else None,
                             exit_code=self.exit_code, command="python train.py", log_path=str(self.log),
                             workdir="/workspace", session="train", run_id=self.run_id)
@@ -59,13 +79,17 @@ class FakeSync:
         self.ok = True
         self.calls: list[list[str]] = []
         self.gate: threading.Event | None = None
+        self.damaged: list[str] = []        # what a final sync sent as it is although it is not whole
+        self.partial_units: list[str] = []
 
     def final_sync(self, paths, timeout_s):
         self.calls.append(list(paths))
         if self.gate is not None:
             self.gate.wait(10)
         if self.ok:
-            return FinalSyncResult(ok=True, target=self.display, files=3, bytes=3 * 1024 * 1024, uploaded_files=1)
+            r = FinalSyncResult(ok=True, target=self.display, files=3, bytes=3 * 1024 * 1024, uploaded_files=1)
+            r.damaged, r.partial_units = list(self.damaged), list(self.partial_units)  # fields of newer engines
+            return r
         return FinalSyncResult(ok=False, target=self.display, error="connection refused",
                                unsynced=["/workspace/out/checkpoint-30/model.safetensors"])
 
@@ -94,7 +118,7 @@ def merge(a: dict, b: dict) -> dict:
 class H:
     """The guard as the daemon runs it, with every poll POLL fake seconds apart."""
 
-    def __init__(self, tmp_path, clock, smtp=None, config=None, training=None, gpu=None, sync=None):
+    def __init__(self, tmp_path, clock, smtp=None, config=None, training=None, gpu=None, sync=None, mailer=None):
         base = {
             "price_per_hour": 3.6, "currency": "EUR",
             "training": {"on_finish": "none", "finish_grace": "2m", "session": "train"},
@@ -107,29 +131,31 @@ class H:
         if smtp is not None:
             base["email"] = {"to": ["me@example.com"], "from": "sup@gpu-box", "smtp_host": "127.0.0.1",
                              "smtp_port": smtp.port, "security": "none"}
-        self.tmp, self.clock, self.smtp = tmp_path, clock, smtp
+        self.tmp, self.clock, self.smtp, self.mailer = tmp_path, clock, smtp, mailer
         self.config = merge(base, config or {})
         self.training = training or FakeTraining(tmp_path)
         self.gpu = gpu or FakeGpu(0.0)
         self.sync = sync or FakeSync()
-        self.boot = ("boot-1", 50.0)
+        self.clock.set_boot("boot-1", 50.0)
         self.restart()
 
     def restart(self, config: dict | None = None) -> IdleGuard:
         """A new daemon: same state dir, same clock (monotonic is system-wide within a boot)."""
         if config:
             self.config = merge(self.config, config)
-        mailer = None
+        mailer = self.mailer
         if self.smtp is not None:
             from supervisor.config import from_dict
             mailer = SmtpMailer(from_dict({"state_dir": "/tmp", "email": self.config["email"]}).email, "gpu-box")
         self.ctx = make_ctx(self.tmp, self.clock, self.config, mailer)
-        self.guard = IdleGuard(self.ctx, self.training, self.gpu, self.sync, FakeProgress(), boot=lambda: self.boot)
+        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, FakeProgress())
         return self.guard
 
     def poll(self, n: int = 1) -> None:
         for _ in range(n):
             self.clock.advance(POLL)
+            if hasattr(self.training, "tick"):
+                self.training.tick()
             self.guard.poll()
             assert self.guard.drain(20)
             self.ctx.alerts.tick(wait=True)
@@ -140,6 +166,10 @@ class H:
                 return i
             self.poll()
         raise AssertionError(f"never reached {state}; at {self.state}: {self.guard.status()}")
+
+    def lines(self) -> list[str]:
+        """The idle section of `supervisorctl status`, built from the status dict as the CLI does."""
+        return idle_lines({"now": self.clock.time(), **self.guard.status()})
 
     @property
     def state(self) -> str:
@@ -192,7 +222,7 @@ def test_full_idle_cycle_warning_then_verified_stop(h):
     st = h.guard.status()
     assert st["stop"]["phase"] == "done" and st["stop"]["result"].startswith("dry-run")
     assert st["stop"]["final_sync"]["files"] == 3
-    assert any("dry-run" in ln for ln in h.guard.render_lines())
+    assert any("dry-run" in ln for ln in h.lines())
 
 
 def test_activity_after_the_warning_cancels_with_a_mail(h):
@@ -258,22 +288,87 @@ def test_failing_sync_blocks_the_stop_unless_allowed_or_capped(tmp_path, clock, 
         assert rec.forced and rec.phase == "done"
 
 
-def test_stalled_training_is_warned_about_and_stopped_without_being_killed(h):
-    h.training.state, h.training.run_id = T.RUNNING, 1
+def _quiet_run(h, run_id: int = 1) -> None:
+    h.training.state, h.training.run_id = T.RUNNING, run_id
     h.training.log.write_text("step 1\n")
     os.utime(h.training.log, (h.clock.time(), h.clock.time()))
+
+
+def test_stalled_training_is_interrupted_and_ends_before_the_final_sync_and_the_stop(h):
+    _quiet_run(h)
     h.poll()
     st = h.guard.status()["idle"]
     assert st["state"] == "ACTIVE" and st["reasons"][0].startswith("training: log written")
-    # no output for activity_window (10 min), GPU idle: looks stalled
+    # no output for activity_window (10 min), GPU idle, no CPU: looks stalled
     h.until("WARNED", max_polls=60)
     subject, body = h.mails()[0]
     assert "(training looks stalled)" in subject
-    assert "still RUNNING (pid 4242" in body and "It is not killed" in body
-    assert any("looks stalled" in ln for ln in h.guard.render_lines())
+    assert "Run 1 is still running (pid 4242" in body and "no output for 20m00s, GPU 0%, CPU 0%" in body
+    assert "it looks stalled; it will be interrupted at" in body and "SIGINT, then SIGTERM and SIGKILL" in body
+    assert any("looks stalled" in ln for ln in h.lines())
+    h.training.polls_to_end = 3
+    h.until("STOPPING")
+    assert h.training.stops == 1 and not h.sync.calls
+    st = h.guard.status()["stop"]
+    assert st["phase"] == "interrupting" and st["interrupted_run"] == 1
+    assert any(ln.startswith("stop      interrupting run 1") for ln in h.lines())
+    h.poll()  # its STOPPING state, the GPU load and the output of its save are not activity now
+    h.gpu.util = 90.0
+    h.poll()
+    assert h.state == "STOPPING" and h.guard.status()["stop"]["phase"] == "interrupting" and not h.sync.calls
+    h.poll()
+    assert h.state == "STOPPED" and h.training.state == T.STOPPED
+    assert h.training.stops == 1 and h.sync.calls == [["/workspace/out"]]
+    _, body = h.mails()[1]
+    assert "Run 1 was still running and looked stalled: it was interrupted at" in body
+    assert "and ended (exit code 0) before the final sync" in body
+    history = " | ".join(h.guard.stopper.rec.history)
+    assert history.index("interrupting run 1") < history.index("run 1 ended (exit code 0)") \
+        < history.index("final sync verified") < history.index("dry-run: would have")
+
+
+def test_a_restart_mid_interrupt_waits_for_the_same_run_and_stops_once(h):
+    _quiet_run(h)
+    h.training.polls_to_end = 4
+    h.until("STOPPING", max_polls=80)
+    assert h.guard.status()["stop"]["phase"] == "interrupting"
+    h.restart()  # kill -9 while the training saves
+    h.poll()
+    assert h.state == "STOPPING" and h.guard.status()["stop"]["phase"] == "interrupting" and not h.sync.calls
     h.until("STOPPED")
-    assert "still running but looked stalled" in h.mails()[1][1]
-    assert h.training.state == T.RUNNING
+    assert h.training.stops == 1 and len(h.sync.calls) == 1
+    assert len([s for s, _ in h.mails() if "stopping now" in s]) == 1
+
+
+def test_a_training_that_outlives_every_signal_does_not_hold_the_stop_for_ever(h):
+    _quiet_run(h)
+    h.training.polls_to_end = None
+    h.until("STOPPING", max_polls=80)
+    h.poll(3)  # 2 x stop_grace (30s) + 60s = 2 min
+    assert h.guard.status()["stop"]["phase"] == "interrupting" and not h.sync.calls
+    h.until("STOPPED", max_polls=3)
+    assert "was still alive 2m00s later, after SIGINT, SIGTERM and SIGKILL" in h.mails()[-1][1]
+
+
+def test_a_person_cancels_an_interrupting_stop_the_training_does_not(h):
+    _quiet_run(h)
+    h.training.polls_to_end = None
+    h.until("STOPPING", max_polls=80)
+    h.gpu.util = 80.0
+    h.poll(2)
+    assert h.state == "STOPPING"
+    h.guard.keepalive(3600)
+    assert h.state == "ACTIVE" and h.guard.status()["stop"]["phase"] is None
+    assert h.guard.stopper.rec.phase == "cancelled" and not h.sync.calls
+
+
+def test_a_training_that_outlives_sigkill_counts_as_stopping_only_for_a_while(h):
+    h.training.state, h.training.run_id = T.STOPPING, 6  # someone's `supervisorctl stop`, unkillable job
+    h.poll()
+    assert h.state == "ACTIVE" and h.guard.status()["idle"]["reasons"] == ["training: stopping"]
+    h.poll(4)  # 2 x stop_grace (30s) + 1m
+    st = h.guard.status()["idle"]
+    assert st["state"] == "IDLE" and any("still alive after SIGKILL (no longer counted)" in c for c in st["checked"])
 
 
 def test_training_starting_counts_as_work(h):
@@ -363,7 +458,7 @@ def test_restart_mid_stop_resumes_instead_of_starting_over(h):
 
 def test_reboot_forgets_a_stop_and_starts_the_clock_at_boot(h):
     h.until("STOPPED")
-    h.boot = ("boot-2", 40.0)
+    h.clock.set_boot("boot-2", 40.0)
     h.restart()
     h.poll()
     st = h.guard.status()

@@ -100,7 +100,7 @@ def test_idle_cycle_with_tmux_ssh_keepalive_and_a_verified_stop(tmp_path, make_d
     subject, body = wait_mail(smtp_server, "unless you act")
     assert "(training looks stalled)" in subject
     assert "supervisorctl keepalive 2h" in body and "Cost while idle:" in body and "EUR/hour" in body
-    assert "still RUNNING" in body
+    assert "Run 1 is still running" in body and "it will be interrupted at" in body
     assert idle_of(d)["state"] == "WARNED"
     st = d.status()
     assert st["idle"]["stop_at"] and st["stop"]["action"] == "command"
@@ -124,14 +124,14 @@ def test_idle_cycle_with_tmux_ssh_keepalive_and_a_verified_stop(tmp_path, make_d
     wait_until(lambda: count_mails(smtp_server, "unless you act") == 2, 30, what="second warning")
     subject, body = wait_mail(smtp_server, "stopping now", timeout=40)
     assert "final sync verified" in subject and f"s3://{s3_server.bucket}/{s3_prefix}" in subject
-    assert "still running but looked stalled" in body
+    assert "Run 1 was still running and looked stalled: it was interrupted at" in body
     wait_until(lambda: lines(tmp_path / "stopped.txt") == ["stopped"], 20, what="stop command ran")
     wait_idle(d, lambda i: i["state"] == "STOPPED", what="STOPPED")
     objs = s3_server.objects(s3_prefix)
     assert any(k.endswith("checkpoint-10/trainer_state.json") for k in objs), objs
     st = d.status()
     assert st["stop"]["phase"] == "done" and st["stop"]["final_sync"]["ok"]
-    assert st["training"]["state"] == "RUNNING"  # stopping the machine is the stop; the job is not killed
+    assert st["training"]["state"] == "STOPPED"  # interrupted as `supervisorctl stop` does, before the final sync
     assert lines(tmp_path / "stopped.txt") == ["stopped"]
 
 
@@ -220,3 +220,31 @@ def test_training_finish_mails_the_result_and_stops_after_a_grace_that_activity_
     objs = s3_server.objects(s3_prefix)
     assert any(k.endswith("checkpoint-30/trainer_state.json") for k in objs), objs
     assert lines(tmp_path / "stopped.txt") == ["stopped"]
+
+
+def test_an_editor_session_without_a_terminal_holds_the_machine(tmp_path, make_daemon, sshd):
+    """VS Code Remote-SSH / Cursor / JetBrains Gateway: no terminal under sshd, the editor's server
+    detached (re-parented to init, its own pty), the SSH session open while the window is."""
+    import psutil
+
+    from tests.fixtures.idle import settle
+
+    d = make_daemon({"idle": {"warn_after": "2s", "stop_after_warning": "2s", "poll_interval": "0.3s",
+                              "count_tmux_clients": False}, "stop": {"action": "dry-run"}})
+    marker = f"3600.{os.getpid()}"
+    server = ("script", "-qfc", f"sleep {marker}", "/dev/null")
+    editor = sshd.session(f"setsid -f script -qfc 'sleep {marker}' /dev/null </dev/null >/dev/null 2>&1; exec cat")
+    try:
+        # the session's command: the shell, `bash -c ...`, which execs `cat` once it has read ~/.bashrc
+        wait_idle(d, lambda i: i["state"] == "ACTIVE" and "ssh: root from 127.0.0.1 (no terminal: cat)" in
+                  "; ".join(i["reasons"]), timeout=90, what="the editor's session counted")
+        settle(5)  # well past warn_after + stop_after_warning: nothing happens while the editor is open
+        i = idle_of(d)
+        assert i["state"] == "ACTIVE" and d.status()["stop"]["phase"] is None, i
+        editor.terminate()  # the window closes; its server lingers, and is nobody
+        wait_idle(d, lambda i: i["state"] != "ACTIVE", timeout=30, what="idle once the editor is closed")
+    finally:
+        editor.kill()
+        for p in psutil.process_iter(["cmdline"]):
+            if tuple(p.info["cmdline"] or ()) in (server, ("sleep", marker)):
+                p.kill()

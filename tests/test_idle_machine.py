@@ -432,3 +432,15 @@ def test_idle_cost_and_projection(clock):
 def test_unusable_persisted_state_is_rejected_by_name(bad):
     with pytest.raises(ValueError, match="idle state"):
         IdleMachine.from_dict(bad)
+
+
+def test_while_the_stop_interrupts_the_training_only_people_count(clock):
+    from supervisor.idle import people_only
+
+    s = Signals((Signal("gpu", True, "gpu: 90% over 5m"), Signal("training", True, "training: stopping"),
+                 Signal("ssh", False, "ssh: nobody logged in")), training_alive=True)
+    quiet = people_only(s, "the stop is interrupting the training")
+    assert not quiet.active and quiet.training_alive
+    assert quiet.notes()[0] == "gpu: 90% over 5m (the stop is interrupting the training)"
+    person = people_only(Signals((Signal("ssh", True, "ssh: root (pts/0)"),)), "x")
+    assert person.reasons() == ["ssh: root (pts/0)"]

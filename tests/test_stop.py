@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.clock import SystemClock
 from supervisor.config import from_dict
 from supervisor.interfaces import FinalSyncResult
 from supervisor.statefile import StateStore
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def seq(tmp_path, **stop) -> StopSequence:
     cfg = from_dict({"state_dir": str(tmp_path / "state"), "stop": stop})
-    return StopSequence(cfg, StateStore(cfg.state_dir))
+    return StopSequence(cfg.stop, StateStore(cfg.state_dir), SystemClock(), state_dir=cfg.state_dir)
 
 
 def test_dry_run_is_recorded_once_and_survives_a_reload(tmp_path):
@@ -60,18 +61,21 @@ def test_final_sync_failure_is_recorded_with_a_retry_time(tmp_path):
 
 def test_may_act_without_sync_only_when_allowed_or_capped():
     base = {"state_dir": "/tmp/x"}
-    assert may_act_without_sync(from_dict(base), 1e9) == ""
-    assert "stop_even_if_sync_fails" in may_act_without_sync(from_dict({**base, "stop": {"stop_even_if_sync_fails": True}}), None)
+
+    def may(cfg, cost):
+        return may_act_without_sync(cfg.stop, cost, cfg.max_idle_cost, cfg.currency)
+    assert may(from_dict(base), 1e9) == ""
+    assert "stop_even_if_sync_fails" in may(from_dict({**base, "stop": {"stop_even_if_sync_fails": True}}), None)
     capped = from_dict({**base, "price_per_hour": 2.0, "max_idle_cost": 5.0, "currency": "EUR"})
-    assert may_act_without_sync(capped, 4.99) == ""
-    assert may_act_without_sync(capped, 5.0) == "the idle cost 5.00 EUR reached max_idle_cost 5.00 EUR"
-    assert may_act_without_sync(capped, None) == ""
+    assert may(capped, 4.99) == ""
+    assert may(capped, 5.0) == "the idle cost 5.00 EUR reached max_idle_cost 5.00 EUR"
+    assert may(capped, None) == ""
 
 
 def test_command_runs_with_the_training_env_and_reports_failure(tmp_path):
     out = tmp_path / "stopped.txt"
     s = seq(tmp_path, action="command", command=f'echo "stop $POD_ID" >> {out}')
-    s.cfg.training.env = {"POD_ID": "pod-42"}
+    s.command_env = {"POD_ID": "pod-42"}  # training.env, as the guard hands it over
     s.begin("b", 1, "idle", 0.0)
     assert s.act(1.0, 1.0).startswith("stop command succeeded")
     assert out.read_text() == "stop pod-42\n"
@@ -86,11 +90,13 @@ def test_command_runs_with_the_training_env_and_reports_failure(tmp_path):
 
 ACT_SCRIPT = """
 import sys
+from supervisor.clock import SystemClock
 from supervisor.config import from_dict
 from supervisor.statefile import StateStore
+from supervisor.clock import SystemClock
 from supervisor.stop import StopSequence
 cfg = from_dict({"state_dir": sys.argv[1], "stop": {"action": "command", "command": sys.argv[2]}})
-s = StopSequence(cfg, StateStore(cfg.state_dir))
+s = StopSequence(cfg.stop, StateStore(cfg.state_dir), SystemClock(), state_dir=cfg.state_dir)
 s.begin("boot-1", 1, "idle", 0.0)
 s.act(1.0, 1.0)
 """
@@ -196,7 +202,7 @@ def test_ec2_stop_instances_against_moto_with_imdsv2(moto_ec2, imds, aws_env, tm
     assert imds.requests[0] == ("PUT", "/latest/api/token", True)
     assert all(ok for _, _, ok in imds.requests)
     # re-running it (a resumed stop) is harmless
-    assert "ec2 StopInstances" in ec2_stop(s.cfg.stop)
+    assert "ec2 StopInstances" in ec2_stop(s.cfg)
 
 
 def test_ec2_errors_name_the_problem(moto_ec2, imds, aws_env, tmp_path):
