@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from .mails import describe_exit
 from .statefile import atomic_write
 
 
@@ -79,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass  # a full disk or a closed pane must not kill the training
     rc = child.wait()  # negative: killed by signal -rc (kept negative in the record, as Popen does)
     sig = _signame(-rc) if rc < 0 else None
-    tail = f"===== train-supervisor run {spec.get('run_id')} ended: " + (
-        f"killed by {sig}" if sig else f"exit code {rc}") + "\n"
+    tail = f"===== train-supervisor run {spec.get('run_id')} ended: {describe_exit(rc, sig)}\n"
     for sink in (log, out):
         try:
             sink.write(tail.encode())

@@ -137,13 +137,13 @@ def test_stop_escalates_to_sigterm_then_sigkill_after_grace(tmp_path, cleanup):
     t.poll()
     t.stop()
     t.poll()
-    assert t.doc["stop_phase"] == "SIGINT" and t.state == S.STOPPING
+    assert t.doc.stop_phase == "SIGINT" and t.state == S.STOPPING
     clock.advance(31)
     t.poll()
-    assert t.doc["stop_phase"] == "SIGTERM" and t.state == S.STOPPING
+    assert t.doc.stop_phase == "SIGTERM" and t.state == S.STOPPING
     clock.advance(31)
     t.poll()
-    assert t.doc["stop_phase"] == "SIGKILL"
+    assert t.doc.stop_phase == "SIGKILL"
     info = settle(t)
     assert info.state == S.STOPPED and info.signal == "SIGKILL"
 
@@ -196,7 +196,7 @@ def test_reboot_marks_run_stopped_not_failed(tmp_path, cleanup):
     cleanup.append(t)
     t.start()
     wait_until(lambda: (t.poll(), t.state == S.RUNNING)[1], what="RUNNING")
-    runner = psutil.Process(t.doc["runner_pid"])
+    runner = psutil.Process(t.doc.runner_pid)
     for p in [*runner.children(recursive=True), runner]:  # what a reboot does to them
         p.kill()
     subprocess.run(["tmux", "-S", t.tmux.socket, "kill-server"], capture_output=True)
@@ -217,7 +217,7 @@ def test_on_failure_restarts_with_backoff_up_to_max(tmp_path, cleanup):
     t.start()
     for n in (1, 2):
         wait_until(lambda: (t.poll(), t.state == S.FAILED)[1], what="FAILED")
-        assert t.doc["next_restart_at"] is not None
+        assert t.doc.next_restart_at is not None
         clock.advance(10 * 2 ** (n - 1) + 1)
         t.poll()
         assert t.info().restarts == n
