@@ -60,10 +60,11 @@ class Daemon:
         from .sync.engine import SyncEngine
         from .tracker import ProgressTracker
 
-        self.gpu = GpuMonitor(self.ctx, training=self.training)
+        self.gpu = GpuMonitor(self.ctx, training=self.training, keep_window_s=cfg.idle.gpu_window)
         self.sync = SyncEngine(self.ctx)
-        self.progress = ProgressTracker(self.ctx, gpu=self.gpu)
-        self.oom = OomDetector(self.ctx)
+        self.progress = ProgressTracker(self.ctx, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
+                                        gpu=self.gpu)
+        self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         self.hostcheck = HostCheck(self.ctx, disk_paths)
@@ -180,8 +181,7 @@ class Daemon:
             "stop": guard.get("stop", {}),
             "alerts": self.alerts.active(),
             "cost": self.progress.cost(now),
-            "lines": {"gpus": self.gpu.render_lines(), "sync": self.sync.render_lines(),
-                      "idle": self.guard.render_lines(), "progress": self.progress.render_line(now)},
+            "lines": {"sync": self.sync.render_lines(), "idle": self.guard.render_lines()},
         }
 
     # --- control handlers ----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import config
+from supervisor import config, render
 from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock
 from supervisor.context import Context
@@ -103,11 +103,11 @@ def only(tap: Tap, kind: str) -> dict:
 # --- progress: the status line, the summary, the estimate mail ------------------------------------------------
 
 def tracker(ctx: Context, gpu=None) -> ProgressTracker:
-    return ProgressTracker(ctx, gpu=gpu)
+    return ProgressTracker(ctx, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency, gpu=gpu)
 
 
 def progress_line(tr: ProgressTracker, now: float) -> str:
-    return tr.render_line(now)
+    return render.progress_line({"now": now, "training": {"progress": tr.snapshot(now)}, "cost": tr.cost(now)})
 
 
 class Gpu:
@@ -273,7 +273,7 @@ def monitor(tmp_path, clock, doc=None, pids=()) -> tuple[GpuMonitor, Probe, Tap]
 
 
 def gpu_lines(m: GpuMonitor) -> list[str]:
-    return m.render_lines()
+    return render.gpu_lines(m.status())
 
 
 def test_gpu_lines(tmp_path):
@@ -351,7 +351,7 @@ def quiet(tmp_path) -> EvidenceSources:
 def detector(tmp_path, doc=None, sources=None) -> tuple[OomDetector, Tap, FakeClock]:
     clock = FakeClock()
     ctx, tap = context(tmp_path, clock, doc)
-    return OomDetector(ctx, evidence=sources or quiet(tmp_path)), tap, clock
+    return OomDetector(ctx, evidence=sources or quiet(tmp_path), log_path=ctx.config.training.log), tap, clock
 
 
 @pytest.mark.parametrize("name,line,log", [("cuda_oom_new", NEW_OOM, "/workspace/train.log"),

@@ -125,7 +125,7 @@ def test_oom_line_appended_mails_exactly_once_within_one_poll(smtp_server, tmp_p
     log_path = tmp_path / "train.log"
     log_path.write_text("old run: CUDA out of memory\n")  # before the daemon started: not re-alerted
     ctx = smtp_ctx(tmp_path, clock, smtp_server.port, str(log_path))
-    det = OomDetector(ctx, evidence=quiet_sources(tmp_path))
+    det = OomDetector(ctx, evidence=quiet_sources(tmp_path), log_path=ctx.config.training.log)
     f = LogFollower(str(log_path), [det], start_at_end=True)
     f.poll(clock.time())
     with open(log_path, "a") as fh:
