@@ -21,6 +21,7 @@ import time
 
 from .mails import describe_exit
 from .statefile import atomic_write
+from .timefmt import when
 
 
 def _signame(n: int) -> str:
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = spec["log"]
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
-    banner = f"\n===== train-supervisor run {spec.get('run_id')} started {time.strftime('%Y-%m-%d %H:%M:%S')}: {spec['command']}\n"
+    banner = f"\n===== train-supervisor run {spec.get('run_id')} started {when(time.time())}: {spec['command']}\n"
     log.write(banner.encode())
     kwargs: dict = {}
     if spec.get("user"):

@@ -3,12 +3,12 @@ early estimate mail. Also the money and step-rate formats the status line shares
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 from ..durations import format_bytes, format_duration
+from ..timefmt import when
 from . import Mail
 
 _CURRENCY = {"EUR": "€", "USD": "$", "GBP": "£", "JPY": "¥", "INR": "₹"}
@@ -72,10 +72,10 @@ def summary(run: RunFacts, cost: CostFacts) -> str:
         speed.append(f"{run.tokens_per_s:,.0f} tokens/s")
     if speed:
         lines.append("Speed: " + ", ".join(speed))
-    lines.append(f"Run time: {format_duration(run.elapsed_s)} (started {_utc(run.started_at)})")
+    lines.append(f"Run time: {format_duration(run.elapsed_s)} (started {when(run.started_at)})")
     if run.running:
         if run.eta_s is not None:
-            lines.append(f"Estimated finish: {_utc(run.finish_at)} (in {format_duration(run.eta_s)})")
+            lines.append(f"Estimated finish: {when(run.finish_at)} (in {format_duration(run.eta_s)})")
         else:
             lines.append("Estimated finish: unknown")
     if cost.spent is not None:
@@ -100,7 +100,7 @@ def estimate(run: RunFacts, cost: CostFacts, peak_bytes: int | None, total_bytes
         subject += " (over budget)"
     lines = [summary(run, cost), ""]
     if eta is not None:
-        lines.append(f"Projected finish: {_utc(run.finish_at)}")
+        lines.append(f"Projected finish: {when(run.finish_at)}")
     if cost.total is not None:
         lines.append(f"Projected cost of the run: {money(cost.total, cur)} "
                      f"({money(cost.spent, cur)} so far + {money(cost.eta_cost, cur)} to finish)")
@@ -136,8 +136,3 @@ def steps_rate(sps: float) -> str:
         return f"{sps:.2f} steps/s"
     return f"{1 / sps:.1f} s/step"
 
-
-def _utc(t: float | None) -> str:
-    if t is None:
-        return "unknown"
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
