@@ -33,7 +33,7 @@ from .interfaces import TrainingInfo
 from .logging_setup import configure
 from .notify import notify, watchdog_interval
 from .statefile import StateStore
-from .states import TrainingState
+from .states import TRAINING_ALIVE, TrainingState
 from .training import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
@@ -65,7 +65,9 @@ class Daemon:
         self.progress = ProgressTracker(self.ctx, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
                                         gpu=self.gpu)
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
-        self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True)
+        # resumes where the last daemon got to (an OOM printed while none ran is still seen)
+        self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
+                                    store=self.store)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         self.hostcheck = HostCheck(self.ctx, disk_paths)
 
@@ -93,7 +95,7 @@ class Daemon:
 
     def _on_training_start(self, info: TrainingInfo) -> None:
         self.follower.switch(info.log_path, start_at_end=True)
-        self.oom.reset(self.clock.time())
+        self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
         self.progress.start_run(info.run_id, info.started_at or self.clock.time())
 
@@ -109,6 +111,9 @@ class Daemon:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
     def start(self) -> None:
+        before = self.training.info()
+        if before.state in TRAINING_ALIVE and before.started_at:
+            self.oom.resume_run(before.started_at)  # also judges a run that ended while no daemon ran
         self.training.adopt()
         self.follower.switch(self.training.log_path(), start_at_end=True)
         info = self.training.info()

@@ -28,6 +28,7 @@ import structlog
 from .context import Context
 from .interfaces import TrainingInfo
 from .mails import gpu as words
+from .runner import is_banner
 from .states import TrainingState
 
 log = structlog.get_logger("oom")
@@ -335,8 +336,18 @@ class OomDetector:
         with self._lock:
             self._baseline = b
 
+    def resume_run(self, started_at: float) -> None:
+        """A daemon restarted during (or after) a run it did not see start. Alerts keep the run's
+        key, so a line read again from the log is not mailed twice; kernel evidence is judged from
+        the run's start on the kernel's clock, as no baseline could be taken before it."""
+        with self._lock:
+            self._start_wall = started_at
+            self._tag = int(started_at)
+            self._baseline = Baseline(taken_mono=time.monotonic())
+
     def feed_line(self, line: str, now: float) -> None:
-        m = classify(line)
+        # the runner's banner repeats the command, which may well mention out-of-memory
+        m = None if is_banner(line) else classify(line)
         with self._lock:
             self._recent.append(line[:500])
             if m is None:
