@@ -27,7 +27,8 @@ from .context import Context
 from .interfaces import TrainingInfo
 from .mails import training as words
 from .proc import start_time
-from .statefile import atomic_write
+from .runner import ExitRecord, RunSpec
+from .statefile import atomic_write, set_aside
 from .states import TRAINING_ALIVE, TrainingState, check_training_move
 from .tmux import Tmux, TmuxError
 
@@ -125,8 +126,11 @@ class Training:
         try:
             return TrainingDoc.from_json(raw)
         except ValueError as e:
-            self.ctx.store.problems.append(f"{e}; re-adopting from tmux")
-            log.error("training_state_unusable", error=str(e))
+            # never guess from a damaged record (a live job judged by a string run_id): set it aside
+            # and rebuild from what is really there, the tmux session and the runner's spec
+            aside = set_aside(self.ctx.store.path("training"))
+            self.ctx.store.problems.append(f"{e}; set aside as {aside.name}, re-adopting the training from tmux")
+            log.error("training_state_unusable", error=str(e), set_aside=str(aside))
             return TrainingDoc()
 
     def _save(self) -> None:
@@ -206,7 +210,7 @@ class Training:
             self.poll(adopting=True)
 
     def _adopt_from_tmux(self) -> None:
-        """training.json was lost or corrupt but our session is there: rebuild from the runner's spec."""
+        """training.json was lost or damaged but our session is there: rebuild from the runner's spec."""
         pid = self.tmux.pane_pid(self.cfg.session)
         try:
             cmdline = psutil.Process(pid).cmdline() if pid else []
@@ -214,16 +218,17 @@ class Training:
             cmdline = []
         if len(cmdline) >= 4 and cmdline[-2] == "supervisor.runner":
             try:
-                spec = json.loads(Path(cmdline[-1]).read_text())
-            except (OSError, json.JSONDecodeError):
-                spec = None
-            if spec:
-                self.doc = replace(self.doc, state=S.RUNNING, run_id=spec.get("run_id", 0), command=spec["command"],
-                                   runner_pid=pid, runner_ctime=start_time(pid), run_dir=spec["run_dir"],
-                                   log=spec["log"], workdir=spec.get("workdir"), boot_id=boot_id(),
-                                   started_at=spec.get("started_at"))
+                spec = RunSpec.read(cmdline[-1])
+            except (OSError, ValueError) as e:
+                log.error("training_spec_unusable", path=cmdline[-1], error=str(e))
+            else:
+                self.doc = replace(self.doc, state=S.RUNNING, run_id=spec.run_id, command=spec.command,
+                                   adhoc=spec.command != self.cfg.command, runner_pid=pid,
+                                   runner_ctime=start_time(pid), run_dir=spec.run_dir, log=spec.log,
+                                   workdir=spec.workdir, boot_id=boot_id(), started_at=spec.started_at)
+                self.doc = replace(self.doc, child_pid=self._child_pid())
                 self._save()
-                log.warning("training_readopted_from_tmux", pid=pid, run_id=spec.get("run_id"))
+                log.warning("training_readopted_from_tmux", pid=pid, run_id=spec.run_id)
                 return
         log.warning("foreign_tmux_session", session=self.cfg.session,
                     hint="a session with the training's name exists but was not started by us")
@@ -253,18 +258,18 @@ class Training:
             workdir = self.cfg.workdir or None
             if workdir and not os.path.isdir(workdir):
                 raise TrainingError(f"training.workdir {workdir} does not exist")
-            run_id = self.doc.run_id + 1
+            run_id = self._next_run_id()
             run_dir = self.state_dir / "runs" / str(run_id)
             run_dir.mkdir(parents=True, exist_ok=True)
             now = self.ctx.clock.time()
-            spec = {"run_id": run_id, "command": cmd, "shell": self.cfg.shell, "workdir": workdir,
-                    "env": self.cfg.env, "log": self.cfg.log or str(self.state_dir / "train.log"),
-                    "user": self.cfg.user or None, "run_dir": str(run_dir), "started_at": now}
+            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=dict(self.cfg.env),
+                           log=self.cfg.log or str(self.state_dir / "train.log"), user=self.cfg.user or None,
+                           run_dir=str(run_dir), started_at=now)
             spec_path = run_dir / "spec.json"
-            atomic_write(spec_path, json.dumps(spec).encode(), 0o644)
+            atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o644)
             restarts = self.doc.restarts if self.doc.restarting else 0
             self._move(S.STARTING, run_id=run_id, command=cmd, adhoc=adhoc, started_at=now, ended_at=None,
-                       exit_code=None, signal=None, run_dir=str(run_dir), log=spec["log"], workdir=workdir,
+                       exit_code=None, signal=None, run_dir=str(run_dir), log=spec.log, workdir=workdir,
                        boot_id=boot_id(), stop_requested=False, child_pid=None, runner_pid=None,
                        restarts=restarts, restarting=False, next_restart_at=None, note="", stop_phase=None)
             argv = [sys.executable, "-m", "supervisor.runner", str(spec_path)]
@@ -281,6 +286,12 @@ class Training:
             self._safe(self.on_start, self.info())
         self.poll()
         return self.status()
+
+    def _next_run_id(self) -> int:
+        """One above any run this state_dir has seen: a training.json set aside must not make a new
+        run reuse an old run's folder (its exit record would end the new run at once)."""
+        seen = [int(p.name) for p in (self.state_dir / "runs").glob("*") if p.name.isdigit()]
+        return max([self.doc.run_id, *seen]) + 1
 
     def stop(self) -> dict:
         with self._lock:
@@ -365,15 +376,18 @@ class Training:
     def _finish(self) -> TrainingInfo | None:
         """The runner is gone: read how the job ended and settle the state."""
         run_dir = Path(self.doc.run_dir or "/nonexistent")
-        rec = None
+        rec: ExitRecord | None = None
         try:
-            rec = json.loads((run_dir / "exit.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            rec = ExitRecord.read(run_dir / "exit.json")
+        except FileNotFoundError:
+            rec = None
+        except (OSError, ValueError) as e:
+            log.error("training_exit_record_unusable", run_dir=str(run_dir), error=str(e))
             rec = None
         now = self.ctx.clock.time()
-        code = rec.get("exit_code") if isinstance(rec, dict) else None
-        sig = rec.get("signal") if isinstance(rec, dict) else None
-        ended_at = rec.get("ended_at", now) if isinstance(rec, dict) else now
+        code = rec.exit_code if rec else None
+        sig = rec.signal if rec else None
+        ended_at = rec.ended_at if rec and rec.ended_at is not None else now
         note = ""
         if rec is None:
             if self.doc.stop_phase == "SIGKILL":

@@ -99,3 +99,31 @@ def test_the_banner_repeating_the_command_is_no_oom(tmp_path, make_daemon):
     assert OOM in log.read_text()
     assert events(d, "cuda_oom") == [] and events(d, "host_oom_kill") == []
 
+
+@pytest.mark.parametrize("damage", [{"runner_pid": "abc"}, {"run_id": "7"}, {"state": 3}])
+def test_damaged_training_json_under_a_live_job_is_readopted_running(tmp_path, make_daemon, damage):
+    """With the default on_finish = "stop": a job judged FAILED from a damaged file would start the stop."""
+    cfg = config(tmp_path, command="echo ready; while true; do echo tick; sleep 0.2; done", on_finish="stop")
+    d = make_daemon(cfg)
+    log = tmp_path / "train.log"
+    assert d.ctl("start").returncode == 0
+    tr = d.wait_training("RUNNING")
+    d.kill9()
+    path = d.state_dir / "training.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **damage}))
+    d.start()
+    st = d.status()
+    assert (st["training"]["state"], st["training"]["pid"], st["training"]["run_id"]) == \
+        ("RUNNING", tr["pid"], tr["run_id"])
+    field = next(iter(damage))
+    assert any("training.json" in p and field in p and "set aside" in p for p in st["daemon"]["problems"])
+    assert list(d.state_dir.glob("training.json.corrupt-*"))
+    # a few rounds of every duty later it is still running, and nothing is about to stop the machine
+    size = log.stat().st_size
+    wait_until(lambda: log.stat().st_size > size + 200 and followed_to_end(d, log), 30, what="duties ran")
+    st = d.status()
+    assert st["training"]["state"] == "RUNNING" and st["stop"]["planned_at"] is None
+    assert st["idle"]["state"] in ("ACTIVE", "IDLE")
+    assert events(d, "training_failed") == [] and events(d, "training_finished") == []
+    assert d.ctl("stop").returncode == 0
+    d.wait_training("STOPPED")
