@@ -125,10 +125,6 @@ class GpuMonitor:
         with self._lock:
             self._peak = None
 
-    def snapshot(self) -> GpuSnapshot | None:
-        with self._lock:
-            return self._last
-
     def status(self) -> dict:
         with self._lock:
             snap, train_of = self._last, dict(self._train_of)

@@ -33,7 +33,6 @@ class HostCheck:
         self._du = disk_usage
         self._mem_low = False
         self._disk_low: set[str] = set()
-        self.last: dict = {}
 
     def poll(self) -> dict:
         cfg = self.ctx.config.alerts
@@ -46,7 +45,6 @@ class HostCheck:
             out["disks"] = self._check_disks(cfg.disk_free_min_pct)
         except Exception:  # noqa: BLE001
             log.exception("disk_check_failed")
-        self.last = out
         return out
 
     # --- memory --------------------------------------------------------------------------------
