@@ -34,7 +34,7 @@ from .interfaces import TrainingInfo
 from .logging_setup import configure
 from .notify import notify, watchdog_interval
 from .statefile import StateStore
-from .states import TrainingState
+from .states import TRAINING_ALIVE, TrainingState
 from .training import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
@@ -61,11 +61,14 @@ class Daemon:
         from .sync.engine import SyncEngine
         from .tracker import ProgressTracker
 
-        self.gpu = GpuMonitor(self.ctx, training=self.training)
+        self.gpu = GpuMonitor(self.ctx, training=self.training, keep_window_s=cfg.idle.gpu_window)
         self.sync = SyncEngine.from_config(cfg, self.clock, self.alerts)
-        self.progress = ProgressTracker(self.ctx, gpu=self.gpu)
-        self.oom = OomDetector(self.ctx)
-        self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True)
+        self.progress = ProgressTracker(self.ctx, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
+                                        gpu=self.gpu)
+        self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
+        # resumes where the last daemon got to (an OOM printed while none ran is still seen)
+        self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
+                                    store=self.store)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         self.hostcheck = HostCheck(self.ctx, disk_paths)
 
@@ -97,7 +100,7 @@ class Daemon:
 
     def _on_training_start(self, info: TrainingInfo) -> None:
         self.follower.switch(info.log_path, start_at_end=True)
-        self.oom.reset(self.clock.time())
+        self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
         self.progress.start_run(info.run_id, info.started_at or self.clock.time())
 
@@ -115,6 +118,9 @@ class Daemon:
     def start(self, schedule: bool = True) -> None:
         """Adopt, start the sync worker and the control socket, and schedule DUTIES (`schedule=False`:
         a test runs them itself, with a fake clock where hours pass)."""
+        before = self.training.info()
+        if before.state in TRAINING_ALIVE and before.started_at:
+            self.oom.resume_run(before.started_at)  # also judges a run that ended while no daemon ran
         self.training.adopt()
         self.follower.switch(self.training.log_path(), start_at_end=True)
         info = self.training.info()
@@ -179,8 +185,6 @@ class Daemon:
             "stop": guard.get("stop", {}),
             "alerts": self.alerts.active(),
             "cost": self.progress.cost(now),
-            "lines": {"gpus": self.gpu.render_lines(),
-                      "progress": self.progress.render_line(now)},
         }
 
     # --- control handlers ----------------------------------------------------------------------

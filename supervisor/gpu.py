@@ -16,38 +16,17 @@ import structlog
 
 from .context import Context
 from .interfaces import TrainingView
+from .mails import gpu as words
 from .nvml import GpuSample, GpuSnapshot, NvmlProbe, XidEvent
-from .oom import GPU_MEMORY_ADVICE
 
 log = structlog.get_logger("gpu")
 
-GIB = 1024**3
 PIDS_REFRESH_S = 30.0        # the training's process tree, re-read at most this often ...
 PIDS_UNKNOWN_REFRESH_S = 5.0  # ... or this often while a GPU process belongs to nobody we know
 RESOLVE_MARGIN = 0.02        # memory must fall this far below the limit to clear the alert
-MAX_PROCS_SHOWN = 3
 
-# Xid codes that mean the hardware (not the program) failed; others are usually the application's
-# own fault (13, 31, 43, 45: illegal access, page fault, stopped, killed) and only warned about.
-XID_MEANING = {
-    13: "graphics engine exception (often an illegal memory access in a kernel)",
-    31: "GPU memory page fault (often an application bug)",
-    43: "GPU stopped processing (application fault)",
-    45: "preemptive cleanup after an application fault",
-    48: "double-bit ECC error (uncorrectable memory error)",
-    61: "internal micro-controller breakpoint/warning",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error (the GPU needs a reset)",
-    109: "context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+# Xid codes that are usually the application's own fault (illegal access, page fault, stopped,
+# killed): only warned about. Others mean the hardware or the driver failed.
 XID_APP = frozenset({13, 31, 43, 45})
 
 
@@ -59,7 +38,11 @@ class _Point:
 
 
 class GpuMonitor:
-    def __init__(self, ctx: Context, probe: NvmlProbe | None = None, training: TrainingView | None = None):
+    """`keep_window_s`: the longest window `utilization` will be asked about (the idle guard's is
+    given by the daemon); samples are kept that long, and never shorter than gpu.window."""
+
+    def __init__(self, ctx: Context, probe: NvmlProbe | None = None, training: TrainingView | None = None,
+                 keep_window_s: float = 0.0):
         self.ctx = ctx
         self.cfg = ctx.config.gpu
         self.probe = probe or NvmlProbe(self.cfg.nvml_library, monotonic=ctx.clock.monotonic)
@@ -68,7 +51,7 @@ class GpuMonitor:
         self._last: GpuSnapshot | None = None
         self._train_of: dict[int, bool] = {}       # GPU pid -> belongs to the training
         self._window: deque[_Point] = deque()
-        self._keep_s = max(self.cfg.window, ctx.config.idle.gpu_window) + 2 * self.cfg.poll_interval
+        self._keep_s = max(self.cfg.window, keep_window_s) + 2 * self.cfg.poll_interval
         self._peak: int | None = None
         self._over: dict[int, int] = {}            # consecutive samples at the limit, per GPU
         self._under: dict[int, int] = {}
@@ -142,26 +125,13 @@ class GpuMonitor:
         with self._lock:
             self._peak = None
 
-    def snapshot(self) -> GpuSnapshot | None:
-        with self._lock:
-            return self._last
-
     def status(self) -> dict:
         with self._lock:
             snap, train_of = self._last, dict(self._train_of)
         if snap is None:
             return {"gpus": [], "gpu_error": "GPUs not polled yet", "gpu_driver": None}
-        return {"gpus": [_gpu_dict(g, train_of) for g in snap.gpus], "gpu_error": snap.error,
+        return {"gpus": [gpu_dict(g, train_of) for g in snap.gpus], "gpu_error": snap.error,
                 "gpu_driver": snap.driver_version}
-
-    def render_lines(self) -> list[str]:
-        """One line per GPU for `supervisorctl status`; empty when there are none (the caller then
-        shows gpu_error)."""
-        with self._lock:
-            snap, train_of = self._last, dict(self._train_of)
-        if snap is None:
-            return []
-        return [render_gpu(g, train_of) for g in snap.gpus]
 
     # --- attribution ---------------------------------------------------------------------------
     def _attribute(self, snap: GpuSnapshot, now: float) -> dict[int, bool]:
@@ -204,18 +174,10 @@ class GpuMonitor:
         self._at_limit &= {g.index for g in snap.gpus if not g.error}  # a failed GPU is its own alert
         if self._at_limit:
             by_idx = {g.index: g for g in snap.gpus}
-            parts = []
-            for i in sorted(self._at_limit):
-                g = by_idx.get(i)
-                if g is not None and g.mem_used_bytes is not None and g.mem_total_bytes:
-                    parts.append(f"GPU{i} {g.mem_used_bytes / GIB:.1f}/{g.mem_total_bytes / GIB:.1f} GiB")
-                else:
-                    parts.append(f"GPU{i}")
-            subject = f"GPU memory at its limit: {', '.join(parts)}"
-            body = (f"{', '.join(parts)} in use: at or above {frac:.0%} of the GPU's memory for "
-                    f"{need} samples in a row ({self.cfg.poll_interval:g}s apart). The next larger batch "
-                    f"or longer sequence will fail with CUDA out of memory.\n\n{GPU_MEMORY_ADVICE}")
-            self.ctx.alerts.fire("gpu:mem_limit", "gpu_mem_limit", "warning", subject, body)
+            mail = words.mem_limit([words.GpuMem(i, getattr(by_idx.get(i), "mem_used_bytes", None),
+                                                 getattr(by_idx.get(i), "mem_total_bytes", None))
+                                    for i in sorted(self._at_limit)], frac, need, self.cfg.poll_interval)
+            self.ctx.alerts.fire("gpu:mem_limit", "gpu_mem_limit", "warning", mail.subject, mail.body)
             self._limit_active = True
         elif self._limit_active:
             self.ctx.alerts.resolve("gpu:mem_limit")
@@ -223,40 +185,25 @@ class GpuMonitor:
 
     def _check_failed(self, snap: GpuSnapshot) -> None:
         bad = [g for g in snap.gpus if g.error]
-        if not bad and snap.error and self._seen_gpus and not snap.gpus:
-            detail = f"NVML stopped answering after GPUs were seen: {snap.error}"
-        elif bad:
-            detail = "; ".join(f"GPU{g.index} {g.name or ''} {g.uuid or ''}: {g.error}".replace("  ", " ")
-                               for g in bad)
-        else:
+        lost = not bad and snap.error and self._seen_gpus and not snap.gpus
+        if not bad and not lost:
             if self._failed_active:
                 self.ctx.alerts.resolve("gpu:failed")
                 self._failed_active = False
             return
-        n = len(bad) or "the"
-        subject = f"the machine's GPU failed: {detail}"[:150]
-        body = (f"{detail}\n\n{n} GPU(s) no longer answer the driver. Training on them has most likely "
-                "crashed or hangs; a lost GPU comes back only after a reset or reboot of the machine, "
-                "usually by the provider. Checkpoints already synced are safe; check `supervisorctl "
-                "status` and `nvidia-smi`, and ask the provider to replace the machine if it persists.")
-        self.ctx.alerts.fire("gpu:failed", "gpu_failed", "critical", subject, body)
+        mail = words.gpu_failed([words.GpuFault(g.index, g.name, g.uuid, g.error or "") for g in bad], snap.error)
+        self.ctx.alerts.fire("gpu:failed", "gpu_failed", "critical", mail.subject, mail.body)
         self._failed_active = True
 
     def _xid_alert(self, ev: XidEvent, snap: GpuSnapshot) -> None:
-        meaning = XID_MEANING.get(ev.xid, "see NVIDIA's Xid catalogue")
-        where = f"GPU{ev.index}" if ev.index is not None else "a GPU"
-        sev = "warning" if ev.xid in XID_APP else "critical"
-        name = next((g.name for g in snap.gpus if g.index == ev.index), None) or ""
-        subject = f"Xid {ev.xid} on {where}: {meaning}"
-        body = (f"The NVIDIA driver reported Xid {ev.xid} on {where} {name} {ev.uuid or ''}: {meaning}.\n"
-                + ("This usually comes from the program (an illegal memory access); check the training log."
-                   if ev.xid in XID_APP else
-                   "This is a hardware or driver failure: the training on this GPU has probably crashed, "
-                   "and the GPU may need a reset. Ask the provider to replace the machine if it recurs."))
-        self.ctx.alerts.event(f"gpu:xid:{ev.uuid or ev.index}:{ev.xid}", "gpu_xid", sev, subject, body)
+        name = next((g.name for g in snap.gpus if g.index == ev.index), None)
+        app = ev.xid in XID_APP
+        mail = words.xid(ev.xid, ev.index, name, ev.uuid, app)
+        self.ctx.alerts.event(f"gpu:xid:{ev.uuid or ev.index}:{ev.xid}", "gpu_xid", "warning" if app else "critical",
+                              mail.subject, mail.body)
 
 
-def _gpu_dict(g: GpuSample, train_of: dict[int, bool]) -> dict:
+def gpu_dict(g: GpuSample, train_of: dict[int, bool]) -> dict:
     return {
         "index": g.index, "name": g.name, "uuid": g.uuid, "util_pct": g.util_pct,
         "mem_used_bytes": g.mem_used_bytes, "mem_total_bytes": g.mem_total_bytes,
@@ -265,26 +212,3 @@ def _gpu_dict(g: GpuSample, train_of: dict[int, bool]) -> dict:
         "mig": g.mig, "error": g.error,
     }
 
-
-def _gib(b: int | None) -> str:
-    return "?" if b is None else f"{b / GIB:.1f}"
-
-
-def render_gpu(g: GpuSample, train_of: dict[int, bool] | None = None) -> str:
-    """`GPU0 NVIDIA H100 80GB HBM3  util  97%  mem 71.2/80.0 GiB  train pid 1234 70.1 GiB`"""
-    train_of = train_of or {}
-    head = f"GPU{g.index} {g.name or 'unknown GPU'}"
-    if g.error:
-        return f"{head}  FAILED: {g.error}"
-    util = "  ?%" if g.util_pct is None else f"{g.util_pct:3.0f}%"
-    if g.util_pct is None and g.mig:
-        util += " (MIG)"
-    parts = [head, f"util {util}", f"mem {_gib(g.mem_used_bytes)}/{_gib(g.mem_total_bytes)} GiB"]
-    # the training's processes first; a crowded GPU is summarised instead of wrapping the screen
-    procs = sorted(g.processes, key=lambda p: (not train_of.get(p.pid), -(p.mem_bytes or 0)))
-    for p in procs[:MAX_PROCS_SHOWN]:
-        who = "train" if train_of.get(p.pid) else "other"
-        parts.append(f"{who} pid {p.pid} {_gib(p.mem_bytes)} GiB")
-    if len(procs) > MAX_PROCS_SHOWN:
-        parts.append(f"+{len(procs) - MAX_PROCS_SHOWN} more")
-    return "  ".join(parts)

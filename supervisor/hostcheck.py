@@ -16,11 +16,10 @@ import psutil
 import structlog
 
 from .context import Context
-from .oom import HOST_MEMORY_ADVICE
+from .mails import gpu as words
 
 log = structlog.get_logger("hostcheck")
 
-GIB = 1024**3
 MARGIN_PCT = 1.0  # clear only this many points above the threshold
 
 
@@ -34,7 +33,6 @@ class HostCheck:
         self._du = disk_usage
         self._mem_low = False
         self._disk_low: set[str] = set()
-        self.last: dict = {}
 
     def poll(self) -> dict:
         cfg = self.ctx.config.alerts
@@ -47,7 +45,6 @@ class HostCheck:
             out["disks"] = self._check_disks(cfg.disk_free_min_pct)
         except Exception:  # noqa: BLE001
             log.exception("disk_check_failed")
-        self.last = out
         return out
 
     # --- memory --------------------------------------------------------------------------------
@@ -57,12 +54,8 @@ class HostCheck:
         info = {"available_bytes": int(vm.available), "total_bytes": int(vm.total), "available_pct": pct}
         low = pct < min_pct or (self._mem_low and pct < min(min_pct + MARGIN_PCT, 100.0))
         if low:
-            subject = (f"host memory almost exhausted: {vm.available / GIB:.1f} GiB of "
-                       f"{vm.total / GIB:.1f} GiB available ({pct:.1f}%)")
-            body = (f"{subject}.\nBelow alerts.host_mem_min_pct = {min_pct:g}%. The kernel's OOM killer "
-                    "kills the largest process next, which is usually the training.\n\n"
-                    + HOST_MEMORY_ADVICE)
-            self.ctx.alerts.fire("host:mem_low", "host_mem_low", "warning", subject, body)
+            mail = words.host_mem_low(int(vm.available), int(vm.total), pct, min_pct)
+            self.ctx.alerts.fire("host:mem_low", "host_mem_low", "warning", mail.subject, mail.body)
             self._mem_low = True
         elif self._mem_low:
             self.ctx.alerts.resolve("host:mem_low")
@@ -93,19 +86,13 @@ class HostCheck:
                 continue
             free_pct = 100.0 * du.free / du.total if du.total else 100.0
             key = f"disk:low:{paths[0]}"
-            label = ", ".join(paths)
             out.append({"paths": paths, "free_bytes": int(du.free), "total_bytes": int(du.total),
                         "free_pct": free_pct})
             was = key in self._disk_low
             if free_pct < min_pct or (was and free_pct < min(min_pct + MARGIN_PCT, 100.0)):
                 low_now.add(key)
-                subject = (f"disk almost full: {du.free / GIB:.1f} GiB free of {du.total / GIB:.1f} GiB "
-                           f"({free_pct:.1f}%) at {label}")
-                body = (f"{subject}.\nBelow alerts.disk_free_min_pct = {min_pct:g}%. The next checkpoint save "
-                        "may fail or leave a truncated checkpoint.\n\nWhat to do: keep fewer checkpoints "
-                        "(save_total_limit), delete ones already synced off the machine, move the Hugging "
-                        "Face cache (HF_HOME) to a larger volume, or save less often.")
-                self.ctx.alerts.fire(key, "disk_full", "warning", subject, body)
+                mail = words.disk_full(int(du.free), int(du.total), free_pct, paths, min_pct)
+                self.ctx.alerts.fire(key, "disk_full", "warning", mail.subject, mail.body)
         for key in self._disk_low - low_now:
             self.ctx.alerts.resolve(key)
         self._disk_low = low_now

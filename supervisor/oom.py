@@ -27,6 +27,8 @@ import structlog
 
 from .context import Context
 from .interfaces import TrainingInfo
+from .mails import gpu as words
+from .runner import is_banner
 from .states import TrainingState
 
 log = structlog.get_logger("oom")
@@ -36,33 +38,6 @@ HOST_ALLOC = "host_alloc"        # the process got a MemoryError allocating host
 HOST_OOM = "host_oom"            # the kernel OOM killer killed something
 CHILD_SIGKILL = "child_sigkill"  # a launcher reports a worker killed by SIGKILL (maybe OOM)
 NCCL_TIMEOUT = "nccl_timeout"
-
-GPU_MEMORY_ADVICE = """\
-What to change (most effect first):
-- lower per_device_train_batch_size (e.g. halve it) and raise gradient_accumulation_steps
-  by the same factor, which keeps the effective batch size;
-- shorten the sequence length (max_seq_length / max_length / sequence_len), or pack shorter samples;
-- enable gradient checkpointing (gradient_checkpointing=True; Unsloth: use_gradient_checkpointing="unsloth");
-- use an 8-bit optimizer (optim="adamw_bnb_8bit" or "paged_adamw_8bit"), or load the model in
-  4-bit (QLoRA) / bf16 instead of fp32;
-- if much memory is "reserved by PyTorch but unallocated", set
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to reduce fragmentation."""
-
-HOST_MEMORY_ADVICE = """\
-What to change:
-- fewer data-loader workers (dataloader_num_workers) and a smaller prefetch factor;
-- stream or memory-map the dataset instead of loading it whole (datasets: streaming=True,
-  or keep it as Arrow on disk), and tokenise ahead of time;
-- load the model with low_cpu_mem_usage=True / device_map so it is not materialised in host RAM first;
-- a machine with more RAM, or swap, if the job needs it."""
-
-NCCL_ADVICE = """\
-A collective operation (all-reduce, broadcast...) waited past its timeout: one rank hung or died,
-often because it ran out of memory or crashed first, or the ranks took different code paths.
-Look at the first error of every rank in the log; NCCL_DEBUG=INFO and
-TORCH_NCCL_ASYNC_ERROR_HANDLING=1 make the cause visible. Raise the timeout
-(ddp_timeout / init_process_group(timeout=...)) only if a slow step (e.g. saving) is expected."""
-
 
 @dataclass(frozen=True)
 class OomMatch:
@@ -328,8 +303,9 @@ def _discover_memory_events() -> list[str]:
 class OomDetector:
     CONTEXT_LINES = 12
 
-    def __init__(self, ctx: Context, evidence: EvidenceSources | None = None):
+    def __init__(self, ctx: Context, evidence: EvidenceSources | None = None, log_path: str | None = None):
         self.ctx = ctx
+        self.log_path = log_path  # named in the mails; the follower feeds the lines
         self.sources = evidence if evidence is not None else EvidenceSources()
         self._lock = threading.Lock()
         self._recent: deque[str] = deque(maxlen=self.CONTEXT_LINES)
@@ -360,8 +336,18 @@ class OomDetector:
         with self._lock:
             self._baseline = b
 
+    def resume_run(self, started_at: float) -> None:
+        """A daemon restarted during (or after) a run it did not see start. Alerts keep the run's
+        key, so a line read again from the log is not mailed twice; kernel evidence is judged from
+        the run's start on the kernel's clock, as no baseline could be taken before it."""
+        with self._lock:
+            self._start_wall = started_at
+            self._tag = int(started_at)
+            self._baseline = Baseline(taken_mono=time.monotonic())
+
     def feed_line(self, line: str, now: float) -> None:
-        m = classify(line)
+        # the runner's banner repeats the command, which may well mention out-of-memory
+        m = None if is_banner(line) else classify(line)
         with self._lock:
             self._recent.append(line[:500])
             if m is None:
@@ -437,49 +423,20 @@ class OomDetector:
             return []
 
     # --- alerts --------------------------------------------------------------------------------
-    def _log_hint(self) -> str:
-        path = self.ctx.config.training.log
-        return f"Log: {path} (supervisorctl tail -n 200)" if path else "Log: supervisorctl tail -n 200"
-
     def _alert_cuda(self, m: OomMatch, context: list[str]) -> None:
-        where = f"GPU {m.gpu}" if m.gpu is not None else "the GPU"
-        facts = []
-        if m.tried:
-            facts.append(f"tried to allocate {m.tried}")
-        if m.total:
-            facts.append(f"{m.free} free of {m.total}")
-        subject = f"CUDA out of memory on {where}" + (f" ({', '.join(facts)})" if facts else "")
-        frag = ""
-        if m.reserved_unallocated:
-            frag = (f"\n{m.reserved_unallocated} was reserved by PyTorch but unallocated: "
-                    "fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps.\n")
-        body = (f"The training ran out of GPU memory on {where}.\n\nEvidence:\n    {m.line}\n{frag}\n"
-                f"Last log lines:\n{_indent(context)}\n\n{GPU_MEMORY_ADVICE}\n\n{self._log_hint()}\n")
-        self.ctx.alerts.event(f"oom:cuda:{self._tag}", "cuda_oom", "critical", subject, body)
+        mail = words.cuda_oom(m.line, context, self.log_path, gpu=m.gpu, tried=m.tried, total=m.total, free=m.free,
+                              reserved_unallocated=m.reserved_unallocated)
+        self.ctx.alerts.event(f"oom:cuda:{self._tag}", "cuda_oom", "critical", mail.subject, mail.body)
 
     def _alert_host_alloc(self, m: OomMatch, context: list[str]) -> None:
-        body = (f"The training could not allocate host memory (RAM).\n\nEvidence:\n    {m.line}\n\n"
-                f"Last log lines:\n{_indent(context)}\n\n{HOST_MEMORY_ADVICE}\n\n{self._log_hint()}\n")
-        self.ctx.alerts.event(f"oom:host_alloc:{self._tag}", "host_alloc_failed", "critical",
-                              "training ran out of host memory (RAM)", body)
+        mail = words.host_alloc(m.line, context, self.log_path)
+        self.ctx.alerts.event(f"oom:host_alloc:{self._tag}", "host_alloc_failed", "critical", mail.subject, mail.body)
 
     def _alert_nccl(self, m: OomMatch, context: list[str]) -> None:
-        body = (f"NCCL's watchdog timed out.\n\nEvidence:\n    {m.line}\n\n"
-                f"Last log lines:\n{_indent(context)}\n\n{NCCL_ADVICE}\n\n{self._log_hint()}\n")
-        self.ctx.alerts.event(f"nccl:timeout:{self._tag}", "nccl_timeout", "critical",
-                              "NCCL collective operation timed out (a rank hung or died)", body)
+        mail = words.nccl_timeout(m.line, context, self.log_path)
+        self.ctx.alerts.event(f"nccl:timeout:{self._tag}", "nccl_timeout", "critical", mail.subject, mail.body)
 
     def _alert_host_oom(self, evidence: list[str], context: list[str], info: TrainingInfo | None = None) -> None:
-        ended = ""
-        if info is not None:
-            ended = f"The training ended with exit code {info.exit_code}" + \
-                (f" ({info.signal})" if info.signal else "") + ".\n"
-        body = (f"The kernel's OOM killer killed the training (or one of its processes): the machine ran "
-                f"out of host memory (RAM), not GPU memory.\n{ended}\nEvidence:\n{_indent(evidence)}\n\n"
-                f"Last log lines:\n{_indent(context)}\n\n{HOST_MEMORY_ADVICE}\n\n{self._log_hint()}\n")
-        self.ctx.alerts.event(f"oom:host:{self._tag}", "host_oom_kill", "critical",
-                              "training killed by the kernel OOM killer (host RAM exhausted)", body)
-
-
-def _indent(lines: list[str]) -> str:
-    return "\n".join(f"    {x[:500]}" for x in lines) if lines else "    (none)"
+        mail = words.host_oom(evidence, context, self.log_path, ended=info is not None,
+                              exit_code=info.exit_code if info else None, signal=info.signal if info else None)
+        self.ctx.alerts.event(f"oom:host:{self._tag}", "host_oom_kill", "critical", mail.subject, mail.body)

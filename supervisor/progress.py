@@ -430,10 +430,3 @@ def _parse_trainer_state(data: bytes) -> Observation | None:
         source="trainer_state",
     )
 
-
-def __getattr__(name: str):  # the tracker lives in its own module; keep `from .progress import` working
-    if name == "ProgressTracker":
-        from .tracker import ProgressTracker
-
-        return ProgressTracker
-    raise AttributeError(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .durations import format_bytes, format_duration, format_hms
 from .mails import describe_exit
+from .mails.progress import money, steps_rate
 from .timefmt import clock as _clock
 from .timefmt import hm, stamp
 
@@ -61,11 +62,94 @@ def render_status(st: dict) -> str:
 
 
 def progress_line(st: dict) -> str:
-    return (st.get("lines") or {}).get("progress") or ""
+    """`progress  [######--------------]  1200/3750  32.0%  loss 1.214  2,410 tok/s  ETA 1h12m
+    spent €4.21, to finish ~€4.68`, from `training.progress` and `cost`; "" before any run."""
+    p = (st.get("training") or {}).get("progress") or {}
+    if p.get("started_at") is None:
+        return ""
+    try:
+        return _progress_line(p, st.get("cost") or {}, st.get("now") or 0)
+    except (TypeError, ValueError, KeyError):
+        return "progress  unknown"
+
+
+def _progress_line(p: dict, cost: dict, now: float) -> str:
+    parts = ["progress"]
+    pct = p.get("percent")
+    if pct is not None:
+        filled = int(round(pct / 100 * 20))
+        parts.append("[" + "#" * filled + "-" * (20 - filled) + "]")
+    step, max_steps, epoch, num_epochs = p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("num_epochs")
+    if step is not None:
+        parts.append(f"{step:,}/{max_steps:,}" if max_steps else f"step {step:,}")
+    elif epoch is not None:
+        parts.append(f"epoch {epoch:.2f}" + (f"/{num_epochs:g}" if num_epochs else ""))
+    else:
+        parts.append("unknown (no progress in the log or a checkpoint yet)")
+    if pct is not None:
+        parts.append(f"{pct:.1f}%")
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.4g}")
+    finished, ended_at, elapsed = p.get("finished"), p.get("ended_at"), p.get("elapsed_s")
+    running = ended_at is None and not finished
+    if p.get("tokens_per_s") is not None:
+        parts.append(f"{p['tokens_per_s']:,.0f} tok/s")
+    elif p.get("steps_per_s") is not None and running:
+        parts.append(steps_rate(p["steps_per_s"]))
+    if finished:
+        took = p["finished_at"] - p["started_at"] if p.get("finished_at") is not None else elapsed
+        parts.append(f"done in {format_duration(took)}")
+    elif ended_at is not None:
+        parts.append(f"ended after {format_duration(elapsed)}")
+    elif p.get("stalled_since") is not None:
+        parts.append(f"ETA unknown (no progress for {format_duration(now - p['stalled_since'])})")
+    else:
+        parts.append(f"ETA {format_duration(p.get('eta_s'))}")
+    cur = cost.get("currency") or ""
+    money_bits = []
+    if cost.get("spent") is not None:
+        money_bits.append(f"spent {money(cost['spent'], cur)}")
+    if cost.get("eta_cost") is not None and running:
+        money_bits.append(f"to finish ~{money(cost['eta_cost'], cur)}")
+    if money_bits:
+        parts.append(", ".join(money_bits))
+    elif elapsed is not None:
+        parts.append(f"elapsed {format_duration(elapsed)}")
+    return "  ".join(parts)
 
 
 def gpu_lines(st: dict) -> list[str]:
-    return list((st.get("lines") or {}).get("gpus") or [])
+    """One line per GPU from `gpus`; empty when there are none (render_status then shows gpu_error)."""
+    return [gpu_line(g) for g in st.get("gpus") or [] if isinstance(g, dict)]
+
+
+MAX_PROCS_SHOWN = 3
+_GIB = 1024**3
+
+
+def _gib(b: int | None) -> str:
+    return "?" if b is None else f"{b / _GIB:.1f}"
+
+
+def gpu_line(g: dict) -> str:
+    """`GPU0 NVIDIA H100 80GB HBM3  util  97%  mem 71.2/80.0 GiB  train pid 1234 70.1 GiB`"""
+    head = f"GPU{g.get('index')} {g.get('name') or 'unknown GPU'}"
+    if g.get("error"):
+        return f"{head}  FAILED: {g['error']}"
+    u = g.get("util_pct")
+    util = "  ?%" if u is None else f"{u:3.0f}%"
+    if u is None and g.get("mig"):
+        util += " (MIG)"
+    parts = [head, f"util {util}", f"mem {_gib(g.get('mem_used_bytes'))}/{_gib(g.get('mem_total_bytes'))} GiB"]
+    # the training's processes first; a crowded GPU is summarised instead of wrapping the screen
+    procs = sorted((p for p in g.get("processes") or [] if isinstance(p, dict)),
+                   key=lambda p: (not p.get("training"), -(p.get("mem_bytes") or 0)))
+    for p in procs[:MAX_PROCS_SHOWN]:
+        who = "train" if p.get("training") else "other"
+        parts.append(f"{who} pid {p.get('pid')} {_gib(p.get('mem_bytes'))} GiB")
+    if len(procs) > MAX_PROCS_SHOWN:
+        parts.append(f"+{len(procs) - MAX_PROCS_SHOWN} more")
+    return "  ".join(parts)
 
 
 def sync_lines(st: dict) -> list[str]:

@@ -18,8 +18,80 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+from . import records
+from .mails import describe_exit
 from .statefile import atomic_write
+from .timefmt import when
+
+BANNER_PREFIX = "===== train-supervisor run "
+BANNER_COMMAND_MAX = 2000   # the command as the banner repeats it, cut beyond this
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """runs/N/spec.json: what the daemon asks the runner to run; also how a daemon that lost
+    training.json recognises the run in the tmux pane."""
+
+    run_id: int
+    command: str
+    log: str
+    run_dir: str
+    shell: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    started_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise ValueError("spec.json: env should map names to strings")
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunSpec:
+        """ValueError (naming the field) or OSError when the file is not a spec this code wrote."""
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"spec.json: not JSON ({e})") from None
+        return records.load(cls, raw, "spec.json")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """runs/N/exit.json: how the job ended, written the moment it did."""
+
+    exit_code: int | None = None     # negative: killed by that signal number, as Popen reports it
+    signal: str | None = None
+    ended_at: float | None = None
+    run_id: int | None = None
+
+    @classmethod
+    def read(cls, path: str | Path) -> ExitRecord:
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"exit.json: not JSON ({e})") from None
+        return records.load(cls, raw, "exit.json")
+
+
+def banner(run_id: int, started: float, command: str) -> str:
+    """The run's first line in the log. One line whatever the command holds (a newline in it would
+    start a line of its own that the OOM detector could take for the job's output)."""
+    shown = command.replace("\r", "\\r").replace("\n", "\\n")
+    if len(shown) > BANNER_COMMAND_MAX:
+        shown = shown[:BANNER_COMMAND_MAX] + "..."
+    return f"{BANNER_PREFIX}{run_id} started {when(started)}: {shown}"
+
+
+def is_banner(line: str) -> bool:
+    """A line the runner wrote about the run (its start or end), not the job's output."""
+    return line.startswith(BANNER_PREFIX)
 
 
 def _signame(n: int) -> str:
@@ -31,25 +103,23 @@ def _signame(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    with open(args[0], encoding="utf-8") as f:
-        spec = json.load(f)
+    spec = RunSpec.read(args[0])
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, signal.SIG_IGN)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
-    env.update(spec.get("env") or {})
-    log_path = spec["log"]
+    env.update(spec.env)
+    log_path = spec.log
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
-    banner = f"\n===== train-supervisor run {spec.get('run_id')} started {time.strftime('%Y-%m-%d %H:%M:%S')}: {spec['command']}\n"
-    log.write(banner.encode())
+    log.write(f"\n{banner(spec.run_id, time.time(), spec.command)}\n".encode(errors="replace"))
     kwargs: dict = {}
-    if spec.get("user"):
-        kwargs["user"] = spec["user"]
+    if spec.user:
+        kwargs["user"] = spec.user
     try:
         child = subprocess.Popen(
-            [spec.get("shell") or "/bin/bash", "-c", spec["command"]],
-            cwd=spec.get("workdir") or None, env=env, stdin=None,
+            [spec.shell or "/bin/bash", "-c", spec.command],
+            cwd=spec.workdir or None, env=env, stdin=None,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             # restore default dispositions in the job: SIG_IGN would otherwise be inherited
             preexec_fn=_reset_signals, **kwargs,
@@ -79,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass  # a full disk or a closed pane must not kill the training
     rc = child.wait()  # negative: killed by signal -rc (kept negative in the record, as Popen does)
     sig = _signame(-rc) if rc < 0 else None
-    tail = f"===== train-supervisor run {spec.get('run_id')} ended: " + (
-        f"killed by {sig}" if sig else f"exit code {rc}") + "\n"
+    tail = f"{BANNER_PREFIX}{spec.run_id} ended: {describe_exit(rc, sig)}\n"
     for sink in (log, out):
         try:
             sink.write(tail.encode())
@@ -96,15 +165,13 @@ def _reset_signals() -> None:
         signal.signal(s, signal.SIG_DFL)
 
 
-def _p(spec: dict, name: str):
-    from pathlib import Path
-
-    return Path(spec["run_dir"]) / name
+def _p(spec: RunSpec, name: str) -> Path:
+    return Path(spec.run_dir) / name
 
 
-def _record(spec: dict, code: int, sig: str | None) -> None:
-    data = {"exit_code": code, "signal": sig, "ended_at": time.time(), "run_id": spec.get("run_id")}
-    atomic_write(_p(spec, "exit.json"), json.dumps(data).encode(), 0o644)
+def _record(spec: RunSpec, code: int, sig: str | None) -> None:
+    data = ExitRecord(exit_code=code, signal=sig, ended_at=time.time(), run_id=spec.run_id)
+    atomic_write(_p(spec, "exit.json"), json.dumps(asdict(data)).encode(), 0o644)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,20 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import psutil
 import structlog
 
+from . import records
 from .clock import boot_id
 from .context import Context
 from .interfaces import TrainingInfo
-from .statefile import atomic_write
+from .mails import training as words
+from .proc import start_time
+from .runner import ExitRecord, RunSpec
+from .statefile import atomic_write, set_aside
 from .states import TRAINING_ALIVE, TrainingState, check_training_move
 from .tmux import Tmux, TmuxError
 
@@ -37,13 +42,60 @@ class TrainingError(Exception):
     """A request about the training that cannot be done now; the message says why."""
 
 
-def _proc_ctime(pid: int | None) -> float | None:
-    if not pid:
-        return None
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, ValueError):
-        return None
+STOP_PHASES = ("SIGINT", "SIGTERM", "SIGKILL")
+
+
+@dataclass(frozen=True)
+class TrainingDoc:
+    """training.json: what this daemon knows about the current (or last) run."""
+
+    state: TrainingState = TrainingState.STOPPED
+    run_id: int = 0                       # increments with every start
+    restarts: int = 0                     # automatic restarts of this run so far (restart = on-failure)
+    command: str | None = None
+    adhoc: bool = False                   # started by `run -- CMD`, not training.command
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    run_dir: str | None = None            # runs/N: the runner's spec, pid and exit record
+    log: str | None = None
+    workdir: str | None = None
+    boot_id: str | None = None            # the boot the run was started in
+    stop_requested: bool = False
+    stop_phase: str | None = None         # the last signal sent by a requested stop
+    stop_sent_at: float | None = None
+    child_pid: int | None = None          # the job's shell
+    runner_pid: int | None = None         # supervisor.runner in the tmux pane ...
+    runner_ctime: float | None = None     # ... and its start time, so a reused PID is never taken for it
+    restarting: bool = False
+    next_restart_at: float | None = None
+    note: str = ""
+    autostart_boot_id: str | None = None  # training.autostart ran in this boot
+
+    def __post_init__(self) -> None:
+        for name in ("child_pid", "runner_pid"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"training.json: {name} should be a positive process id, got {v}")
+        for name in ("run_id", "restarts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"training.json: {name} should not be negative, got {getattr(self, name)}")
+        if self.stop_phase is not None and self.stop_phase not in STOP_PHASES:
+            raise ValueError(f"training.json: stop_phase should be one of {', '.join(STOP_PHASES)}, "
+                             f"got {self.stop_phase!r:.40}")
+
+    @classmethod
+    def from_json(cls, d: object) -> TrainingDoc:
+        """ValueError naming the field when `d` is not a document this code wrote."""
+        if isinstance(d, dict) and "state" not in d:
+            raise ValueError("training.json: state missing")
+        return records.load(cls, d, "training.json")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
 
 
 class Training:
@@ -58,51 +110,59 @@ class Training:
         self.on_start = on_start
         self.on_end = on_end
         self._lock = threading.RLock()
-        self.doc: dict = self._load()
+        self.doc = self._load()
 
     # --- persistence ------------------------------------------------------------------------
-    def _load(self) -> dict:
-        doc = self.ctx.store.load("training", None)
-        if not isinstance(doc, dict) or doc.get("state") not in S.__members__:
-            if doc is not None:
-                self.ctx.store.problems.append("training.json: unusable contents; re-adopting from tmux")
-            doc = {"state": "STOPPED", "run_id": 0, "restarts": 0}
-        return doc
+    def _load(self) -> TrainingDoc:
+        raw = self.ctx.store.load("training", None)
+        if raw is None:
+            return TrainingDoc()
+        try:
+            return TrainingDoc.from_json(raw)
+        except ValueError as e:
+            # never guess from a damaged record (a live job judged by a string run_id): set it aside
+            # and rebuild from what is really there, the tmux session and the runner's spec
+            aside = set_aside(self.ctx.store.path("training"))
+            self.ctx.store.problems.append(f"{e}; set aside as {aside.name}, re-adopting the training from tmux")
+            log.error("training_state_unusable", error=str(e), set_aside=str(aside))
+            return TrainingDoc()
 
     def _save(self) -> None:
         try:
-            self.ctx.store.save("training", self.doc)
+            self.ctx.store.save("training", self.doc.to_json())
         except OSError as e:
             log.error("training_state_save_failed", error=str(e))
 
+    def _set(self, **fields) -> None:
+        """Change fields other than the state (which only `_move` changes), and save."""
+        self.doc = replace(self.doc, **fields)
+        self._save()
+
     @property
     def state(self) -> TrainingState:
-        return S(self.doc["state"])
+        return self.doc.state
 
     def _move(self, new: TrainingState, **fields) -> None:
         check_training_move(self.state, new)
         old = self.state
-        self.doc.update(fields)
-        self.doc["state"] = new.value
+        self.doc = replace(self.doc, state=new, **fields)
         self._save()
         if old != new:
-            log.info("training_state", old=old.value, new=new.value, run_id=self.doc.get("run_id"),
-                     **{k: v for k, v in fields.items() if k in ("exit_code", "signal", "pid")})
+            log.info("training_state", old=old.value, new=new.value, run_id=self.doc.run_id,
+                     **{k: v for k, v in fields.items() if k in ("exit_code", "signal", "child_pid")})
 
     # --- views ------------------------------------------------------------------------------
     def log_path(self) -> str:
-        return self.doc.get("log") or self.cfg.log or str(self.state_dir / "train.log")
+        return self.doc.log or self.cfg.log or str(self.state_dir / "train.log")
 
     def info(self) -> TrainingInfo:
         with self._lock:
             d = self.doc
             return TrainingInfo(
-                state=self.state, pid=d.get("child_pid"),
-                started_at=d.get("started_at"), ended_at=d.get("ended_at"), exit_code=d.get("exit_code"),
-                signal=d.get("signal"), restarts=d.get("restarts", 0),
-                command=d.get("command") or self.cfg.command, log_path=self.log_path(),
-                workdir=d.get("workdir") or self.cfg.workdir, session=self.cfg.session,
-                run_id=d.get("run_id", 0),
+                state=d.state, pid=d.child_pid, started_at=d.started_at, ended_at=d.ended_at,
+                exit_code=d.exit_code, signal=d.signal, restarts=d.restarts,
+                command=d.command or self.cfg.command, log_path=self.log_path(),
+                workdir=d.workdir or self.cfg.workdir, session=self.cfg.session, run_id=d.run_id,
             )
 
     def status(self) -> dict:
@@ -112,22 +172,19 @@ class Training:
             "started_at": i.started_at, "ended_at": i.ended_at, "exit_code": i.exit_code,
             "signal": i.signal, "restarts": i.restarts, "command": i.command, "log": i.log_path,
             "session": i.session, "tmux_socket": self.tmux.socket, "run_id": i.run_id,
-            "stop_requested": bool(self.doc.get("stop_requested")), "note": self.doc.get("note", ""),
+            "stop_requested": self.doc.stop_requested, "note": self.doc.note,
         }
 
     def pids(self) -> set[int]:
         with self._lock:
-            rp = self.doc.get("runner_pid")
-            if self.state not in TRAINING_ALIVE or not self._runner_alive():
+            rp = self.doc.runner_pid
+            if self.state not in TRAINING_ALIVE or not rp or not self._runner_alive():
                 return set()
         try:
             p = psutil.Process(rp)
             return {rp} | {c.pid for c in p.children(recursive=True)}
         except psutil.Error:
             return set()
-
-    def attached_clients(self) -> list[str]:
-        return self.tmux.list_clients(self.cfg.session)
 
     # --- lifecycle --------------------------------------------------------------------------
     def adopt(self) -> None:
@@ -137,8 +194,8 @@ class Training:
                 self._adopt_from_tmux()
             if self.state in TRAINING_ALIVE:
                 if self._runner_alive():
-                    log.info("training_adopted", run_id=self.doc.get("run_id"), pid=self.doc.get("child_pid"))
-                elif self.doc.get("boot_id") and self.doc.get("boot_id") != boot_id():
+                    log.info("training_adopted", run_id=self.doc.run_id, pid=self.doc.child_pid)
+                elif self.doc.boot_id and self.doc.boot_id != boot_id():
                     # the machine rebooted under the job: it is gone, and this was no decision of
                     # the job's, so on_finish must not fire for it
                     self._move(S.STOPPED, note="the machine rebooted while this run was active",
@@ -147,7 +204,7 @@ class Training:
             self.poll(adopting=True)
 
     def _adopt_from_tmux(self) -> None:
-        """training.json was lost or corrupt but our session is there: rebuild from the runner's spec."""
+        """training.json was lost or damaged but our session is there: rebuild from the runner's spec."""
         pid = self.tmux.pane_pid(self.cfg.session)
         try:
             cmdline = psutil.Process(pid).cmdline() if pid else []
@@ -155,64 +212,58 @@ class Training:
             cmdline = []
         if len(cmdline) >= 4 and cmdline[-2] == "supervisor.runner":
             try:
-                spec = json.loads(Path(cmdline[-1]).read_text())
-            except (OSError, json.JSONDecodeError):
-                spec = None
-            if spec:
-                self.doc.update(state="RUNNING", run_id=spec.get("run_id", 0), command=spec["command"],
-                                runner_pid=pid, runner_ctime=_proc_ctime(pid), run_dir=spec["run_dir"],
-                                log=spec["log"], workdir=spec.get("workdir"), boot_id=boot_id(),
-                                started_at=spec.get("started_at"))
+                spec = RunSpec.read(cmdline[-1])
+            except (OSError, ValueError) as e:
+                log.error("training_spec_unusable", path=cmdline[-1], error=str(e))
+            else:
+                self.doc = replace(self.doc, state=S.RUNNING, run_id=spec.run_id, command=spec.command,
+                                   adhoc=spec.command != self.cfg.command, runner_pid=pid,
+                                   runner_ctime=start_time(pid), run_dir=spec.run_dir, log=spec.log,
+                                   workdir=spec.workdir, boot_id=boot_id(), started_at=spec.started_at)
+                self.doc = replace(self.doc, child_pid=self._child_pid())
                 self._save()
-                log.warning("training_readopted_from_tmux", pid=pid, run_id=spec.get("run_id"))
+                log.warning("training_readopted_from_tmux", pid=pid, run_id=spec.run_id)
                 return
         log.warning("foreign_tmux_session", session=self.cfg.session,
                     hint="a session with the training's name exists but was not started by us")
 
     def _runner_alive(self) -> bool:
-        pid = self.doc.get("runner_pid")
-        ctime = _proc_ctime(pid)
-        want = self.doc.get("runner_ctime")
+        ctime = start_time(self.doc.runner_pid, zombie_is_gone=True)
+        want = self.doc.runner_ctime
         if ctime is None:
-            return False
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.Error:
             return False
         return want is None or abs(ctime - want) < 1.0
 
     def start(self, command: str | None = None, adhoc: bool = False) -> dict:
         with self._lock:
             if self.state in TRAINING_ALIVE:
-                raise TrainingError(f"training is already {self.state.value} (pid {self.doc.get('child_pid')}); "
+                raise TrainingError(f"training is already {self.state.value} (pid {self.doc.child_pid}); "
                                     "stop it first")
             if self.tmux.has_session(self.cfg.session) and self._exit_recorded() and \
-                    self.tmux.pane_pid(self.cfg.session) == self.doc.get("runner_pid"):
+                    self.tmux.pane_pid(self.cfg.session) == self.doc.runner_pid:
                 self.tmux.kill_session(self.cfg.session)  # our previous run's pane, closing
             if self.tmux.has_session(self.cfg.session):
                 raise TrainingError(f"a tmux session named {self.cfg.session!r} already exists on "
                                     f"{self.tmux.socket}; not starting a second copy")
-            cmd = command if command is not None else (self.doc.get("command") if self.doc.get("adhoc")
-                                                       else self.cfg.command)
+            cmd = command if command is not None else (self.doc.command if self.doc.adhoc else self.cfg.command)
             if not cmd or not cmd.strip():
                 raise TrainingError("no training command: set training.command in the config, "
                                     "or use `supervisorctl run -- CMD`")
             workdir = self.cfg.workdir or None
             if workdir and not os.path.isdir(workdir):
                 raise TrainingError(f"training.workdir {workdir} does not exist")
-            run_id = int(self.doc.get("run_id", 0)) + 1
+            run_id = self._next_run_id()
             run_dir = self.state_dir / "runs" / str(run_id)
             run_dir.mkdir(parents=True, exist_ok=True)
             now = self.ctx.clock.time()
-            spec = {"run_id": run_id, "command": cmd, "shell": self.cfg.shell, "workdir": workdir,
-                    "env": self.cfg.env, "log": self.cfg.log or str(self.state_dir / "train.log"),
-                    "user": self.cfg.user or None, "run_dir": str(run_dir), "started_at": now}
+            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=dict(self.cfg.env),
+                           log=self.cfg.log or str(self.state_dir / "train.log"), user=self.cfg.user or None,
+                           run_dir=str(run_dir), started_at=now)
             spec_path = run_dir / "spec.json"
-            atomic_write(spec_path, json.dumps(spec).encode(), 0o644)
-            restarts = self.doc.get("restarts", 0) if self.doc.get("restarting") else 0
+            atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o644)
+            restarts = self.doc.restarts if self.doc.restarting else 0
             self._move(S.STARTING, run_id=run_id, command=cmd, adhoc=adhoc, started_at=now, ended_at=None,
-                       exit_code=None, signal=None, run_dir=str(run_dir), log=spec["log"], workdir=workdir,
+                       exit_code=None, signal=None, run_dir=str(run_dir), log=spec.log, workdir=workdir,
                        boot_id=boot_id(), stop_requested=False, child_pid=None, runner_pid=None,
                        restarts=restarts, restarting=False, next_restart_at=None, note="", stop_phase=None)
             argv = [sys.executable, "-m", "supervisor.runner", str(spec_path)]
@@ -223,13 +274,18 @@ class Training:
             except TmuxError as e:
                 self._move(S.FAILED, exit_code=None, signal=None, ended_at=now, note=str(e))
                 raise TrainingError(str(e)) from None
-            self.doc.update(runner_pid=rp, runner_ctime=_proc_ctime(rp))
-            self._save()
+            self._set(runner_pid=rp, runner_ctime=start_time(rp))
             log.info("training_started", run_id=run_id, command=cmd, runner_pid=rp)
         if self.on_start:
             self._safe(self.on_start, self.info())
         self.poll()
         return self.status()
+
+    def _next_run_id(self) -> int:
+        """One above any run this state_dir has seen: a training.json set aside must not make a new
+        run reuse an old run's folder (its exit record would end the new run at once)."""
+        seen = [int(p.name) for p in (self.state_dir / "runs").glob("*") if p.name.isdigit()]
+        return max([self.doc.run_id, *seen]) + 1
 
     def stop(self) -> dict:
         with self._lock:
@@ -246,8 +302,7 @@ class Training:
             self.stop()
             if not self.wait_ended(timeout=self.cfg.stop_grace * 3 + 10):
                 raise TrainingError("training did not stop in time; not restarting")
-        return self.start(command=self.doc.get("command") if self.doc.get("adhoc") else None,
-                          adhoc=bool(self.doc.get("adhoc")))
+        return self.start(command=self.doc.command if self.doc.adhoc else None, adhoc=self.doc.adhoc)
 
     def wait_ended(self, timeout: float) -> bool:
         """Real-time wait used by restart; polls the job directly, not the scheduler."""
@@ -266,10 +321,9 @@ class Training:
         if not self.cfg.autostart:
             return
         with self._lock:
-            if self.doc.get("autostart_boot_id") == boot_id() or self.state in TRAINING_ALIVE:
+            if self.doc.autostart_boot_id == boot_id() or self.state in TRAINING_ALIVE:
                 return
-            self.doc["autostart_boot_id"] = boot_id()
-            self._save()
+            self._set(autostart_boot_id=boot_id())
         try:
             self.start()
         except TrainingError as e:
@@ -291,81 +345,80 @@ class Training:
                         self._escalate()
                 else:
                     ended = self._finish()
-            elif st == S.FAILED and self.doc.get("next_restart_at") and \
-                    self.ctx.clock.time() >= self.doc["next_restart_at"]:
-                self.doc.update(restarting=True, restarts=self.doc.get("restarts", 0) + 1)
+            elif st == S.FAILED and self.doc.next_restart_at is not None and \
+                    self.ctx.clock.time() >= self.doc.next_restart_at:
+                self.doc = replace(self.doc, restarting=True, restarts=self.doc.restarts + 1)
                 try:
-                    self.start(command=self.doc.get("command") if self.doc.get("adhoc") else None,
-                               adhoc=bool(self.doc.get("adhoc")))
+                    self.start(command=self.doc.command if self.doc.adhoc else None, adhoc=self.doc.adhoc)
                 except TrainingError as e:
-                    self.doc.update(next_restart_at=None, note=f"restart failed: {e}")
-                    self._save()
+                    self._set(next_restart_at=None, note=f"restart failed: {e}")
         if ended is not None and self.on_end:
             self._safe(self.on_end, ended)
 
     def _exit_recorded(self) -> bool:
-        return bool(self.doc.get("run_dir")) and (Path(self.doc["run_dir"]) / "exit.json").exists()
+        return bool(self.doc.run_dir) and (Path(self.doc.run_dir) / "exit.json").exists()
 
     def _child_pid(self) -> int | None:
+        if not self.doc.run_dir:
+            return None
         try:
-            txt = (Path(self.doc["run_dir"]) / "pid").read_text().strip()
-            return int(txt) if txt.isdigit() else None
-        except (OSError, KeyError, TypeError):
+            txt = (Path(self.doc.run_dir) / "pid").read_text().strip()
+            return int(txt) if txt.isdigit() and int(txt) > 0 else None
+        except OSError:
             return None
 
     def _finish(self) -> TrainingInfo | None:
         """The runner is gone: read how the job ended and settle the state."""
-        run_dir = Path(self.doc.get("run_dir") or "/nonexistent")
-        rec = None
+        run_dir = Path(self.doc.run_dir or "/nonexistent")
+        rec: ExitRecord | None = None
         try:
-            rec = json.loads((run_dir / "exit.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            rec = ExitRecord.read(run_dir / "exit.json")
+        except FileNotFoundError:
+            rec = None
+        except (OSError, ValueError) as e:
+            log.error("training_exit_record_unusable", run_dir=str(run_dir), error=str(e))
             rec = None
         now = self.ctx.clock.time()
-        code = rec.get("exit_code") if isinstance(rec, dict) else None
-        sig = rec.get("signal") if isinstance(rec, dict) else None
-        ended_at = rec.get("ended_at", now) if isinstance(rec, dict) else now
+        code = rec.exit_code if rec else None
+        sig = rec.signal if rec else None
+        ended_at = rec.ended_at if rec and rec.ended_at is not None else now
         note = ""
         if rec is None:
-            if self.doc.get("stop_phase") == "SIGKILL":
+            if self.doc.stop_phase == "SIGKILL":
                 code, sig = -9, "SIGKILL"
             else:
                 note = "the runner vanished without recording an exit status"
-        child = self.doc.get("child_pid") or self._child_pid()
-        if self.doc.get("stop_requested"):
+        child = self.doc.child_pid or self._child_pid()
+        if self.doc.stop_requested:
             self._move(S.STOPPED, exit_code=code, signal=sig, ended_at=ended_at, note=note, child_pid=child)
             return None
         new = S.FINISHED if code == 0 else S.FAILED
         self._move(new, exit_code=code, signal=sig, ended_at=ended_at, note=note, child_pid=child)
-        if new == S.FAILED and self.cfg.restart == "on-failure" and \
-                self.doc.get("restarts", 0) < self.cfg.max_restarts:
-            delay = self.cfg.restart_backoff * (2 ** self.doc.get("restarts", 0))
-            self.doc["next_restart_at"] = now + delay
-            self._save()
-            log.warning("training_will_restart", in_s=delay, restarts=self.doc.get("restarts", 0))
+        if new == S.FAILED and self.cfg.restart == "on-failure" and self.doc.restarts < self.cfg.max_restarts:
+            delay = self.cfg.restart_backoff * (2 ** self.doc.restarts)
+            self._set(next_restart_at=now + delay)
+            log.warning("training_will_restart", in_s=delay, restarts=self.doc.restarts)
             info = self.info()
+            mail = words.restarted(info.exit_code, info.signal, delay, info.command, info.log_path)
             self.ctx.alerts.event(f"training:restart:{info.run_id}", "training_restarted", "warning",
-                                  f"training failed ({_describe(info)}); restarting in {int(delay)}s",
-                                  f"Command: {info.command}\nLog: {info.log_path}\n")
+                                  mail.subject, mail.body)
             return None
         return self.info()
 
     def _escalate(self) -> None:
         now = self.ctx.clock.time()
-        sent = self.doc.get("stop_sent_at") or now
-        phase = self.doc.get("stop_phase")
+        sent = self.doc.stop_sent_at or now
+        phase = self.doc.stop_phase
         grace = self.cfg.stop_grace
         if phase == "SIGINT" and now - sent >= grace:
-            self.doc.update(stop_phase="SIGTERM", stop_sent_at=now)
-            self._save()
+            self._set(stop_phase="SIGTERM", stop_sent_at=now)
             self._signal_group(signal.SIGTERM)
         elif phase == "SIGTERM" and now - sent >= grace:
-            self.doc.update(stop_phase="SIGKILL", stop_sent_at=now)
-            self._save()
+            self._set(stop_phase="SIGKILL", stop_sent_at=now)
             self._kill_job_tree()
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        rp = self.doc.get("runner_pid")
+        rp = self.doc.runner_pid
         if not rp or not self._runner_alive():
             return
         log.info("training_signal", signal=sig.name, pgid=rp)
@@ -376,7 +429,9 @@ class Training:
 
     def _kill_job_tree(self) -> None:
         """SIGKILL the job and its descendants but not the runner, which must live to record it."""
-        rp = self.doc.get("runner_pid")
+        rp = self.doc.runner_pid
+        if not rp:
+            return
         try:
             procs = psutil.Process(rp).children(recursive=True)
         except psutil.Error:
@@ -393,18 +448,6 @@ class Training:
             fn(info)
         except Exception:  # noqa: BLE001 - a listener's bug must not break the job's bookkeeping
             log.exception("training_listener_failed", listener=getattr(fn, "__qualname__", str(fn)))
-
-
-def _describe(info: TrainingInfo) -> str:
-    if info.signal:
-        return f"killed by {info.signal}"
-    if info.exit_code is None:
-        return "exit status unknown"
-    return f"exit code {info.exit_code}"
-
-
-def describe_end(info: TrainingInfo) -> str:
-    return _describe(info)
 
 
 def command_line(argv: list[str]) -> str:

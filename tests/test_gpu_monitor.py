@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from supervisor.gpu import GpuMonitor, render_gpu
+from supervisor.gpu import GpuMonitor, gpu_dict
 from supervisor.nvml import GpuSample, NvmlProbe
-from supervisor.render import render_status
+from supervisor.render import gpu_line, gpu_lines, render_status
 from tests.fixtures.nvml import GIB, gpu, make_ctx
 
 
@@ -44,6 +44,15 @@ def make(fake_nvml, tmp_path, clock):
         m.close()
 
 
+def render_lines(m: GpuMonitor) -> list[str]:
+    """The GPU lines as `supervisorctl status` builds them, from the status --json block alone."""
+    return gpu_lines(m.status())
+
+
+def render_gpu(g: GpuSample, train_of: dict[int, bool] | None = None) -> str:
+    return gpu_line(gpu_dict(g, train_of or {}))
+
+
 def keys(m: GpuMonitor) -> set[str]:
     return {a["key"] for a in m.ctx.alerts.active()}
 
@@ -57,7 +66,7 @@ def test_zero_gpus_status(fake_nvml, make):
     m = make()
     m.poll()
     assert m.status()["gpus"] == [] and m.status()["gpu_error"] == "NVML reports no GPUs"
-    assert m.render_lines() == [] and m.utilization(60) is None
+    assert render_lines(m) == [] and m.utilization(60) is None
     assert keys(m) == set()
 
 
@@ -75,7 +84,7 @@ def test_no_driver_is_status_not_alert(tmp_path, make, clock):
 def test_before_first_poll(make):
     m = make()
     assert m.status() == {"gpus": [], "gpu_error": "GPUs not polled yet", "gpu_driver": None}
-    assert m.render_lines() == [] and m.peak_mem_bytes() is None
+    assert render_lines(m) == [] and m.peak_mem_bytes() is None
 
 
 def test_one_gpu_status_contract_and_line(fake_nvml, make):
@@ -91,7 +100,7 @@ def test_one_gpu_status_contract_and_line(fake_nvml, make):
         assert k in g
     assert g["processes"] == [{"pid": me, "mem_bytes": int(70.1 * GIB), "training": True},
                               {"pid": 999999, "mem_bytes": GIB, "training": False}]
-    assert m.render_lines() == [
+    assert render_lines(m) == [
         f"GPU0 NVIDIA H100 80GB HBM3  util  97%  mem 71.2/80.0 GiB  train pid {me} 70.1 GiB  other pid 999999 1.0 GiB"]
     assert st["gpu_error"] is None and st["gpu_driver"] == "550.54.15"
 
@@ -100,7 +109,7 @@ def test_eight_gpus_shown_in_status_screen(fake_nvml, make):
     fake_nvml.write([gpu(util=90 + i, used=(60 + i) * GIB, total=80 * GIB) for i in range(8)])
     m = make()
     m.poll()
-    lines = m.render_lines()
+    lines = render_lines(m)
     assert len(lines) == 8 and lines[7].startswith("GPU7 NVIDIA H100 80GB HBM3  util  97%  mem 67.0/80.0 GiB")
     screen = render_status({"now": 0, "training": {"state": "RUNNING"}, "gpus": m.status()["gpus"],
                             "gpu_error": None, "lines": {"gpus": lines}})
@@ -111,7 +120,7 @@ def test_status_screen_without_driver(tmp_path, make):
     m = make(lib=str(tmp_path / "none.so"))
     m.poll()
     st = m.status()
-    screen = render_status({"now": 0, "training": {"state": "STOPPED"}, **st, "lines": {"gpus": m.render_lines()}})
+    screen = render_status({"now": 0, "training": {"state": "STOPPED"}, **st, "lines": {"gpus": render_lines(m)}})
     assert "gpus      none (cannot load the NVML library" in screen
 
 
@@ -235,7 +244,7 @@ def test_gpu_lost_raises_critical_alert_and_xid_event(fake_nvml, make, clock):
     assert len(events(m, "gpu:xid:")) == 1
     st = m.status()
     assert st["gpus"][1]["error"] and st["gpus"][0]["util_pct"] == 90.0
-    assert m.render_lines()[1].startswith("GPU1 NVIDIA H100 80GB HBM3  FAILED: GPU is lost")
+    assert render_lines(m)[1].startswith("GPU1 NVIDIA H100 80GB HBM3  FAILED: GPU is lost")
 
 
 def test_application_xid_is_a_warning(fake_nvml, make):

@@ -291,3 +291,101 @@ def test_switch_same_path_replaced_file_is_read_whole(tmp_path):
     f.switch(str(p), start_at_end=True)
     f.poll(1)
     assert r.lines == ["new run line"]
+
+
+# --- resuming after a daemon restart ----------------------------------------------------------------
+
+def follower(path, store, **kw) -> tuple[LogFollower, Rec]:
+    """What a (re)started daemon builds: the position saved in state_dir, the file's end otherwise."""
+    r = Rec()
+    return LogFollower(str(path), [r], start_at_end=True, store=store, **kw), r
+
+
+def test_restart_resumes_where_the_last_daemon_got_to(tmp_path):
+    from supervisor.statefile import StateStore
+
+    p = tmp_path / "train.log"
+    p.write_bytes(b"before any daemon\n")
+    store = StateStore(tmp_path / "state")
+    f, r = follower(p, store)
+    append(p, b"seen\n")
+    f.poll(0)
+    assert r.lines == ["seen"]
+    f.close()   # kill -9: nothing more is saved
+    append(p, b"CUDA out of memory while the daemon was down\nhalf a li")
+    f2, r2 = follower(p, StateStore(tmp_path / "state"))
+    f2.poll(1)
+    assert r2.lines == ["CUDA out of memory while the daemon was down"]
+    f2.close()
+    append(p, b"ne\n")    # the partial line is read again, whole, by the next daemon
+    f3, r3 = follower(p, StateStore(tmp_path / "state"))
+    f3.poll(2)
+    assert r3.lines == ["half a line"]
+
+
+def test_restart_after_the_log_was_replaced_reads_the_new_one_from_its_start(tmp_path):
+    from supervisor.statefile import StateStore
+
+    p = tmp_path / "train.log"
+    store = StateStore(tmp_path / "state")
+    f, r = follower(p, store)
+    append(p, b"old file\n")
+    f.poll(0)
+    f.close()
+    p.unlink()
+    p.write_bytes(b"new file 1\nnew file 2\n")
+    f2, r2 = follower(p, StateStore(tmp_path / "state"))
+    f2.poll(1)
+    assert r2.lines == ["new file 1", "new file 2"]
+
+
+def test_replay_is_capped_to_whole_lines_of_the_tail(tmp_path):
+    from supervisor.statefile import StateStore
+
+    p = tmp_path / "train.log"
+    store = StateStore(tmp_path / "state")
+    f, r = follower(p, store, max_replay=100)
+    append(p, b"seen\n")
+    f.poll(0)
+    f.close()
+    append(p, b"".join(b"line %03d of the flood\n" % i for i in range(200)))  # 22 bytes a line
+    f2, r2 = follower(p, StateStore(tmp_path / "state"), max_replay=100)
+    f2.poll(1)
+    assert r2.lines == [f"line {i:03d} of the flood" for i in range(196, 200)]   # no cut-off piece
+    assert f2.bytes_skipped > 0
+
+
+def test_no_saved_position_or_another_path_starts_at_the_end(tmp_path):
+    from supervisor.statefile import StateStore
+
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"old a\n")
+    b.write_bytes(b"old b\n")
+    f, r = follower(a, StateStore(tmp_path / "state"))
+    f.poll(0)
+    assert r.lines == []      # first daemon ever: yesterday's lines are not news
+    append(a, b"a1\n")
+    f.poll(1)
+    f.close()
+    f2, r2 = follower(b, StateStore(tmp_path / "state"))
+    f2.poll(2)
+    assert r2.lines == []     # the saved position belongs to another file
+
+
+def test_damaged_position_is_set_aside_and_reported(tmp_path):
+    import json
+
+    from supervisor.statefile import StateStore
+
+    p = tmp_path / "train.log"
+    p.write_bytes(b"old\n")
+    (tmp_path / "state").mkdir()
+    for bad in ({"path": str(p), "dev": "1", "ino": 2, "offset": 0}, {"path": str(p), "dev": 1, "ino": 2,
+                "offset": -5}, {"path": 7, "dev": 1, "ino": 2, "offset": 0}, [1, 2]):
+        (tmp_path / "state" / "logfollow.json").write_text(json.dumps(bad))
+        store = StateStore(tmp_path / "state")
+        f, r = follower(p, store)
+        f.poll(0)
+        assert r.lines == [] and any("logfollow.json" in x for x in store.problems)
+        assert list((tmp_path / "state").glob("logfollow.json.corrupt-*"))
+        f.close()

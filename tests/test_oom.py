@@ -125,7 +125,7 @@ def test_oom_line_appended_mails_exactly_once_within_one_poll(smtp_server, tmp_p
     log_path = tmp_path / "train.log"
     log_path.write_text("old run: CUDA out of memory\n")  # before the daemon started: not re-alerted
     ctx = smtp_ctx(tmp_path, clock, smtp_server.port, str(log_path))
-    det = OomDetector(ctx, evidence=quiet_sources(tmp_path))
+    det = OomDetector(ctx, evidence=quiet_sources(tmp_path), log_path=ctx.config.training.log)
     f = LogFollower(str(log_path), [det], start_at_end=True)
     f.poll(clock.time())
     with open(log_path, "a") as fh:
@@ -327,3 +327,50 @@ def test_default_sources_construct(tmp_path, clock):
     det = OomDetector(make_ctx(tmp_path, clock))
     assert det.check_exit(killed(exit_code=0, signal=None, state=TrainingState.FINISHED)) is None
     assert sys.platform != "linux" or isinstance(det.sources.memory_events, list)
+
+
+# --- a restart gap; the runner's own banner ---------------------------------------------------------
+
+def test_run_that_ended_while_no_daemon_ran_is_judged_from_its_start(tmp_path, clock):
+    """The OOM kill happened before this detector (a restarted daemon) took its baseline."""
+    kmsg = tmp_path / "kmsg"
+    boot_now = time.monotonic()
+    kmsg.write_text(kmsg_record(1, boot_now - 3600, "Out of memory: Killed process 1 (a run before)")
+                    + kmsg_record(2, boot_now - 60, "Out of memory: Killed process 4321 (python)"))
+    src = EvidenceSources(kmsg=str(kmsg), dmesg=None, vmstat=None, memory_events=[])
+    started = clock.time() - 600   # the run started ten minutes ago; the kill was a minute ago
+    fresh = OomDetector(make_ctx(tmp_path / "a", clock), evidence=src)
+    assert fresh.check_exit(killed(started_at=started)) == "killed by SIGKILL (no OOM evidence)"
+    ctx = make_ctx(tmp_path / "b", clock)
+    det = OomDetector(ctx, evidence=src)
+    det.resume_run(started)
+    assert det.check_exit(killed(started_at=started)) == "killed by the kernel OOM killer"
+    (a,) = host_oom_events(ctx)
+    assert "Killed process 4321" in a["body"] and "a run before" not in a["body"]
+    assert a["key"] == f"oom:host:{int(started)}"   # the run's key: a second daemon's replay is deduplicated
+
+
+def test_the_runners_banner_never_raises_an_oom_alert(tmp_path, clock):
+    """The banner repeats the command; a command that mentions out-of-memory (even across lines) is
+    not the job running out of memory. The real runner writes the log, the real follower reads it."""
+    import json
+    import subprocess
+
+    cmd = "true 'retry after\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB' \\\n  DataLoader"
+    run_dir = tmp_path / "runs" / "1"
+    run_dir.mkdir(parents=True)
+    log_path = tmp_path / "train.log"
+    spec = {"run_id": 1, "command": cmd, "log": str(log_path), "run_dir": str(run_dir), "shell": "/bin/sh"}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    r = subprocess.run([sys.executable, "-m", "supervisor.runner", str(run_dir / "spec.json")],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    text = log_path.read_text()
+    assert "CUDA out of memory" in text and len(text.strip().splitlines()) == 2   # start and end banners
+    ctx = make_ctx(tmp_path, clock)
+    det = OomDetector(ctx, evidence=quiet_sources(tmp_path))
+    f = LogFollower(str(log_path), [det])
+    assert f.poll(clock.time()) == 2
+    assert [r for r in ctx.alerts.recent() if r["what"] == "event"] == []
+    det.feed_line("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", clock.time())  # the job's own
+    assert [r["kind"] for r in ctx.alerts.recent() if r["what"] == "event"] == ["cuda_oom"]

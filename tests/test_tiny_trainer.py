@@ -20,6 +20,7 @@ from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock
 from supervisor.context import Context
 from supervisor.progress import parse_trainer_state
+from supervisor.render import progress_line
 from supervisor.statefile import StateStore
 from supervisor.tracker import ProgressTracker
 
@@ -54,11 +55,20 @@ def read_safetensors(path: Path) -> dict[str, list[float]]:
     return out
 
 
+def tracker(ctx: Context) -> ProgressTracker:
+    return ProgressTracker(ctx, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency)
+
+
+def render_line(tr: ProgressTracker, now: float) -> str:
+    """The status line as `supervisorctl status` builds it, from the status --json blocks alone."""
+    return progress_line({"now": now, "training": {"progress": tr.snapshot(now)}, "cost": tr.cost(now)})
+
+
 def tracker_over(output: bytes, state_dir: Path) -> ProgressTracker:
     clock = FakeClock()
     cfg = config.Config()
     ctx = Context(cfg, clock, StateStore(state_dir), Alerts(cfg.alerts, clock, None))
-    tr = ProgressTracker(ctx)
+    tr = tracker(ctx)
     tr.start_run(1, clock.time())
     for line in output.decode("utf-8", errors="replace").split("\n"):
         clock.advance(1)
@@ -204,7 +214,7 @@ def test_live_run_through_the_log_follower(tmp_path):
     clock = SystemClock()
     cfg = config.from_dict({"state_dir": str(tmp_path / "state"), "price_per_hour": 3.90, "currency": "EUR"})
     ctx = Context(cfg, clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None))
-    tr = ProgressTracker(ctx)
+    tr = tracker(ctx)
     log_path = tmp_path / "train.log"
     tr.start_run(1, clock.time())
     follower = LogFollower(str(log_path), [tr])
@@ -215,7 +225,7 @@ def test_live_run_through_the_log_follower(tmp_path):
     try:
         def running_line():
             follower.poll(clock.time())
-            line = tr.render_line(clock.time())
+            line = render_line(tr, clock.time())
             return line if re.search(r"\[[#-]{20}\]  \d+/150 .* ETA \d+s? .*spent €", line) else None
 
         line = wait_until(running_line, timeout=30, interval=0.05, what="a live progress line with ETA and cost")
@@ -229,5 +239,5 @@ def test_live_run_through_the_log_follower(tmp_path):
     tr.scan_checkpoints([str(out)])
     s = tr.snapshot(clock.time())
     assert (s["step"], s["max_steps"], s["finished"], s["eta_s"]) == (150, 150, True, 0.0)
-    assert "done in" in tr.render_line(clock.time())
+    assert "done in" in render_line(tr, clock.time())
     follower.close()

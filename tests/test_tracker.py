@@ -16,6 +16,7 @@ from supervisor import config
 from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock
 from supervisor.context import Context
+from supervisor.render import progress_line
 from supervisor.statefile import StateStore
 from supervisor.tracker import ProgressTracker
 
@@ -51,7 +52,17 @@ def make(tmp_path, clock, gpu=None, **top) -> tuple[ProgressTracker, Context, Ou
     box = Outbox()
     alerts = Alerts(cfg.alerts, clock, cfg.state_dir, box)
     ctx = Context(cfg, clock, store, alerts)
-    return ProgressTracker(ctx, gpu=gpu), ctx, box
+    return tracker(ctx, gpu), ctx, box
+
+
+def tracker(ctx: Context, gpu=None) -> ProgressTracker:
+    """Built as the daemon builds it: the price and currency handed over from the config."""
+    return ProgressTracker(ctx, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency, gpu=gpu)
+
+
+def render_line(tr: ProgressTracker, now: float) -> str:
+    """The status line as `supervisorctl status` builds it, from the status --json blocks alone."""
+    return progress_line({"now": now, "training": {"progress": tr.snapshot(now)}, "cost": tr.cost(now)})
 
 
 def lines(name: str) -> list[str]:
@@ -105,7 +116,7 @@ def test_eta_and_cost_hand_computed(tmp_path, clock):
     assert c["spent"] == pytest.approx(3.90 * 2030 / 3600, abs=1e-4)   # 2.1992
     assert c["eta_cost"] == pytest.approx(3.90 * 5470 / 3600, abs=1e-4)  # 5.9258
     assert (c["price_per_hour"], c["currency"]) == (3.90, "EUR")
-    assert tr.render_line(now) == ("progress  [#####---------------]  1,015/3,750  27.1%  loss 1.21  "
+    assert render_line(tr, now) == ("progress  [#####---------------]  1,015/3,750  27.1%  loss 1.21  "
                                    "2,048 tok/s  ETA 1h31m  spent €2.20, to finish ~€5.93")
     # five seconds later nothing new was printed: 5 s less to go, 5 s more spent
     s2 = tr.snapshot(now + 5)
@@ -166,7 +177,7 @@ def test_hf_capture_eval_bars_never_show(tmp_path, clock):
     s = tr.snapshot(clock.time())
     assert s["finished"] and s["eta_s"] == 0.0 and s["percent"] == 100.0
     assert tr.cost(clock.time())["eta_cost"] == 0.0
-    assert "done in" in tr.render_line(clock.time())
+    assert "done in" in render_line(tr, clock.time())
 
 
 def test_eval_on_start_bar_is_let_go_and_tokens_rate(tmp_path, clock):
@@ -213,7 +224,7 @@ def test_garbage_capture_shows_only_true_numbers(tmp_path, clock):
         assert s["step"] in (None, 100, 200, 300, 400)
         assert s["max_steps"] in (None, 1000)
         assert s["loss"] in (None, 0.9, 1.0, 0.8123)
-        tr.render_line(clock.time())
+        render_line(tr, clock.time())
     s = tr.snapshot(clock.time())
     assert (s["step"], s["max_steps"], s["loss"]) == (400, 1000, 0.8123)
 
@@ -297,7 +308,7 @@ def test_epoch_only_progress(tmp_path, clock):
     assert s["step"] is None and s["epoch"] == 1.5
     assert s["percent"] == pytest.approx(37.5)
     assert s["eta_s"] == pytest.approx((4 - 1.5) / (0.05 / 60))       # 3000 s
-    assert "epoch 1.50/4" in tr.render_line(clock.time())
+    assert "epoch 1.50/4" in render_line(tr, clock.time())
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------
@@ -386,7 +397,7 @@ def test_restart_keeps_the_run(tmp_path, clock):
         tr.feed_line(tsup(step=5 * k, max_steps=3750, tokens=20480 * k), clock.time())
     tr.maybe_early_estimate(clock.time())   # the minute duty saves what is unsaved
     before = tr.snapshot(clock.time())
-    again = ProgressTracker(ctx)
+    again = tracker(ctx)
     again.start_run(7, t0)                   # the daemon re-adopts the same run
     assert again.snapshot(clock.time()) == before
     clock.advance(120)                       # the daemon was down two minutes; the job went on
@@ -395,7 +406,7 @@ def test_restart_keeps_the_run(tmp_path, clock):
         again.feed_line(tsup(step=5 * k, max_steps=3750, tokens=20480 * k), clock.time())
     s = again.snapshot(clock.time())
     assert s["steps_per_s"] == pytest.approx(0.5) and s["elapsed_s"] == pytest.approx(clock.time() - t0)
-    fresh = ProgressTracker(ctx)
+    fresh = tracker(ctx)
     fresh.start_run(8, clock.time())
     assert fresh.snapshot(clock.time())["step"] is None
 
@@ -428,26 +439,26 @@ def test_end_run_freezes_cost_and_eta(tmp_path, clock):
     s, c = tr.snapshot(clock.time()), tr.cost(clock.time())
     assert c["spent"] == spent == pytest.approx(3.90 * 390 / 3600, abs=1e-4)
     assert s["eta_s"] is None and c["eta_cost"] is None and s["step"] == 39
-    assert "ended after 6m30s" in tr.render_line(clock.time())
+    assert "ended after 6m30s" in render_line(tr, clock.time())
     tr.feed_line(tsup(step=40, max_steps=100), clock.time())    # lines after the end change nothing
     assert tr.snapshot(clock.time())["step"] == 39
 
 
 def test_render_and_summary_in_every_state(tmp_path, clock):
     tr, _, _ = make(tmp_path, clock)
-    assert tr.render_line(clock.time()) == ""
+    assert render_line(tr, clock.time()) == ""
     assert tr.snapshot(clock.time())["step"] is None
     t0 = clock.time()
     tr.start_run(1, t0)
     clock.advance(60)
-    assert tr.render_line(clock.time()) == ("progress  unknown (no progress in the log or a checkpoint yet)  "
+    assert render_line(tr, clock.time()) == ("progress  unknown (no progress in the log or a checkpoint yet)  "
                                             "ETA unknown  spent €0.07")
     assert "Progress: unknown" in tr.email_summary(clock.time())
     for k in range(1, 31):
         clock.advance(10)
         tr.feed_line(tsup(step=k * 10, max_steps=1000, loss=0.5), clock.time())
     clock.advance(900)   # nothing for 15 minutes
-    line = tr.render_line(clock.time())
+    line = render_line(tr, clock.time())
     assert "300/1,000" in line and "ETA unknown (no progress for 15m00s)" in line
     s = tr.snapshot(clock.time())
     assert s["steps_per_s"] == 0.0 and s["eta_s"] is None and s["stalled_since"] == t0 + 360
@@ -460,12 +471,12 @@ def test_without_price_cost_is_unknown(tmp_path, clock):
     doc = {"state_dir": str(tmp_path / "state")}
     cfg = config.from_dict(doc)
     ctx = Context(cfg, clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None))
-    tr = ProgressTracker(ctx)
+    tr = tracker(ctx)
     tr.start_run(1, clock.time())
     clock.advance(100)
     c = tr.cost(clock.time())
     assert (c["price_per_hour"], c["spent"], c["eta_cost"], c["fits_budget"]) == (None, None, None, None)
-    assert tr.render_line(clock.time()).endswith("elapsed 1m40s")
+    assert render_line(tr, clock.time()).endswith("elapsed 1m40s")
 
 
 # --- the early estimate --------------------------------------------------------------------------------------
@@ -562,5 +573,5 @@ def test_any_sequence_of_lines_gives_sane_figures(tmp_path, items, end):
     clock.advance(1000)
     s = tr.snapshot(clock.time())
     sane(s, tr.cost(clock.time()))
-    assert isinstance(tr.render_line(clock.time()), str) and isinstance(tr.email_summary(clock.time()), str)
+    assert isinstance(render_line(tr, clock.time()), str) and isinstance(tr.email_summary(clock.time()), str)
     assert not any(isinstance(v, float) and math.isnan(v) for v in s.values())

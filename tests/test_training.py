@@ -137,13 +137,13 @@ def test_stop_escalates_to_sigterm_then_sigkill_after_grace(tmp_path, cleanup):
     t.poll()
     t.stop()
     t.poll()
-    assert t.doc["stop_phase"] == "SIGINT" and t.state == S.STOPPING
+    assert t.doc.stop_phase == "SIGINT" and t.state == S.STOPPING
     clock.advance(31)
     t.poll()
-    assert t.doc["stop_phase"] == "SIGTERM" and t.state == S.STOPPING
+    assert t.doc.stop_phase == "SIGTERM" and t.state == S.STOPPING
     clock.advance(31)
     t.poll()
-    assert t.doc["stop_phase"] == "SIGKILL"
+    assert t.doc.stop_phase == "SIGKILL"
     info = settle(t)
     assert info.state == S.STOPPED and info.signal == "SIGKILL"
 
@@ -196,7 +196,7 @@ def test_reboot_marks_run_stopped_not_failed(tmp_path, cleanup):
     cleanup.append(t)
     t.start()
     wait_until(lambda: (t.poll(), t.state == S.RUNNING)[1], what="RUNNING")
-    runner = psutil.Process(t.doc["runner_pid"])
+    runner = psutil.Process(t.doc.runner_pid)
     for p in [*runner.children(recursive=True), runner]:  # what a reboot does to them
         p.kill()
     subprocess.run(["tmux", "-S", t.tmux.socket, "kill-server"], capture_output=True)
@@ -217,7 +217,7 @@ def test_on_failure_restarts_with_backoff_up_to_max(tmp_path, cleanup):
     t.start()
     for n in (1, 2):
         wait_until(lambda: (t.poll(), t.state == S.FAILED)[1], what="FAILED")
-        assert t.doc["next_restart_at"] is not None
+        assert t.doc.next_restart_at is not None
         clock.advance(10 * 2 ** (n - 1) + 1)
         t.poll()
         assert t.info().restarts == n
@@ -242,3 +242,69 @@ def test_env_and_workdir_reach_the_job(tmp_path, cleanup):
     t.start()
     settle(t)
     assert f"/tmp/hf in {tmp_path}" in (tmp_path / "train.log").read_text()
+
+
+# --- a damaged training.json ---------------------------------------------------------------------
+
+def _wrong_value(tp) -> object:
+    """A JSON value of the wrong type for a field annotated `tp`."""
+    text = str(tp)
+    if "TrainingState" in text:
+        return "RUNNIN"
+    if "str" in text:
+        return 7
+    return "7" if "int" in text or "float" in text else "yes"
+
+
+def _wrong_cases() -> list[tuple[str, object]]:
+    import dataclasses
+    import typing
+
+    from supervisor.training import TrainingDoc
+
+    hints = typing.get_type_hints(TrainingDoc)
+    cases = [(f.name, _wrong_value(hints[f.name])) for f in dataclasses.fields(TrainingDoc)]
+    # and wrong values of the right type, and the two the issue found
+    cases += [("runner_pid", "abc"), ("run_id", "7"), ("runner_pid", True), ("runner_pid", -1), ("child_pid", 0),
+              ("run_id", -3), ("stop_phase", "SIGHUP"), ("started_at", [1.0]), ("state", None)]
+    return cases
+
+
+def test_every_field_of_training_json_with_a_wrong_type_is_set_aside_and_the_job_readopted(tmp_path, cleanup):
+    """Each damaged field in turn, under a live job: the daemon never crashes on it, never judges the job
+    by it (a string run_id once marked a live job FAILED), says so in status and re-adopts from tmux."""
+    t, _, _ = make(tmp_path, command="sleep 120")
+    cleanup.append(t)
+    t.start()
+    wait_until(lambda: (t.poll(), t.state == S.RUNNING)[1], what="RUNNING")
+    good = json.loads((tmp_path / "state" / "training.json").read_text())
+    pid, run_id = t.info().pid, t.info().run_id
+    state = tmp_path / "state"
+    for name, value in _wrong_cases():
+        for old in state.glob("training.json.corrupt-*"):
+            old.unlink()
+        (state / "training.json").write_text(json.dumps({**good, name: value}))
+        t2, _, ended = make(tmp_path)
+        t2.adopt()
+        t2.poll()
+        assert (t2.state, t2.info().pid, t2.info().run_id) == (S.RUNNING, pid, run_id), (name, value)
+        assert ended == [], (name, value)
+        assert any(name in p and "set aside" in p for p in t2.ctx.store.problems), (name, t2.ctx.store.problems)
+        assert list(state.glob("training.json.corrupt-*")), name
+        assert json.loads((state / "training.json").read_text())["state"] == "RUNNING"   # rewritten whole
+
+
+def test_damaged_state_without_a_job_starts_a_fresh_run_folder(tmp_path, cleanup):
+    """training.json lost its run_id: the next run must not reuse runs/1, whose exit record would end it."""
+    t, _, _ = make(tmp_path, command="exit 0")
+    cleanup.append(t)
+    t.start()
+    settle(t)
+    (tmp_path / "state" / "training.json").write_text('{"state": "FINISHED", "run_id": "1"}')
+    t2, _, _ = make(tmp_path, command="sleep 60")
+    cleanup.append(t2)
+    t2.adopt()
+    assert t2.state == S.STOPPED
+    t2.start()
+    wait_until(lambda: (t2.poll(), t2.state == S.RUNNING)[1], what="RUNNING")
+    assert t2.info().run_id == 2 and t2.state == S.RUNNING

@@ -124,3 +124,9 @@ def ended(f: Ended) -> Mail:
             f"Command: {r.command}\n{ran}{_progress_text(f.progress)}{_outputs_text(f.outputs, r.workdir)}"
             f"Log: {r.log_path}\n{_next_text(f.next)}")
     return Mail(subject, body)
+
+
+def restarted(exit_code: int | None, signal: str | None, delay_s: float, command: str, log_path: str) -> Mail:
+    """The run failed and restart = "on-failure" starts it again after `delay_s`."""
+    return Mail(f"training failed ({describe_exit(exit_code, signal)}); restarting in {int(delay_s)}s",
+                f"Command: {command}\nLog: {log_path}\n")

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.gpu import GpuMonitor  # noqa: E402
+from supervisor.render import gpu_lines  # noqa: E402
 from tests.fixtures.nvml import GIB, FakeNvml, FakeNvmlBuild, _compile, make_ctx, reset_pynvml  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def setup_real(tmp: Path) -> GpuMonitor:
     snap = m.poll()
     print(f"real driver {snap.driver_version}: {len(snap.gpus)} GPU(s), error={snap.error!r}, "
           f"first poll (with init) {1e3 * (time.perf_counter() - t0):.1f} ms")
-    for line in m.render_lines():
+    for line in gpu_lines(m.status()):
         print("  " + line)
     st = m.probe._state
     if st is not None and st.event_set is not None:
