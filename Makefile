@@ -1,50 +1,30 @@
-# make test   ruff, then the whole suite (slow tests included), in .venv
-# make demo   the README's demo: the tiny trainer under train-supervisord, nothing real touched
+# Shortcuts for those who have make; the scripts they call are what the README runs (a fresh
+# machine has no make) and each installs what it needs itself:
+# make demo   examples/demo.sh: the tiny trainer under train-supervisord, nothing real touched
+# make test   tests/run.sh: system tools, .venv with the test extra, ruff, the whole suite
 # make lint   ruff only
 # make bench  the benchmarks in tests/bench (not part of the suite)
-# make venv   create .venv and install the package with its test extra (done by the others too)
-#
-# Every target installs what it needs itself; a second run reinstalls nothing unless
-# pyproject.toml changed. PYTEST_ARGS passes arguments through: make test PYTEST_ARGS="-k alerts -x"
+# make venv   .venv with the test extra (what `make test` builds)
+# PYTEST_ARGS passes arguments through: make test PYTEST_ARGS="-k alerts -x"
 
 SHELL := /bin/bash
-PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo bench clean deps-test deps-demo
+.PHONY: venv test lint demo bench clean
 
-deps-test:
-	@bash .ci/system-deps test
-
-deps-demo:
-	@bash .ci/system-deps demo
-
-venv: $(STAMP)
-
-# Only when the interpreter is missing (first run, or its base Python went away): a fresh venv.
-$(PY):
-	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
-	  { echo "make: needs Python 3.11+; $(PYTHON) is $$($(PYTHON) -V 2>&1)" >&2; exit 1; }
-	$(PYTHON) -m venv --clear $(VENV)
-
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	touch $(STAMP)
+venv:
+	@bash .ci/venv test
 
 lint: venv
 	$(VENV)/bin/ruff check supervisor tests
 
-# pytest exits 5 when it collected nothing: here that means the suite is broken, not "all good".
-test: deps-test lint
-	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
-	exit $$rc
+test:
+	@bash tests/run.sh $(PYTEST_ARGS)
 
-demo: deps-demo venv
-	PY=$(abspath $(PY)) bash examples/demo.sh
+demo:
+	@bash examples/demo.sh
 
 bench: venv
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done

@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
 # The README's demo: the tiny CPU trainer under train-supervisord in tmux, with a local sync target,
 # a dry-run stop action and alerts to the local alert log. Nothing here touches the real machine.
+# The first run installs what the demo needs and nothing more: tmux and python3-venv (apt, when
+# missing) and train-supervisor with its runtime dependencies in .venv (not the test extra).
+# PY=/path/to/python skips that setup and uses an interpreter that already has the package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PY:-.venv/bin/python}"
 DEMO="${DEMO_DIR:-/tmp/train-supervisor-demo}"
 STEPS="${DEMO_STEPS:-160}"
 STEP_TIME="${DEMO_STEP_TIME:-0.25}"
+t0=$(date +%s)
 
-command -v tmux >/dev/null || { echo "demo needs tmux (apt-get install tmux)"; exit 1; }
-if [ -S "$DEMO/control.sock" ]; then
-  "$PY" -m supervisor.cli --socket "$DEMO/control.sock" stop >/dev/null 2>&1 || true
+if [ -z "${PY:-}" ]; then
+  echo "== setup: tmux, python3-venv and .venv with train-supervisor (nothing when already there)"
+  bash .ci/system-deps demo
+  bash .ci/venv demo
+  PY=.venv/bin/python
+  echo "== setup done in $(( $(date +%s) - t0 )) s"
 fi
-pkill -f "supervisor.daemon --config $DEMO/config.toml" 2>/dev/null || true
+command -v tmux >/dev/null || { echo "demo needs tmux (apt-get install tmux)" >&2; exit 1; }
+ABS_PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+ctl() { "$ABS_PY" -m supervisor.cli --config "$DEMO/config.toml" "$@"; }
+training_state() {
+  ctl status --json 2>/dev/null | "$ABS_PY" -c 'import json,sys; print(json.load(sys.stdin)["training"]["state"])' 2>/dev/null || true
+}
+
+# A previous run that was interrupted: end its training, daemon and tmux server (by pid, never by name).
+if [ -f "$DEMO/config.toml" ]; then
+  ctl stop >/dev/null 2>&1 || true
+fi
+if [ -f "$DEMO/daemon.pid" ]; then
+  kill "$(cat "$DEMO/daemon.pid")" 2>/dev/null || true
+fi
 tmux -S "$DEMO/state/tmux.sock" kill-server 2>/dev/null || true
 rm -rf "$DEMO"
 mkdir -p "$DEMO/out" "$DEMO/remote"
-ABS_PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 cat > "$DEMO/config.toml" <<TOML
 # demo config: written by examples/demo.sh
 state_dir = "$DEMO/state"
@@ -46,19 +64,32 @@ action = "dry-run"
 final_sync = ["$DEMO/out"]
 TOML
 
-ctl() { "$PY" -m supervisor.cli --config "$DEMO/config.toml" "$@"; }
 echo "== check-config"; ctl check-config "$DEMO/config.toml"
 echo "== starting train-supervisord (log: $DEMO/daemon.log)"
-TRAIN_SUPERVISOR_NO_SCOPE=1 nohup "$PY" -m supervisor.daemon --config "$DEMO/config.toml" >"$DEMO/daemon.log" 2>&1 &
+TRAIN_SUPERVISOR_NO_SCOPE=1 nohup "$ABS_PY" -m supervisor.daemon --config "$DEMO/config.toml" >"$DEMO/daemon.log" 2>&1 &
 DAEMON=$!
-trap 'kill $DAEMON 2>/dev/null || true' EXIT
+echo "$DAEMON" >"$DEMO/daemon.pid"
+finished=0
+cleanup() {
+  # Interrupted (Ctrl-C): the training is asked to stop too; the runner in tmux outlives a daemon.
+  if [ "$finished" = 0 ]; then
+    if ctl stop >/dev/null 2>&1; then
+      for _ in $(seq 50); do
+        case "$(training_state)" in STARTING|RUNNING|STOPPING) sleep 0.2 ;; *) break ;; esac
+      done
+    fi
+  fi
+  kill "$DAEMON" 2>/dev/null || true
+  rm -f "$DEMO/daemon.pid"
+}
+trap cleanup EXIT
 for _ in $(seq 100); do ctl status >/dev/null 2>&1 && break; [ $? -eq 4 ] || break; sleep 0.2; done
 echo "== supervisorctl start"; ctl start
 deadline=$(( $(date +%s) + 300 ))
 while :; do
   echo; echo "== supervisorctl status  ($(date +%H:%M:%S))"
   ctl status || true
-  if ctl status --json | "$PY" -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s["stop"].get("phase")=="done" else 1)'; then
+  if ctl status --json | "$ABS_PY" -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s["stop"].get("phase")=="done" else 1)'; then
     break
   fi
   [ "$(date +%s)" -lt "$deadline" ] || { echo "demo timed out"; exit 1; }
@@ -66,11 +97,13 @@ while :; do
 done
 echo; echo "== supervisorctl alerts"; ctl alerts
 echo; echo "== what reached the sync target ($DEMO/remote)"
-for d in "$DEMO"/remote/*/; do
-  printf '  %-22s %3s files  %s\n' "$(basename "$d")/" "$(find "$d" -type f | wc -l)" \
-    "$([ -f "$d/_MANIFEST.json" ] && echo "manifest written last: complete" || echo "no manifest: incomplete")"
+# in step order (a plain glob would list checkpoint-120 before checkpoint-40)
+find "$DEMO/remote" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -V | while read -r d; do
+  printf '  %-22s %3s files  %s\n' "$d/" "$(find "$DEMO/remote/$d" -type f | wc -l)" \
+    "$([ -f "$DEMO/remote/$d/_MANIFEST.json" ] && echo "manifest written last: complete" || echo "no manifest: incomplete")"
 done
 echo; echo "== the dry-run stop that would have powered the machine off"
 grep -h '"machine_stopped"' "$DEMO/daemon.log" | tail -n 1 || true
-echo; echo "demo done: the trainer ran in tmux, every checkpoint reached the target with its manifest,"
+finished=1
+echo; echo "demo done in $(( $(date +%s) - t0 )) s: the trainer ran in tmux, every checkpoint reached the target with its manifest,"
 echo "and the daemon made the final verified sync and recorded the (dry-run) stop."

@@ -230,11 +230,45 @@ def idle_lines(st: dict) -> list[str]:
     return lines
 
 
+_DELIVERY = ("mailed", "not_mailed", "mail_failed")
+
+
+def _delivery_note(d: dict) -> str:
+    if d.get("what") == "mailed":
+        return f"mailed {stamp(d.get('at', 0))}"
+    if d.get("what") == "not_mailed":
+        return f"not mailed: {d.get('reason') or 'no [email] configured'}"
+    return f"mail failed: {d.get('error') or '?'}"
+
+
 def render_alerts(res: dict) -> str:
+    """One line per alert, with what became of its mail folded in: the log records an alert and
+    its delivery separately, and two lines with the same subject read as two alerts."""
+    recent = res.get("recent", [])
+    lines: list[list] = []  # [entry, delivery entry or None]
+    for a in recent:
+        if a.get("what") in _DELIVERY:
+            subj = a.get("subject", "")
+            for line in reversed(lines):
+                e = line[0]
+                if (e.get("what") not in _DELIVERY and e.get("key") == a.get("key")
+                        and subj in (e.get("subject"), f"RESOLVED: {e.get('subject')}")):
+                    if line[1] is None or line[1].get("what") == "mail_failed":
+                        line[1] = a
+                        break
+            else:
+                lines.append([a, None])  # a reminder, or its alert is older than the list
+            continue
+        lines.append([a, None])
     out = []
-    for a in res.get("recent", []):
+    for a, d in lines:
         t = stamp(a.get("at", 0))
         what = a.get("what", "")
-        extra = f"  ({a['error']})" if a.get("error") else (f"  ({a['reason']})" if a.get("reason") else "")
+        if d is not None:
+            extra = f"  ({_delivery_note(d)})"
+        elif what in _DELIVERY:
+            extra = f"  ({a['error']})" if a.get("error") else (f"  ({a['reason']})" if a.get("reason") else "")
+        else:
+            extra = ""
         out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{extra}")
     return "\n".join(out) if out else "no alerts"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Install train-supervisor from the checkout this script lives in:
+#   - the tools the daemon runs: tmux (the training runs in it), rsync and ssh (user@host:path
+#     targets), CA certificates, python3-venv; installed with apt when missing,
 #   - its own venv in /opt/train-supervisor (never pip into the system Python),
 #   - the systemd unit in /etc/systemd/system, enabled for boot,
 #   - a commented default config in /etc/train-supervisor/config.toml (only if there is none),
-#   - /usr/local/bin/supervisorctl pointing into the venv.
+#   - /usr/local/bin/supervisorctl pointing into the venv, and train-supervisor-start, which runs
+#     the daemon where systemd is not PID 1 (RunPod, vast.ai, most containers).
 # Meant for image builds (no systemd running: the unit is enabled offline) as well as live
-# machines. Idempotent: run it again to upgrade; a running daemon is restarted, the training
-# keeps running (see KillMode in the unit).
+# machines and containers. Idempotent: run it again to upgrade; a running daemon is restarted,
+# the training keeps running (see KillMode in the unit).
 set -euo pipefail
 
 usage() {
@@ -19,7 +22,9 @@ usage: systemd/install.sh [options]
                    let its members use supervisorctl (socket_group)
   --pip-arg ARG    pass ARG to pip install (repeatable), e.g. --pip-arg=--no-index
   --no-enable      do not enable the unit
-  --now            also start the daemon now (live machines)
+  --no-apt         never install system packages; only check that they are there
+  --now            also start the daemon now (live machines; without systemd through
+                   train-supervisor-start)
   -h, --help       this text
 EOF
 }
@@ -32,6 +37,7 @@ PYTHON="python3"
 GROUP=""
 ENABLE=1
 START=0
+APT=1
 PIP_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -44,6 +50,7 @@ while [ $# -gt 0 ]; do
     --pip-arg) PIP_ARGS+=("${2:?--pip-arg needs an argument}"); shift 2 ;;
     --pip-arg=*) PIP_ARGS+=("${1#*=}"); shift ;;
     --no-enable) ENABLE=0; shift ;;
+    --no-apt) APT=0; shift ;;
     --now) START=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option: $1" ;;
@@ -75,12 +82,57 @@ if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then SYSTEMD_RUNNING=1; fi
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found (install Python 3.11+ or pass --python)"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || die "needs Python 3.11 or newer; $PYTHON is $("$PYTHON" -V 2>&1)"
-if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
-  if [ -z "$PREFIX" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing python3-venv (the venv module is missing)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv >/dev/null
+
+# --- the tools the daemon runs ------------------------------------------------------------------
+# tmux is required: the training runs in it, and without it the first `supervisorctl run` fails.
+# rsync and ssh carry checkpoints to user@host:path targets; the CA bundle lets S3 and SMTP check
+# TLS certificates. Installed with apt where this runs as root on the machine itself (a container
+# image has empty package lists: they are fetched first); otherwise only checked.
+have() { command -v "$1" >/dev/null 2>&1; }
+need=()
+have tmux || need+=(tmux)
+have rsync || need+=(rsync)
+have ssh || need+=(openssh-client)
+if have apt-get && [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then need+=(ca-certificates); fi
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+
+apt_install() {
+  local out
+  out="$(mktemp)"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
+    log "fetching the package lists first (apt-get update: they are empty here)"
+    apt-get update -qq >"$out" 2>&1 || { tail -n 5 "$out" >&2; rm -f "$out"; return 1; }
+  fi
+  if ! apt-get install -y -qq --no-install-recommends "$@" >"$out" 2>&1; then
+    # stale lists (404 for a superseded version): fetch them again and retry once
+    log "apt-get install failed; fetching the package lists and retrying"
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"; } >"$out" 2>&1; then
+      tail -n 8 "$out" >&2
+      rm -f "$out"
+      return 1
+    fi
+  fi
+  rm -f "$out"
+}
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ -z "$PREFIX" ] && [ "$APT" = 1 ] && [ "$(id -u)" = 0 ] && have apt-get; then
+    log "installing ${need[*]} (apt)"
+    apt_install "${need[@]}" || die "could not install ${need[*]} with apt-get (its last lines are above);" \
+      "install them by hand (tmux runs the training, rsync and ssh carry checkpoints to user@host targets)" \
+      "and run install.sh again"
   else
-    die "$PYTHON has no venv module (Debian/Ubuntu: apt-get install python3-venv)"
+    why="not root"; [ "$(id -u)" = 0 ] && why="no apt-get"; [ "$APT" = 0 ] && why="--no-apt"
+    [ -z "$PREFIX" ] || why="--prefix"
+    hint="install ${need[*]} (Debian/Ubuntu: apt-get install ${need[*]}; Fedora/RHEL: dnf install ${need[*]})"
+    if [[ " ${need[*]} " == *" python3-venv "* ]]; then
+      die "$PYTHON has no venv module; $hint"
+    elif [[ " ${need[*]} " == *" tmux "* ]] && [ -z "$PREFIX" ]; then
+      die "tmux is not installed, and the training runs in tmux ($why); $hint"
+    else
+      log "warning: missing ${need[*]} ($why): $hint"
+    fi
   fi
 fi
 
@@ -112,6 +164,15 @@ if [ -e "$LINK" ] && [ ! -L "$LINK" ]; then
   log "warning: $LINK exists and is not ours; use $VENV/bin/supervisorctl"
 else
   ln -sfn "$VENV/bin/supervisorctl" "$LINK"
+fi
+
+# --- train-supervisor-start, for machines without systemd as PID 1 --------------------------------
+install -m 0755 "$REPO/systemd/train-supervisor-start" "$VENV/bin/train-supervisor-start"
+LINK="$BIN_DIR/train-supervisor-start"
+if [ -e "$LINK" ] && [ ! -L "$LINK" ]; then
+  log "warning: $LINK exists and is not ours; use $VENV/bin/train-supervisor-start"
+else
+  ln -sfn "$VENV/bin/train-supervisor-start" "$LINK"
 fi
 
 # --- the group ---------------------------------------------------------------------------------
@@ -193,5 +254,23 @@ fi
 # --- a config the daemon would refuse is reported now, not at boot -----------------------------
 if ! "$VENV/bin/supervisorctl" check-config "$CONFIG" >/dev/null; then
   die "$CONFIG has problems (listed above); the daemon will not start until they are fixed"
+fi
+
+# --- without systemd as PID 1: how the daemon runs here --------------------------------------------
+if [ -z "$PREFIX" ] && [ "$SYSTEMD_RUNNING" = 0 ]; then
+  if "$VENV/bin/train-supervisor-start" --restart >/dev/null 2>&1; then
+    log "restarted the daemon that train-supervisor-start runs (the training keeps running)"
+  elif [ "$START" = 1 ]; then
+    "$VENV/bin/train-supervisor-start"
+  else
+    log "systemd is not running here (a container?): start the daemon from the image's start script with"
+    log "    train-supervisor-start"
+    log "(it restarts the daemon when it fails and does nothing when it already runs; see the README)"
+  fi
+  action="$("$VENV/bin/python" -c 'import sys; from supervisor.config import load; print(load(sys.argv[1]).stop.action)' "$CONFIG" 2>/dev/null || true)"
+  if [ "$action" = poweroff ]; then
+    log "note: stop.action = \"poweroff\" needs systemd; in a container set [stop] action = \"command\" with the"
+    log "      provider's stop command, e.g. runpodctl stop pod \$RUNPOD_POD_ID or vastai stop instance \$CONTAINER_ID"
+  fi
 fi
 log "done: $("$VENV/bin/train-supervisord" --version) in $VENV; config $CONFIG OK"

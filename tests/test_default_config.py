@@ -10,6 +10,7 @@ from importlib import resources
 import pytest
 
 from supervisor import config as C
+from supervisor.configdoc import uncomment
 
 # Keys whose commented line shows an example rather than the default (the default is "unset").
 EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host"}
@@ -50,19 +51,6 @@ def documented() -> dict[str, tuple[int, str]]:
     return seen
 
 
-def uncommented() -> str:
-    """The file with every "#key = value" (and its continuation lines, for a long array) and
-    "#[section]" line switched on."""
-    out, depth = [], 0
-    for line in text().splitlines():
-        if line.startswith("#") and (depth > 0 or KEY_LINE.match(line) or SECTION_LINE.match(line)):
-            line = line[1:]
-            if not SECTION_LINE.match(line):
-                depth += line.count("[") - line.count("]")
-        out.append(line)
-    return "\n".join(out)
-
-
 def test_default_config_parses_to_the_built_in_defaults():
     cfg = C.parse(text(), "default-config.toml")
     assert dataclasses.replace(cfg, source="x") == dataclasses.replace(C.Config(), source="x")
@@ -91,7 +79,7 @@ def test_every_key_has_a_comment_right_above():
 
 
 def test_shown_defaults_are_the_real_defaults():
-    cfg = C.parse(uncommented(), "uncommented default-config.toml")
+    cfg = C.parse(uncomment(text()), "uncommented default-config.toml")
     default = C.Config()
     default.email = C.EmailConfig()
     wrong = []

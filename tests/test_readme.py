@@ -1,15 +1,20 @@
-"""The README's configuration reference is generated from the shipped default config; keep them equal.
+"""The README's configuration reference is generated from the shipped default config; keep them equal,
+and hold the table itself to the truth: every "default" cell is the built-in default of config.py.
 Regenerate with: python -m supervisor.configdoc (and paste between the markers)."""
 
 from __future__ import annotations
 
-import dataclasses
+import re
+import tomllib
 from pathlib import Path
 
-from supervisor import config
-from supervisor.configdoc import default_text, markdown, rows
+import pytest
+
+from supervisor import config as C
+from supervisor.configdoc import default_of, default_text, markdown, rows, schema_keys
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+ROW = re.compile(r"^\| `([a-z0-9_.]+)` \| (.+?) \| (.*) \|$")
 
 
 def _block() -> str:
@@ -18,20 +23,74 @@ def _block() -> str:
     return text[start:text.index("<!-- config-reference:end -->")].strip()
 
 
+def readme_rows() -> dict[str, tuple[str, str]]:
+    """key -> (default cell, description cell), read from the README's table as a person reads it."""
+    out = {}
+    for line in _block().splitlines():
+        if m := ROW.match(line):
+            assert m.group(1) not in out, f"{m.group(1)}: two rows in the README"
+            out[m.group(1)] = (m.group(2).replace("\\|", "|"), m.group(3))
+    return out
+
+
+def _with(key: str, value) -> dict:
+    """A minimal config document that sets `key` to `value` (and what [email] needs besides)."""
+    if "." not in key:
+        return {key: value}
+    section, name = key.split(".", 1)
+    table = {"to": ["o@example.com"], "smtp_host": "smtp.example.com"} if section == "email" else {}
+    return {section: {**table, name: value}}
+
+
 def test_readme_config_reference_matches_default_config():
     assert _block() == markdown(default_text()).strip(), \
         "README config reference is stale: run `python -m supervisor.configdoc` and paste it between the markers"
 
 
 def test_every_schema_key_has_a_row():
-    keys = {k for k, _, _ in rows(default_text())}
-    want = set()
-    for f in dataclasses.fields(config.Config):
-        if f.metadata.get("internal"):
-            continue
-        if f.name in config.SECTIONS:
-            for sf in dataclasses.fields(config.SECTIONS[f.name]):
-                want.add(f"{f.name}.{sf.name.rstrip('_')}")
-        else:
-            want.add(f.name)
-    assert want <= keys, sorted(want - keys)
+    assert schema_keys() <= {r.key for r in rows(default_text())}
+    assert schema_keys() == set(readme_rows())
+
+
+@pytest.mark.parametrize("key", sorted(schema_keys()))
+def test_each_default_in_the_readme_is_the_real_default(key):
+    cell, desc = readme_rows()[key]
+    real = default_of(key)
+    if cell == "none":
+        assert real is None, f"{key}: the README says no default, the default is {real!r}"
+        return
+    if cell == "required":
+        assert real in ("", []), f"{key}: the README says required, yet it defaults to {real!r}"
+        doc = _with(key, "x")
+        del doc[key.split(".")[0]][key.split(".", 1)[1]]
+        with pytest.raises(C.ConfigError, match=re.escape(key)):
+            C.from_dict(doc)
+        return
+    assert cell.startswith("`") and cell.endswith("`"), f"{key}: default cell {cell!r} is not a value"
+    try:
+        value = tomllib.loads(f"v = {cell[1:-1]}")["v"]
+    except tomllib.TOMLDecodeError as e:
+        pytest.fail(f"{key}: the README's default {cell} is not one whole TOML value ({e})")
+    cfg = C.from_dict(_with(key, value))
+    section = key.split(".")[0] if "." in key else None
+    obj = getattr(cfg, section) if section else cfg
+    got = getattr(obj, "from_" if key.endswith(".from") else key.rsplit(".", 1)[-1])
+    assert got == real, f"{key}: the README shows {cell}, meaning {got!r}; the default is {real!r}"
+
+
+def test_an_example_value_is_marked_as_one():
+    """The shipped file shows examples for keys without a default; the table must not pass them off
+    as defaults (it once showed price_per_hour 3.90 and max_idle_cost 20.0 as defaults)."""
+    examples = {r.key: r.shown for r in rows(default_text()) if r.example}
+    assert {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.smtp_host"} <= set(examples)
+    table = readme_rows()
+    for key, shown in examples.items():
+        cell, desc = table[key]
+        assert shown not in cell and f"Example: `{shown}`" in desc.replace("\\|", "|"), (key, cell, desc)
+
+
+def test_a_value_written_over_several_lines_stays_in_its_row():
+    cell, _ = readme_rows()["sync.include"]
+    assert '"*results.json"]' in cell
+    cell, desc = readme_rows()["sync.exclude"]
+    assert cell == "`[]`" and "safetensors" not in desc

@@ -6,15 +6,23 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from supervisor.control import ClientError, RequestError, request
+from tests.fixtures.procs import kill_under
+from tests.fixtures.toml_writer import to_toml
+from tests.waiting import wait_until
+
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "train-supervisor.service"
 INSTALL = REPO / "systemd" / "install.sh"
+START = REPO / "systemd" / "train-supervisor-start"
+README = REPO / "README.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed (apt-get install systemd)")
 
@@ -152,6 +160,9 @@ def test_install_into_a_prefix_then_upgrade(tmp_path):
     unit = prefix / "etc" / "systemd" / "system" / "train-supervisor.service"
     ctl = prefix / "usr" / "local" / "bin" / "supervisorctl"
     assert ctl.is_symlink() and os.readlink(ctl) == str(venv / "bin" / "supervisorctl")
+    starter = prefix / "usr" / "local" / "bin" / "train-supervisor-start"
+    assert starter.is_symlink() and os.readlink(starter) == str(venv / "bin" / "train-supervisor-start")
+    assert os.access(starter, os.X_OK) and starter.read_text() == START.read_text()
     assert 'socket_group = "train"' in config.read_text() and "[idle]" in config.read_text()
     # the venv's supervisorctl accepts the config it wrote
     c = subprocess.run([str(ctl), "check-config", str(config)], capture_output=True, text=True, timeout=60)
@@ -178,3 +189,101 @@ def test_install_into_a_prefix_then_upgrade(tmp_path):
     installed = list(venv.glob("lib/python3*/site-packages/supervisor/durations.py"))
     assert installed and installed[0].read_text().endswith(marker)
     assert "using the existing venv" in r.stdout
+
+
+# --- without systemd as PID 1 (containers) --------------------------------------------------------
+
+def readme_start_line() -> str:
+    """The command the README's "Without systemd" section tells people to put in a start script."""
+    text = README.read_text()
+    section = text[text.index("## Without systemd (containers)"):]
+    section = section[:section.index("\n## ", 1)]
+    block = section[section.index("```sh\n") + 6:]
+    line = block[:block.index("```")].splitlines()[0]
+    return line.split("#", 1)[0].strip()
+
+
+def test_install_sh_says_how_the_daemon_starts_without_systemd():
+    text = INSTALL.read_text()
+    assert "train-supervisor-start" in text and readme_start_line() == "train-supervisor-start"
+    assert "systemd is not running here" in text
+
+
+def test_without_systemd_the_readme_start_line_runs_restarts_and_readopts(tmp_path):
+    """The documented start line, as a container's start script runs it: the daemon comes up, a
+    second call is a no-op, a kill -9 of the daemon brings a new one that re-adopts the training
+    (same pid, one tmux session), and --stop ends the daemon while the training runs on."""
+    line = readme_start_line()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "train-supervisor-start").symlink_to(START)
+    sock = tmp_path / "run" / "control.sock"
+    config = tmp_path / "config.toml"
+    config.write_text(to_toml({"state_dir": str(tmp_path / "state"), "socket": str(sock),
+                               "training": {"log": str(tmp_path / "train.log")}}))
+    rundir, log = tmp_path / "supervise", tmp_path / "daemon.log"
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+           "TRAIN_SUPERVISOR_CONFIG": str(config), "TRAIN_SUPERVISORD": f"{sys.executable} -m supervisor.daemon",
+           "TRAIN_SUPERVISOR_LOG": str(log), "TRAIN_SUPERVISOR_RUN_DIR": str(rundir),
+           "TRAIN_SUPERVISOR_RESTART_SEC": "0.5", "TRAIN_SUPERVISOR_NO_SCOPE": "1"}
+
+    def start(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", " ".join([line, *args])], capture_output=True, text=True,
+                              env=env, timeout=60, stdin=subprocess.DEVNULL)
+
+    def up() -> bool:
+        try:
+            return bool(request(str(sock), "ping", timeout=2))
+        except (ClientError, RequestError):
+            return False
+
+    def daemon_pid() -> int | None:
+        try:
+            return int((rundir / "daemon.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    try:
+        r = start()
+        assert r.returncode == 0 and "started train-supervisord" in r.stdout, r.stdout + r.stderr
+        wait_until(up, 30, what=f"the daemon up (log: {log})")
+        r = start()
+        assert r.returncode == 0 and "already running" in r.stdout, r.stdout + r.stderr
+
+        request(str(sock), "run", {"argv": ["sleep", "300"]}, timeout=15)
+        tr = wait_until(lambda: (lambda t: t if t["state"] == "RUNNING" else None)(
+            request(str(sock), "status", timeout=15)["training"]), 30, what="training RUNNING")
+        job = tr["pid"]
+
+        first = daemon_pid()
+        assert first
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: daemon_pid() not in (None, first) and up(), 30, what="a new daemon after kill -9")
+        tr = request(str(sock), "status", timeout=15)["training"]
+        assert tr["state"] == "RUNNING" and tr["pid"] == job, tr
+        sessions = subprocess.run(["tmux", "-S", str(tmp_path / "state" / "tmux.sock"), "list-sessions"],
+                                  capture_output=True, text=True).stdout.strip().splitlines()
+        assert len(sessions) == 1, sessions
+        assert "exited with status" in log.read_text() and "restarting in 0.5s" in log.read_text()
+
+        second = daemon_pid()
+        r = start("--stop")
+        assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+        assert not up() and second is not None and not _alive(second)
+        assert _alive(job), "stopping the daemon must leave the training running"
+    finally:
+        subprocess.run(["bash", str(START), "--stop"], env=env, capture_output=True, timeout=120)
+        subprocess.run(["tmux", "-S", str(tmp_path / "state" / "tmux.sock"), "kill-server"], capture_output=True)
+        kill_under(tmp_path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

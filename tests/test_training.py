@@ -19,6 +19,7 @@ from supervisor.context import Context
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState as S
 from supervisor.training import Training, TrainingError
+from tests.fixtures.procs import kill_under
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -41,11 +42,12 @@ def _no_scope(monkeypatch):
 
 
 @pytest.fixture
-def cleanup():
+def cleanup(tmp_path):
     made: list[Training] = []
     yield made
     for t in made:
         subprocess.run(["tmux", "-S", t.tmux.socket, "kill-server"], capture_output=True)
+    kill_under(tmp_path, settle=0)  # the runner ignores SIGHUP: it outlives its tmux server by design
 
 
 def logtext(tmp_path) -> str:
