@@ -115,7 +115,11 @@ class ControlServer:
     def _handle(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(READ_TIMEOUT)
-            reply = self._dispatch(self._read(conn))
+            try:
+                reply = self._dispatch(self._read(conn))
+            except Exception as e:  # noqa: BLE001 - every request gets an answer, even one we did not foresee
+                log.exception("control_request_failed")
+                reply = {"ok": False, "error": f"request could not be handled: {type(e).__name__}"}
             self._reply(conn, reply)
         except Exception:  # noqa: BLE001 - the server must outlive any request
             log.exception("control_connection_failed")
@@ -147,8 +151,12 @@ class ControlServer:
             return {"ok": False, "error": "empty request"}
         try:
             req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except RecursionError:  # `[` x 60000 fits in MAX_REQUEST and exhausts the decoder's stack
+            return {"ok": False, "error": "request is not JSON we accept: nested too deeply"}
+        except UnicodeDecodeError as e:
             return {"ok": False, "error": f"request is not JSON: {e}"}
+        except ValueError as e:  # JSONDecodeError, and an integer of more than 4300 digits
+            return {"ok": False, "error": f"request is not JSON: {str(e)[:200]}"}
         if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
             return {"ok": False, "error": 'request must be an object with a string "cmd"'}
         args = req.get("args", {})
@@ -168,7 +176,12 @@ class ControlServer:
     @staticmethod
     def _reply(conn: socket.socket, reply: dict) -> None:
         try:
-            conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            data = json.dumps(reply, default=str).encode()
+        except (ValueError, TypeError, RecursionError) as e:  # a result that cannot be sent as JSON
+            log.error("control_reply_unserializable", error=f"{type(e).__name__}: {e}")
+            data = json.dumps({"ok": False, "error": f"the reply could not be encoded: {type(e).__name__}"}).encode()
+        try:
+            conn.sendall(data + b"\n")
         except OSError:
             pass
 

@@ -29,7 +29,13 @@ def server(tmp_path):
         release.wait(10)
         return "slow done"
 
-    handlers = {"echo": lambda a: (calls.append(a), a)[1], "boom": boom, "refuse": refuse, "slow": slow}
+    def circular(a):
+        loop: list = []
+        loop.append(loop)
+        return loop
+
+    handlers = {"echo": lambda a: (calls.append(a), a)[1], "boom": boom, "refuse": refuse, "slow": slow,
+                "circular": circular}
     path = str(tmp_path / "ctl.sock")
     s = ControlServer(path, handlers)
     s.start()
@@ -80,6 +86,11 @@ def test_roundtrip(server):
     (b'{"cmd": "nope"}\n', "unknown command"),
     (b'{"cmd": "' + b"x" * 5000 + b'"}\n', "unknown command"),
     (b'{"cmd": "echo"', "not JSON"),  # half-sent, then closed
+    (b"[" * 60000 + b"\n", "nested too deeply"),  # RecursionError in the decoder, once a silent hang-up
+    (b'{"cmd": "echo", "args": {"a": ' + b"[" * 30000 + b"\n", "nested too deeply"),
+    (b'{"cmd": "echo", "args": {"n": ' + b"1" * 5000 + b"}}\n", "not JSON"),  # int past Python's digit limit
+    (b"\xef\xbb\xbf{}\n", "not JSON"),  # a UTF-8 byte order mark
+    (b'{"cmd": "echo", "args": {"a": NaN, "b": [}\n', "not JSON"),
 ])
 def test_garbage_gets_an_error_reply(server, payload, needle):
     reply = raw(server.path, payload)
@@ -113,6 +124,12 @@ def test_handler_exception_is_an_error_reply_and_server_survives(server):
     with pytest.raises(RequestError, match="cannot do that now"):
         request(server.path, "refuse")
     assert request(server.path, "echo", {"ok": 1}) == {"ok": 1}
+
+
+def test_a_reply_that_cannot_be_encoded_is_an_error_reply(server):
+    reply = raw(server.path, b'{"cmd": "circular"}\n')
+    assert reply["ok"] is False and "could not be encoded" in reply["error"]
+    assert request(server.path, "echo", {"after": 1}) == {"after": 1}
 
 
 def test_slow_request_does_not_block_status(server):
@@ -204,3 +221,4 @@ def test_stale_socket_file_is_replaced(tmp_path):
         assert request(str(path), "echo", {"k": 2}) == {"k": 2}
     finally:
         srv.close()
+
