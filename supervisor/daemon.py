@@ -38,6 +38,11 @@ from .training import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
 
+# What a socket_group member (any peer but root and the daemon's own user) may ask: read and nudge.
+# start/restart/run start a process as root; stop ends someone's training (and, with
+# on_finish = "stop", stops the machine): those stay root's. A new command is root's until added here.
+MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync"})
+
 
 class Daemon:
     def __init__(self, cfg: Config, clock: Clock | None = None):
@@ -76,7 +81,8 @@ class Daemon:
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
         )
-        self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group)
+        self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group,
+                                     member_commands=MEMBER_COMMANDS)
         self._stop = threading.Event()
 
     # --- wiring -------------------------------------------------------------------------------

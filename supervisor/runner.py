@@ -45,7 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     log.write(banner.encode())
     kwargs: dict = {}
     if spec.get("user"):
-        kwargs["user"] = spec["user"]
+        try:
+            kwargs = as_user(str(spec["user"]), env, set(spec.get("env") or {}))
+        except KeyError:
+            msg = f"train-supervisor: cannot start the training: training.user {spec['user']!r} does not exist\n"
+            log.write(msg.encode())
+            sys.stdout.write(msg)
+            _record(spec, 127, None)
+            return 127
     try:
         child = subprocess.Popen(
             [spec.get("shell") or "/bin/bash", "-c", spec["command"]],
@@ -89,6 +96,25 @@ def main(argv: list[str] | None = None) -> int:
             pass
     _record(spec, rc, sig)
     return 0
+
+
+def as_user(user: str, env: dict[str, str], from_config: set[str]) -> dict:
+    """Popen arguments that run the job as `user` with that user's own groups. `user=` alone only
+    changes the uid: the job would keep root's gid 0 and supplementary groups. HOME, USER and
+    LOGNAME follow the user (caches land in their home), unless training.env sets them."""
+    import pwd
+
+    pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    if pw.pw_uid == os.geteuid() != 0:
+        return {}  # already that user (a daemon not run as root): setgroups would fail for nothing
+    try:
+        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except OSError:
+        groups = [pw.pw_gid]
+    for k, v in (("HOME", pw.pw_dir), ("USER", pw.pw_name), ("LOGNAME", pw.pw_name)):
+        if k not in from_config:
+            env[k] = v
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": groups}
 
 
 def _reset_signals() -> None:

@@ -222,3 +222,33 @@ def test_stale_socket_file_is_replaced(tmp_path):
     finally:
         srv.close()
 
+
+def test_refusal_rules():
+    from supervisor.control import Peer, refusal
+
+    members = {"status", "ping"}
+    assert refusal("run", Peer(1, 0, 0), members, owner_uid=0) is None  # root
+    assert refusal("run", Peer(1, 1234, 1234), members, owner_uid=1234) is None  # the daemon's own user
+    assert refusal("status", Peer(1, 4321, 4321), members, owner_uid=0) is None
+    assert refusal("run", Peer(1, 4321, 4321), None, owner_uid=0) is None  # no restriction asked for
+    why = refusal("run", Peer(1, 4321, 4321), members, owner_uid=0)
+    assert why is not None and "uid 4321" in why and "only root" in why and "status, tail" in why
+    assert "ping" not in why.split("use:")[1]
+    # the kernel did not say who: never treated as root
+    assert "did not report" in (refusal("run", None, members, owner_uid=0) or "")
+
+
+def test_server_reads_the_peer_and_applies_member_commands(tmp_path):
+    path = str(tmp_path / "m.sock")
+    srv = ControlServer(path, {"status": lambda a: "s", "run": lambda a: "ran"}, member_commands={"status"})
+    srv.start()
+    try:
+        # this process is the daemon's own user (and root in CI containers): everything is allowed
+        assert request(path, "run") == "ran"
+        srv.owner_uid = -1  # pretend the daemon runs as someone else
+        if os.geteuid() != 0:
+            with pytest.raises(RequestError, match="only root"):
+                request(path, "run")
+        assert request(path, "status") == "s"
+    finally:
+        srv.close()

@@ -1,14 +1,213 @@
-"""Hostile use of the real daemon: garbage on the socket."""
+"""Hostile use of the real daemon: a socket_group member who is not root, garbage on the socket.
+
+The member is a real second uid made here with useradd (root only; skipped with the reason
+otherwise) and drives the real supervisorctl over the real socket."""
 
 from __future__ import annotations
 
+import grp
+import io
 import json
+import os
+import pwd
+import secrets
 import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from supervisor import cli
+from tests.fixtures.daemon import DaemonProc
+from tests.waiting import wait_until
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates a second user and group (useradd/groupadd) and drops to them")
+    for tool in ("useradd", "groupadd", "userdel", "groupdel"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs {tool} to create a second user")
+
+
+class Member:
+    def __init__(self, name: str, group: str):
+        self.name, self.group = name, group
+        pw = pwd.getpwnam(name)
+        self.uid, self.gid = pw.pw_uid, pw.pw_gid
+        self.group_gid = grp.getgrnam(group).gr_gid
+
+    def call(self, fn: Callable[[], int], timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run fn in a forked child that became this user (uid, gid, groups): the interpreter lives
+        under /root, which a second user cannot exec, so the child keeps the one already loaded.
+        What it writes to sys.stdout/sys.stderr comes back, like subprocess.run's."""
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            rc = 99
+            try:
+                os.setgroups([self.group_gid])
+                os.setgid(self.gid)
+                os.setuid(self.uid)
+                sys.stdout = io.TextIOWrapper(os.fdopen(os.dup(out.fileno()), "wb"), write_through=True)
+                sys.stderr = io.TextIOWrapper(os.fdopen(os.dup(err.fileno()), "wb"), write_through=True)
+                rc = fn()
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else 1
+            except BaseException as e:  # noqa: BLE001 - reported to the parent, never raised in a fork
+                try:
+                    os.write(err.fileno(), f"child failed: {type(e).__name__}: {e}".encode())
+                finally:
+                    rc = 98
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(rc)
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise AssertionError(f"{fn} as {self.name} did not finish within {timeout}s")
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([], os.waitstatus_to_exitcode(status),
+                                           out.read().decode(), err.read().decode())
+
+
+@pytest.fixture
+def member():
+    """A fresh user `tsu-XXXX` in a fresh group `tsg-XXXX` (the socket_group), removed afterwards."""
+    _need_root()
+    tag = secrets.token_hex(3)
+    group, name = f"tsg-{tag}", f"tsu-{tag}"
+    subprocess.run(["groupadd", group], check=True, capture_output=True)
+    try:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", group, name],
+                       check=True, capture_output=True)
+        try:
+            yield Member(name, group)
+        finally:
+            subprocess.run(["userdel", name], capture_output=True)
+    finally:
+        subprocess.run(["groupdel", group], capture_output=True)
+
+
+@pytest.fixture
+def open_dir():
+    """A folder the second user can walk into (pytest's tmp_path is root's 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="tsv-sec-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def group_daemon(member, open_dir):
+    made: list[DaemonProc] = []
+
+    def factory(**training) -> DaemonProc:
+        work = open_dir / "work"
+        work.mkdir(exist_ok=True)
+        work.chmod(0o777)
+        cfg = {"socket_group": member.group,
+               "training": {"command": "sleep 300", "workdir": str(work), "on_finish": "none", **training},
+               "gpu": {"nvml_library": str(open_dir / "no-such-libnvidia-ml.so.1")},
+               "stop": {"action": "dry-run"}}
+        d = DaemonProc(open_dir / f"d{len(made)}", cfg)
+        (open_dir / f"d{len(made)}").chmod(0o755)
+        made.append(d)
+        d.start()
+        return d
+
+    yield factory
+    for d in made:
+        d.cleanup()
+
+
+def ctl(member: Member, d: DaemonProc, *args: str) -> subprocess.CompletedProcess:
+    return member.call(lambda: cli.main(["--socket", d.socket, *args]))
+
+
+def test_member_reads_and_nudges_but_never_starts_a_process_as_root(member, group_daemon, open_dir):
+    d = group_daemon()
+    sock = Path(d.socket)
+    assert sock.stat().st_gid == member.group_gid and oct(sock.stat().st_mode & 0o777) == "0o660"
+
+    st = ctl(member, d, "status", "--json")
+    assert st.returncode == 3, st.stderr  # readable, and nothing runs yet
+    assert json.loads(st.stdout)["training"]["state"] == "STOPPED"
+    assert ctl(member, d, "alerts").returncode == 0
+    r = ctl(member, d, "keepalive", "1h")
+    assert r.returncode == 0, r.stderr
+    assert d.status()["idle"]["keepalive_until"]
+    assert ctl(member, d, "keepalive", "--cancel").returncode == 0
+    r = ctl(member, d, "sync")
+    assert r.returncode == 0 and "sync requested" in r.stdout, r.stderr
+
+    proof = open_dir / "work" / "ran-as-root"
+    for verb in (["run", "--", "sh", "-c", f"id > {proof}"], ["start"], ["restart"]):
+        r = ctl(member, d, *verb)
+        assert r.returncode == 1, (verb, r.stdout, r.stderr)
+        assert f"refused for uid {member.uid} ({member.name})" in r.stderr, r.stderr
+        assert "only root" in r.stderr and "status" in r.stderr and "keepalive" in r.stderr
+    assert d.status()["training"]["state"] == "STOPPED"
+    assert not proof.exists()
+    assert "control_refused" in d.log_text()
+
+    # root may; then the member may not stop it either (stop ends someone's training)
+    assert d.ctl("start").returncode == 0
+    d.wait_training("RUNNING")
+    r = ctl(member, d, "stop", "--no-wait")
+    assert r.returncode == 1 and "refused" in r.stderr, r.stderr
+    assert d.status()["training"]["state"] == "RUNNING"
+    r = ctl(member, d, "attach")
+    assert r.returncode == 1 and "attach is for root only" in r.stderr, r.stderr
+
+
+def test_member_speaking_the_protocol_directly_is_refused_too(member, group_daemon):
+    """The refusal is the daemon's (from the kernel's peer credentials), not the CLI's."""
+    d = group_daemon()
+    def speak() -> int:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(d.socket)
+        s.sendall(json.dumps({"cmd": "run", "args": {"argv": ["id"], "uid": 0}}).encode() + b"\n")
+        sys.stdout.write(s.makefile().readline())
+        return 0
+    r = member.call(speak)
+    reply = json.loads(r.stdout)
+    assert reply["ok"] is False and "only root" in reply["error"], r
+    assert d.status()["training"]["state"] == "STOPPED"
+
+
+def test_training_user_runs_the_job_as_that_user_with_its_own_groups(member, group_daemon, open_dir):
+    d = group_daemon(user=member.name, command="id -u; id -g; id -G; echo HOME=$HOME; sleep 300")
+    r = d.ctl("start")
+    assert r.returncode == 0, r.stderr
+    d.wait_training("RUNNING")
+    log = Path(d.status()["training"]["log"])
+
+    def ids():
+        lines = [x for x in log.read_text().splitlines() if x and not x.startswith("=====")]
+        return lines if len(lines) >= 4 else None
+    uid, gid, groups, home = wait_until(ids, 20, what="the job's id output")[:4]
+    assert int(uid) == member.uid
+    assert int(gid) == member.gid != 0
+    assert "0" not in groups.split() and str(member.group_gid) in groups.split()
+    assert home == f"HOME={pwd.getpwnam(member.name).pw_dir}"
 
 
 def test_deeply_nested_request_to_the_real_daemon_gets_an_error_reply(make_daemon, tmp_path):
