@@ -32,7 +32,7 @@ from .durations import parse_duration
 from .interfaces import TrainingInfo
 from .logging_setup import configure
 from .notify import notify, watchdog_interval
-from .statefile import StateStore
+from .statefile import Reserve, StateStore
 from .states import TrainingState
 from .training import Training, TrainingError, command_line
 
@@ -51,6 +51,9 @@ class Daemon:
         self.started_at = self.clock.time()
         os.makedirs(cfg.state_dir, mode=0o750, exist_ok=True)
         self.store = StateStore(cfg.state_dir)
+        # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
+        self.reserve = Reserve(cfg.state_dir).register()
+        self.reserve.arm()
         from .mailer import build_mailer
 
         hostname = cfg.hostname or socket.gethostname()
@@ -130,6 +133,7 @@ class Daemon:
         self._every("idle", c.idle.poll_interval, self.guard.poll)
         self._every("host", 15.0, self.hostcheck.poll)  # host RAM exhaustion is followed fast by the OOM killer
         self._every("alerts", 5.0, self.alerts.tick)
+        self._every("reserve", 60.0, self.reserve.arm)  # again once space was freed
         wd = watchdog_interval()
         if wd:
             self._every("watchdog", wd, lambda: notify("WATCHDOG=1", f"STATUS={self._status_line()}"))
@@ -177,7 +181,8 @@ class Daemon:
             "now": now,
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
                        "config": self.cfg.source, "state_dir": self.cfg.state_dir,
-                       "problems": [*self.store.problems, *self.alerts.problems]},
+                       "problems": [*self.store.problems, *self.alerts.problems, *self.store.unsaved.values(),
+                                    *filter(None, [self.reserve.problem()])]},
             "training": tr,
             "gpus": g.get("gpus", []),
             "gpu_error": g.get("gpu_error"),

@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from .statefile import atomic_write
+from .statefile import Reserve, atomic_write
 
 
 def _signame(n: int) -> str:
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.load(f)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, signal.SIG_IGN)
+    # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
+    Reserve(Path(spec["run_dir"]).parent.parent).register()
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
     env.update(spec.get("env") or {})
@@ -122,9 +125,7 @@ def _reset_signals() -> None:
         signal.signal(s, signal.SIG_DFL)
 
 
-def _p(spec: dict, name: str):
-    from pathlib import Path
-
+def _p(spec: dict, name: str) -> Path:
     return Path(spec["run_dir"]) / name
 
 
