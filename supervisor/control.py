@@ -29,6 +29,8 @@ from typing import Any
 
 import structlog
 
+from .redact import redact, redact_obj
+
 log = structlog.get_logger("control")
 
 MAX_REQUEST = 64 * 1024
@@ -224,13 +226,15 @@ class ControlServer:
         if self.member_commands is not None and req["cmd"] not in self.member_commands:
             log.info("control_command", cmd=req["cmd"], peer_uid=peer.uid if peer else None,
                      peer_pid=peer.pid if peer else None)
+        # what goes back is shown (and socket_group members may ask): keys and tokens in commands,
+        # URLs and errors are masked
         try:
-            return {"ok": True, "result": fn(args)}
+            return {"ok": True, "result": redact_obj(fn(args))}
         except RequestError as e:
-            return {"ok": False, "error": str(e)}
+            return {"ok": False, "error": redact(str(e))}
         except Exception as e:  # noqa: BLE001
             log.exception("control_handler_failed", cmd=req["cmd"])
-            return {"ok": False, "error": f"internal error in {req['cmd']}: {type(e).__name__}: {e}"}
+            return {"ok": False, "error": redact(f"internal error in {req['cmd']}: {type(e).__name__}: {e}")}
 
     @staticmethod
     def _reply(conn: socket.socket, reply: dict) -> None:

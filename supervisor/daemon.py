@@ -32,7 +32,7 @@ from .durations import parse_duration
 from .interfaces import TrainingInfo
 from .logging_setup import configure
 from .notify import notify, watchdog_interval
-from .statefile import Reserve, StateStore
+from .statefile import Reserve, StateStore, secure_state_dir
 from .states import TrainingState
 from .training import Training, TrainingError, command_line
 
@@ -49,8 +49,11 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
-        os.makedirs(cfg.state_dir, mode=0o750, exist_ok=True)
+        dir_problems = secure_state_dir(cfg.state_dir, cfg.socket_group)
         self.store = StateStore(cfg.state_dir)
+        for problem in dir_problems:
+            self.store.problems.append(problem)
+            log.error("state_dir_problem", problem=problem)
         # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
         self.reserve = Reserve(cfg.state_dir).register()
         self.reserve.arm()

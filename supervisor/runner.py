@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from .redact import redact
 from .statefile import Reserve, atomic_write
 
 
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     with open(args[0], encoding="utf-8") as f:
         spec = json.load(f)
+    try:
+        os.chmod(args[0], 0o600)  # it holds training.env; older daemons wrote it 0644
+    except OSError:
+        pass
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, signal.SIG_IGN)
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
@@ -44,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     log_path = spec["log"]
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
-    banner = f"\n===== train-supervisor run {spec.get('run_id')} started {time.strftime('%Y-%m-%d %H:%M:%S')}: {spec['command']}\n"
+    # the log is readable by the socket group: the command's keys and tokens are not repeated there
+    banner = (f"\n===== train-supervisor run {spec.get('run_id')} started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+              f"{redact(spec['command'])}\n")
     log.write(banner.encode())
     kwargs: dict = {}
     if spec.get("user"):
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(msg)
         _record(spec, 127, None)
         return 127
-    atomic_write(_p(spec, "pid"), str(child.pid).encode(), 0o644)
+    atomic_write(_p(spec, "pid"), str(child.pid).encode())
     out = sys.stdout.buffer
     assert child.stdout is not None
     fd = child.stdout.fileno()
@@ -131,7 +138,7 @@ def _p(spec: dict, name: str) -> Path:
 
 def _record(spec: dict, code: int, sig: str | None) -> None:
     data = {"exit_code": code, "signal": sig, "ended_at": time.time(), "run_id": spec.get("run_id")}
-    atomic_write(_p(spec, "exit.json"), json.dumps(data).encode(), 0o644)
+    atomic_write(_p(spec, "exit.json"), json.dumps(data).encode())
 
 
 if __name__ == "__main__":

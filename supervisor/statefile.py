@@ -215,6 +215,45 @@ def _log(level: str, event: str, **kw: Any) -> None:
     getattr(structlog.get_logger("statefile"), level)(event, **kw)
 
 
+def secure_state_dir(state_dir: str | Path, group: str = "") -> list[str]:
+    """Create state_dir as 0700, or 0750 owned by `group` (the socket_group: its members may read
+    the default training log there, nothing else), and take group/other access away from state
+    files an older version wrote 0644 (run specs hold training.env). Returns problems to show."""
+    import grp
+
+    d = Path(state_dir)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    problems: list[str] = []
+    mode = 0o700
+    if group:
+        try:
+            os.chown(d, -1, grp.getgrnam(group).gr_gid)
+            mode = 0o750
+        except KeyError:
+            problems.append(f"socket_group {group!r} does not exist: {d} stays 0700 (root only)")
+        except OSError as e:
+            problems.append(f"cannot give {d} to group {group!r}: {e.strerror or e}; it stays 0700")
+    try:
+        os.chmod(d, mode)
+    except OSError as e:
+        problems.append(f"cannot set {d} to {oct(mode)}: {e.strerror or e}")
+    for base, dirs, files in os.walk(d):
+        if base.count(os.sep) - str(d).count(os.sep) >= 3:
+            dirs[:] = []
+        for name in files:
+            if not (name.endswith((".json", ".jsonl", ".tmp", ".exit")) or ".corrupt-" in name
+                    or name in ("pid", "lock", "stop-action.log", RESERVE_NAME)):
+                continue  # the training log (members may tail it) and sockets keep their modes
+            p = os.path.join(base, name)
+            try:
+                st = os.lstat(p)
+                if st.st_mode & 0o077 and not os.path.islink(p):
+                    os.chmod(p, st.st_mode & 0o700)
+            except OSError:
+                pass
+    return problems
+
+
 def set_aside(path: Path, now: float | None = None) -> Path:
     """Rename a damaged state file to `NAME.corrupt-TIMESTAMP` so it can be looked at later and the
     caller can start afresh; returns the new path (the old one when the rename failed)."""

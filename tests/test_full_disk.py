@@ -261,3 +261,36 @@ def test_real_daemon_on_a_full_state_disk_still_records_and_says_so(disk, tmp_pa
         assert "state_dir_full" in d.log_text()
     finally:
         d.cleanup()
+
+
+def test_sync_engine_with_a_full_ledger_disk_backs_off_alerts_and_recovers(disk, make_engine, hf_writer, tmp_path):
+    """What the engine does today with LedgerWriteError (a TargetError): the same failure, backoff,
+    alert and recovery path as an unreachable target, not an 'internal error' every second."""
+    import time
+
+    from supervisor.clock import FakeClock
+    from supervisor.sync.policy import MANIFEST_NAME
+    from tests.fixtures.sync_engine import ListMailer
+    from tests.waiting import wait_until
+
+    remote = tmp_path / "remote"
+    clock = FakeClock(start=time.time())
+    mails = ListMailer()
+    hf_writer.checkpoint(1)
+    hf_writer.age(60)
+    e = make_engine({"target": str(remote), "watch": [str(hf_writer.out)], "fail_alert_after": "5m"},
+                    clock=clock, mailer=mails, start=False, state=str(disk.root / "state"))
+    disk.fill()
+    e.start()
+    wait_until(lambda: e.status()["state"] == "failing", 20, what="failing")
+    assert "cannot record in the sync ledger" in e.status()["last_error"], e.status()
+    assert "internal error" not in e.status()["last_error"]
+    clock.advance(301)
+    wait_until(lambda: e.ctx.alerts.active(), 10, what="sync failing alert")
+    e.ctx.alerts.tick()
+    wait_until(lambda: mails.subjects(), 10, what="alert mail")
+    assert "sync failing" in mails.subjects()[0]
+    disk.empty()
+    clock.advance(600)  # past any backoff
+    wait_until(lambda: (remote / "checkpoint-1" / MANIFEST_NAME).exists(), 20, what="recovery")
+    wait_until(lambda: e.status()["state"] == "idle", 10, what="idle again")

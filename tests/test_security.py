@@ -177,6 +177,13 @@ def test_member_reads_and_nudges_but_never_starts_a_process_as_root(member, grou
     r = ctl(member, d, "attach")
     assert r.returncode == 1 and "attach is for root only" in r.stderr, r.stderr
 
+    # the state folder is the group's to enter (the default log is there), its files are root's
+    assert d.state_dir.stat().st_gid == member.group_gid and d.state_dir.stat().st_mode & 0o777 == 0o750
+    wait_until(lambda: "train-supervisor run 1 started" in ctl(member, d, "tail", "-n", "5").stdout, 10,
+               what="the member's tail of the default log")
+    r = member.call(lambda: len(open(d.state_dir / "training.json").read()))
+    assert r.returncode == 98 and "PermissionError" in r.stderr, r
+
 
 def test_member_speaking_the_protocol_directly_is_refused_too(member, group_daemon):
     """The refusal is the daemon's (from the kernel's peer credentials), not the CLI's."""
@@ -226,3 +233,67 @@ def test_deeply_nested_request_to_the_real_daemon_gets_an_error_reply(make_daemo
         c.close()
         assert reply["ok"] is False and needle in reply["error"], reply
     assert d.req("ping")["pong"] is True
+
+
+HF = "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNm01234567"
+
+
+def _mode(p: Path) -> int:
+    return p.stat().st_mode & 0o777
+
+
+def test_secrets_are_not_shown_logged_or_readable(make_daemon, tmp_path):
+    secret = "S3cr3tV4lueX"
+    env_secret = "EnvS3cr3tZZ"
+    d = make_daemon({
+        "training": {"command": f"HF_TOKEN={HF} sh -c 'echo started; sleep 300' x --api-key {secret}",
+                     "workdir": str(tmp_path), "on_finish": "none", "env": {"WANDB_API_KEY": env_secret}},
+        "gpu": {"nvml_library": str(tmp_path / "no-such-libnvidia-ml.so.1")},
+        "stop": {"action": "dry-run"}})
+    assert d.ctl("start").returncode == 0
+    tr = d.wait_training("RUNNING")
+    log = Path(tr["log"])
+    wait_until(lambda: "started" in log.read_text(), 20, what="the job's first line")
+    text = log.read_text()
+    assert "--api-key ***" in text and "HF_TOKEN=***" in text  # the runner's banner
+    shown = [text, d.ctl("status", "--json").stdout, d.ctl("status").stdout, d.ctl("alerts", "--json").stdout,
+             json.dumps(d.status())]
+    run_dir = d.state_dir / "runs" / "1"
+    assert d.ctl("stop").returncode == 0  # it waits for the end
+    r = d.ctl("run", "--", "sh", "-c", "sleep 300", "x", "--token", secret, f"--hub_token={HF}")
+    assert r.returncode == 0, r.stderr
+    shown.append(r.stdout + r.stderr)
+    st = d.status()
+    assert st["training"]["command"].endswith("--token *** --hub_token=***"), st["training"]["command"]
+    shown.append(json.dumps(st))
+    assert d.ctl("stop").returncode == 0
+    shown.append(d.log_text())  # the journal
+    assert "--api-key ***" in d.log_text()  # training.py logs the command; the log processor masks it
+    for what in shown:
+        for s in (secret, HF, env_secret):
+            assert s not in what, (s, what[-2000:])
+
+    # the files that do hold them are root's alone
+    assert _mode(d.state_dir) == 0o700
+    for p in (d.state_dir / "training.json", d.state_dir / "idle.json", d.state_dir / ".reserve",
+              run_dir / "spec.json", run_dir / "pid", run_dir / "exit.json"):
+        assert _mode(p) == 0o600, (p, oct(_mode(p)))
+    assert env_secret in (run_dir / "spec.json").read_text()  # it is there, for the runner only
+
+
+def test_older_0644_state_files_are_narrowed_at_start(make_daemon, tmp_path):
+    d = make_daemon({"stop": {"action": "dry-run"},
+                     "gpu": {"nvml_library": str(tmp_path / "no-such-libnvidia-ml.so.1")}}, start=False)
+    old = d.state_dir / "runs" / "3"
+    old.mkdir(parents=True)
+    (old / "spec.json").write_text('{"env": {"HF_TOKEN": "x"}}')
+    (old / "spec.json").chmod(0o644)
+    (d.state_dir / "alerts.jsonl").write_text("{}\n")
+    (d.state_dir / "alerts.jsonl").chmod(0o644)
+    (d.state_dir / "train.log").write_text("log\n")
+    (d.state_dir / "train.log").chmod(0o644)
+    d.state_dir.chmod(0o755)
+    d.start()
+    assert _mode(d.state_dir) == 0o700
+    assert _mode(old / "spec.json") == 0o600 and _mode(d.state_dir / "alerts.jsonl") == 0o600
+    assert _mode(d.state_dir / "train.log") == 0o644  # the log keeps its mode: tail is the group's
