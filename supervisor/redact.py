@@ -24,6 +24,7 @@ Pure functions; no I/O. Over-redacting a harmless value is accepted, letting a s
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -42,6 +43,7 @@ _NOT_A_VALUE = frozenset({"file", "files", "path", "paths", "dir", "directory", 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+@functools.lru_cache(maxsize=2048)
 def secret_name(name: str) -> bool:
     """Does an option, variable or field with this name hold a secret?"""
     words = [w for w in re.split(r"[-_.\s]+", _CAMEL.sub("_", name.strip("-").strip())) if w]
@@ -68,7 +70,7 @@ _VALUE = r"""(?:'[^']*'|"(?:\\.|[^"\\])*"|[^\s'"`&;|<>()])+"""
 _OPTION = re.compile(r"""(?<![^\s'"=(\[,])(--?[A-Za-z][\w.-]*)(=|[ \t]+)(""" + _VALUE + ")")
 _ASSIGN = re.compile(r"""(?<![\w.-])([A-Za-z_][\w.-]*)(=)(""" + _VALUE + ")")
 _JSONISH = re.compile(r"""(["'])([A-Za-z_][\w.-]*)\1(\s*:\s*)("(?:\\.|[^"\\])*"|'[^']*')""")
-_URL_USERINFO = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'"]*:)([^\s/'"]+)(@)""")  # to the last @
+_URL_USERINFO = re.compile(r"""(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'"]*:)([^\s/'"]+)(@)""")  # to the last @
 _USER_OPT = re.compile(r"""((?<!\S)(?:-u|--user)(?:=|[ \t]+)['"]?[^\s:'"]+:)([^\s'"]+)""")
 _BEARER = re.compile(r"""(?i)\b(bearer)([ \t]+)([A-Za-z0-9._~+/=:-]{4,})""")
 _AUTH_HEADER = re.compile(r"""(?i)\b((?:proxy-)?authorization|x-api-key|api-key|x-auth-token|cookie)(\s*[:=]\s*)"""
@@ -103,17 +105,38 @@ def _jsonish(m: re.Match) -> str:
 
 
 def redact(text: str) -> str:
-    """`text` with every secret value replaced by ***."""
+    """`text` with every secret value replaced by ***. Linear in the text's length."""
     if not text:
         return text
+    if len(text) <= 4096:
+        return _redact_cached(text)  # status asks for the same strings every few seconds
+    return _redact(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _redact_cached(text: str) -> str:
+    return _redact(text)
+
+
+def _redact(text: str) -> str:
+    # each pattern only where its anchor occurs: most strings (states, paths, numbers) pass untouched
     text = _SHAPES.sub(MASK, text)
-    text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + m.group(3), text)
-    text = _USER_OPT.sub(lambda m: m.group(1) + MASK, text)
-    text = _AUTH_HEADER.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + MASK, text)
-    text = _BEARER.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
-    text = _JSONISH.sub(_jsonish, text)
-    text = _OPTION.sub(_opt, text)
-    return _ASSIGN.sub(_assign, text)
+    if "://" in text and "@" in text:
+        text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    if "-u" in text:
+        text = _USER_OPT.sub(lambda m: m.group(1) + MASK, text)
+    low = text.lower()
+    if "auth" in low or "api-key" in low or "cookie" in low:
+        text = _AUTH_HEADER.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + MASK, text)
+    if "bearer" in low:
+        text = _BEARER.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
+    if ":" in text and ('"' in text or "'" in text):
+        text = _JSONISH.sub(_jsonish, text)
+    if "-" in text:
+        text = _OPTION.sub(_opt, text)
+    if "=" in text:
+        text = _ASSIGN.sub(_assign, text)
+    return text
 
 
 def redact_obj(obj: Any, _depth: int = 0) -> Any:

@@ -176,3 +176,18 @@ def test_property_hf_tokens_never_survive_anywhere(body, around):
 def test_property_redact_is_total_and_idempotent(text):
     once = redact(text)
     assert redact(once) == once
+
+
+@pytest.mark.parametrize("unit", ["x", "a=", "-", " --a", "'", '"', "http://", "a:", "x://a:", " --token='",
+                                  " -u a:", "eyJaaaaaaaaa.", "Authorization: ", '"a":', "a.b-c_d"])
+def test_no_pattern_backtracks_on_hostile_input(unit):
+    """64 KiB (a whole control request) of a pattern's own prefix, repeated: linear (tens of ms), where a
+    backtracking pattern takes minutes. The bound is loose on purpose: this guards against quadratic."""
+    import time
+
+    from supervisor.redact import _redact
+
+    text = unit * (65536 // len(unit))
+    t0 = time.perf_counter()
+    _redact(text)
+    assert time.perf_counter() - t0 < 3.0
