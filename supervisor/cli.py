@@ -96,6 +96,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
         path = cfg.training.log or str(Path(cfg.state_dir) / "train.log")
     try:
         f = open(path, "rb")  # noqa: SIM115
+    except PermissionError as e:
+        sys.stderr.write(f"cannot read the training log {path}: {e.strerror} (it belongs to "
+                         f"{_owner(path)}; root can read it: sudo supervisorctl tail)\n")
+        return EXIT_FAIL
     except OSError as e:
         sys.stderr.write(f"cannot read the training log {path}: {e.strerror}\n")
         return EXIT_FAIL
@@ -125,6 +129,16 @@ def cmd_tail(args: argparse.Namespace) -> int:
             return EXIT_OK
 
 
+def _owner(path: str) -> str:
+    import pwd
+
+    try:
+        uid = os.stat(path).st_uid
+        return pwd.getpwuid(uid).pw_name
+    except (OSError, KeyError):
+        return "another user"
+
+
 def _last_lines(f, n: int) -> bytes:
     f.seek(0, os.SEEK_END)
     end = f.tell()
@@ -146,6 +160,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
         sys.stderr.write(f"training is {tr['state']}: there is no session to attach to "
                          "(see `supervisorctl tail`)\n")
         return EXIT_NOT_RUNNING
+    if not os.access(tr["tmux_socket"], os.R_OK | os.W_OK):
+        # the session is root's: attaching would be a root shell, which a socket_group member is not given
+        sys.stderr.write(f"attach is for root only: the training's tmux session ({tr['tmux_socket']}) "
+                         "belongs to root (sudo supervisorctl attach); `supervisorctl tail -f` shows its output\n")
+        return EXIT_FAIL
     argv = ["tmux", "-S", tr["tmux_socket"], "attach-session", "-t", f"={tr['session']}"]
     sys.stdout.write("attaching; detach with Ctrl-b d (the training keeps running)\n")
     sys.stdout.flush()

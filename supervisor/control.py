@@ -6,6 +6,11 @@ Reply:    {"ok": true, "result": ...}  or  {"ok": false, "error": "what is wrong
 Each connection gets its own thread (a `sync --wait` may block for minutes without holding up a
 `status`), with a cap on concurrent connections. Whatever a client sends, the worst it gets is an
 error reply: a handler's exception is caught and reported, never raised into the server.
+
+Who asks is read from the socket itself (SO_PEERCRED), never from the request. Root and the
+daemon's own user may use every command; anyone else who can open the socket (a `socket_group`
+member) only the commands in `member_commands`: the daemon runs as root, so a command that starts
+or signals a process would be that member acting as root.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ from __future__ import annotations
 import grp
 import json
 import os
+import pwd
 import socket
+import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+from .redact import redact, redact_obj
 
 log = structlog.get_logger("control")
 
@@ -34,11 +44,54 @@ class RequestError(Exception):
     """A request that is understood but cannot be done; its message goes back to the client."""
 
 
+@dataclass(frozen=True)
+class Peer:
+    """The process at the other end of a connection, as the kernel reports it."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    def name(self) -> str:
+        try:
+            return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
+        except KeyError:
+            return f"uid {self.uid}"
+
+
+def peer_of(conn: socket.socket) -> Peer | None:
+    """SO_PEERCRED of a unix socket connection; None where the kernel cannot say (then the
+    peer is treated as a member, never as root)."""
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, gid = struct.unpack("3i", raw)
+    except (OSError, AttributeError, struct.error):
+        return None
+    return Peer(pid, uid, gid)
+
+
+def refusal(cmd: str, peer: Peer | None, member_commands: Collection[str] | None, owner_uid: int) -> str | None:
+    """Why `peer` may not run `cmd`, or None when it may. Root and the daemon's own user may run
+    everything; other peers only `member_commands` (None: no restriction)."""
+    if member_commands is None or cmd in member_commands:
+        return None
+    if peer is not None and peer.uid in (0, owner_uid):
+        return None
+    who = peer.name() if peer is not None else "a peer whose identity the kernel did not report"
+    allowed = ", ".join(sorted({*member_commands, "tail"} - {"ping"}))
+    return (f"{cmd!r} is refused for {who}: it starts or stops a process, and the daemon runs as root; "
+            f"only root may do that (sudo supervisorctl {cmd} ...). "
+            f"Members of the socket group may use: {allowed}.")
+
+
 class ControlServer:
-    def __init__(self, path: str, handlers: dict[str, Handler], group: str = ""):
+    def __init__(self, path: str, handlers: dict[str, Handler], group: str = "",
+                 member_commands: Collection[str] | None = None):
         self.path = path
         self.handlers = handlers
         self.group = group
+        self.member_commands = frozenset(member_commands) if member_commands is not None else None
+        self.owner_uid = os.geteuid()
         self._sock: socket.socket | None = None
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread: threading.Thread | None = None
@@ -115,7 +168,11 @@ class ControlServer:
     def _handle(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(READ_TIMEOUT)
-            reply = self._dispatch(self._read(conn))
+            try:
+                reply = self._dispatch(self._read(conn), peer_of(conn))
+            except Exception as e:  # noqa: BLE001 - every request gets an answer, even one we did not foresee
+                log.exception("control_request_failed")
+                reply = {"ok": False, "error": f"request could not be handled: {type(e).__name__}"}
             self._reply(conn, reply)
         except Exception:  # noqa: BLE001 - the server must outlive any request
             log.exception("control_connection_failed")
@@ -139,7 +196,7 @@ class ControlServer:
                 return {"ok": False, "error": f"request larger than {MAX_REQUEST} bytes"}
         return bytes(buf)
 
-    def _dispatch(self, raw: bytes | dict) -> dict:
+    def _dispatch(self, raw: bytes | dict, peer: Peer | None = None) -> dict:
         if isinstance(raw, dict):
             return raw
         line = raw.split(b"\n", 1)[0]
@@ -147,8 +204,12 @@ class ControlServer:
             return {"ok": False, "error": "empty request"}
         try:
             req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except RecursionError:  # `[` x 60000 fits in MAX_REQUEST and exhausts the decoder's stack
+            return {"ok": False, "error": "request is not JSON we accept: nested too deeply"}
+        except UnicodeDecodeError as e:
             return {"ok": False, "error": f"request is not JSON: {e}"}
+        except ValueError as e:  # JSONDecodeError, and an integer of more than 4300 digits
+            return {"ok": False, "error": f"request is not JSON: {str(e)[:200]}"}
         if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
             return {"ok": False, "error": 'request must be an object with a string "cmd"'}
         args = req.get("args", {})
@@ -157,18 +218,33 @@ class ControlServer:
         fn = self.handlers.get(req["cmd"])
         if fn is None:
             return {"ok": False, "error": f"unknown command {req['cmd'][:40]!r}; known: {', '.join(sorted(self.handlers))}"}
+        why = refusal(req["cmd"], peer, self.member_commands, self.owner_uid)
+        if why is not None:
+            log.warning("control_refused", cmd=req["cmd"], peer_uid=peer.uid if peer else None,
+                        peer_pid=peer.pid if peer else None)
+            return {"ok": False, "error": why}
+        if self.member_commands is not None and req["cmd"] not in self.member_commands:
+            log.info("control_command", cmd=req["cmd"], peer_uid=peer.uid if peer else None,
+                     peer_pid=peer.pid if peer else None)
+        # what goes back is shown (and socket_group members may ask): keys and tokens in commands,
+        # URLs and errors are masked
         try:
-            return {"ok": True, "result": fn(args)}
+            return {"ok": True, "result": redact_obj(fn(args))}
         except RequestError as e:
-            return {"ok": False, "error": str(e)}
+            return {"ok": False, "error": redact(str(e))}
         except Exception as e:  # noqa: BLE001
             log.exception("control_handler_failed", cmd=req["cmd"])
-            return {"ok": False, "error": f"internal error in {req['cmd']}: {type(e).__name__}: {e}"}
+            return {"ok": False, "error": redact(f"internal error in {req['cmd']}: {type(e).__name__}: {e}")}
 
     @staticmethod
     def _reply(conn: socket.socket, reply: dict) -> None:
         try:
-            conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            data = json.dumps(reply, default=str).encode()
+        except (ValueError, TypeError, RecursionError) as e:  # a result that cannot be sent as JSON
+            log.error("control_reply_unserializable", error=f"{type(e).__name__}: {e}")
+            data = json.dumps({"ok": False, "error": f"the reply could not be encoded: {type(e).__name__}"}).encode()
+        try:
+            conn.sendall(data + b"\n")
         except OSError:
             pass
 
@@ -210,8 +286,9 @@ def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0
             raise ClientError(f"{path} refuses connections: the daemon is not running "
                               "(stale socket; systemctl start train-supervisor)", 1) from None
         except PermissionError:
-            raise ClientError(f"permission denied on {path}: run as root or join the socket's group "
-                              "(socket_group in the config)", 1) from None
+            raise ClientError(f"permission denied on {path}: run as root, or join the socket's group "
+                              "(socket_group in the config) to use status, tail, alerts, keepalive "
+                              "and sync", 1) from None
         except OSError as e:
             raise ClientError(f"{path} is not a train-supervisor control socket ({e.strerror or e})", 1) from None
         s.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")

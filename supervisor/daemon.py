@@ -33,11 +33,16 @@ from .durations import parse_duration
 from .interfaces import TrainingInfo
 from .logging_setup import configure
 from .notify import notify, watchdog_interval
-from .statefile import StateStore
+from .statefile import Reserve, StateStore, secure_state_dir
 from .states import TRAINING_ALIVE, TrainingState
 from .training import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
+
+# What a socket_group member (any peer but root and the daemon's own user) may ask: read and nudge.
+# start/restart/run start a process as root; stop ends someone's training (and, with
+# on_finish = "stop", stops the machine): those stay root's. A new command is root's until added here.
+MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync"})
 
 
 class Daemon:
@@ -45,8 +50,14 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
-        os.makedirs(cfg.state_dir, mode=0o750, exist_ok=True)
+        dir_problems = secure_state_dir(cfg.state_dir, cfg.socket_group)
         self.store = StateStore(cfg.state_dir)
+        for problem in dir_problems:
+            self.store.problems.append(problem)
+            log.error("state_dir_problem", problem=problem)
+        # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
+        self.reserve = Reserve(cfg.state_dir).register()
+        self.reserve.arm()
         from .mailer import build_mailer
 
         hostname = cfg.hostname or socket.gethostname()
@@ -80,7 +91,8 @@ class Daemon:
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
         )
-        self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group)
+        self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group,
+                                     member_commands=MEMBER_COMMANDS)
         self._stop = threading.Event()
 
     # --- wiring -------------------------------------------------------------------------------
@@ -176,7 +188,8 @@ class Daemon:
             "now": now,
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
                        "config": self.cfg.source, "state_dir": self.cfg.state_dir,
-                       "problems": [*self.store.problems, *self.alerts.problems]},
+                       "problems": [*self.store.problems, *self.alerts.problems, *self.store.unsaved.values(),
+                                    *filter(None, [self.reserve.problem()])]},
             "training": tr,
             "gpus": g.get("gpus", []),
             "gpu_error": g.get("gpu_error"),
@@ -267,6 +280,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
+    Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
 )

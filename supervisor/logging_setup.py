@@ -7,6 +7,12 @@ import sys
 
 import structlog
 
+from .redact import redact_obj
+
+
+def _redact(logger: object, method: str, event: dict) -> dict:
+    return redact_obj(event)
+
 
 def configure(level: str = "info", json: bool | None = None) -> None:
     if json is None:
@@ -18,6 +24,7 @@ def configure(level: str = "info", json: bool | None = None) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _redact,  # the journal is read by more people than root: no keys or tokens in it
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from . import records
 from .mails import describe_exit
-from .statefile import atomic_write
+from .redact import redact
+from .statefile import Reserve, atomic_write
 from .timefmt import when
 
 BANNER_PREFIX = "===== train-supervisor run "
@@ -83,7 +84,7 @@ class ExitRecord:
 def banner(run_id: int, started: float, command: str) -> str:
     """The run's first line in the log. One line whatever the command holds (a newline in it would
     start a line of its own that the OOM detector could take for the job's output)."""
-    shown = command.replace("\r", "\\r").replace("\n", "\\n")
+    shown = redact(command).replace("\r", "\\r").replace("\n", "\\n")
     if len(shown) > BANNER_COMMAND_MAX:
         shown = shown[:BANNER_COMMAND_MAX] + "..."
     return f"{BANNER_PREFIX}{run_id} started {when(started)}: {shown}"
@@ -104,10 +105,16 @@ def _signame(n: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = RunSpec.read(args[0])
+    try:
+        os.chmod(args[0], 0o600)  # it holds training.env; older daemons wrote it 0644
+    except OSError:
+        pass
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, signal.SIG_IGN)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
+    # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
+    Reserve(Path(spec.run_dir).parent.parent).register()
     env.update(spec.env)
     log_path = spec.log
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
@@ -115,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     log.write(f"\n{banner(spec.run_id, time.time(), spec.command)}\n".encode(errors="replace"))
     kwargs: dict = {}
     if spec.user:
-        kwargs["user"] = spec.user
+        try:
+            kwargs = as_user(str(spec.user), env, set(spec.env))
+        except KeyError:
+            msg = f"train-supervisor: cannot start the training: training.user {spec.user!r} does not exist\n"
+            log.write(msg.encode())
+            sys.stdout.write(msg)
+            _record(spec, 127, None)
+            return 127
     try:
         child = subprocess.Popen(
             [spec.shell or "/bin/bash", "-c", spec.command],
@@ -130,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(msg)
         _record(spec, 127, None)
         return 127
-    atomic_write(_p(spec, "pid"), str(child.pid).encode(), 0o644)
+    atomic_write(_p(spec, "pid"), str(child.pid).encode())
     out = sys.stdout.buffer
     assert child.stdout is not None
     fd = child.stdout.fileno()
@@ -160,6 +174,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def as_user(user: str, env: dict[str, str], from_config: set[str]) -> dict:
+    """Popen arguments that run the job as `user` with that user's own groups. `user=` alone only
+    changes the uid: the job would keep root's gid 0 and supplementary groups. HOME, USER and
+    LOGNAME follow the user (caches land in their home), unless training.env sets them."""
+    import pwd
+
+    pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    if pw.pw_uid == os.geteuid() != 0:
+        return {}  # already that user (a daemon not run as root): setgroups would fail for nothing
+    try:
+        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except OSError:
+        groups = [pw.pw_gid]
+    for k, v in (("HOME", pw.pw_dir), ("USER", pw.pw_name), ("LOGNAME", pw.pw_name)):
+        if k not in from_config:
+            env[k] = v
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": groups}
+
+
 def _reset_signals() -> None:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, signal.SIG_DFL)
@@ -171,7 +204,7 @@ def _p(spec: RunSpec, name: str) -> Path:
 
 def _record(spec: RunSpec, code: int, sig: str | None) -> None:
     data = ExitRecord(exit_code=code, signal=sig, ended_at=time.time(), run_id=spec.run_id)
-    atomic_write(_p(spec, "exit.json"), json.dumps(asdict(data)).encode(), 0o644)
+    atomic_write(_p(spec, "exit.json"), json.dumps(asdict(data)).encode())
 
 
 if __name__ == "__main__":

@@ -29,7 +29,13 @@ def server(tmp_path):
         release.wait(10)
         return "slow done"
 
-    handlers = {"echo": lambda a: (calls.append(a), a)[1], "boom": boom, "refuse": refuse, "slow": slow}
+    def circular(a):
+        loop: list = []
+        loop.append(loop)
+        return loop
+
+    handlers = {"echo": lambda a: (calls.append(a), a)[1], "boom": boom, "refuse": refuse, "slow": slow,
+                "circular": circular}
     path = str(tmp_path / "ctl.sock")
     s = ControlServer(path, handlers)
     s.start()
@@ -80,6 +86,11 @@ def test_roundtrip(server):
     (b'{"cmd": "nope"}\n', "unknown command"),
     (b'{"cmd": "' + b"x" * 5000 + b'"}\n', "unknown command"),
     (b'{"cmd": "echo"', "not JSON"),  # half-sent, then closed
+    (b"[" * 60000 + b"\n", "nested too deeply"),  # RecursionError in the decoder, once a silent hang-up
+    (b'{"cmd": "echo", "args": {"a": ' + b"[" * 30000 + b"\n", "nested too deeply"),
+    (b'{"cmd": "echo", "args": {"n": ' + b"1" * 5000 + b"}}\n", "not JSON"),  # int past Python's digit limit
+    (b"\xef\xbb\xbf{}\n", "not JSON"),  # a UTF-8 byte order mark
+    (b'{"cmd": "echo", "args": {"a": NaN, "b": [}\n', "not JSON"),
 ])
 def test_garbage_gets_an_error_reply(server, payload, needle):
     reply = raw(server.path, payload)
@@ -113,6 +124,12 @@ def test_handler_exception_is_an_error_reply_and_server_survives(server):
     with pytest.raises(RequestError, match="cannot do that now"):
         request(server.path, "refuse")
     assert request(server.path, "echo", {"ok": 1}) == {"ok": 1}
+
+
+def test_a_reply_that_cannot_be_encoded_is_an_error_reply(server):
+    reply = raw(server.path, b'{"cmd": "circular"}\n')
+    assert reply["ok"] is False and "could not be encoded" in reply["error"]
+    assert request(server.path, "echo", {"after": 1}) == {"after": 1}
 
 
 def test_slow_request_does_not_block_status(server):
@@ -202,5 +219,36 @@ def test_stale_socket_file_is_replaced(tmp_path):
     srv.start()
     try:
         assert request(str(path), "echo", {"k": 2}) == {"k": 2}
+    finally:
+        srv.close()
+
+
+def test_refusal_rules():
+    from supervisor.control import Peer, refusal
+
+    members = {"status", "ping"}
+    assert refusal("run", Peer(1, 0, 0), members, owner_uid=0) is None  # root
+    assert refusal("run", Peer(1, 1234, 1234), members, owner_uid=1234) is None  # the daemon's own user
+    assert refusal("status", Peer(1, 4321, 4321), members, owner_uid=0) is None
+    assert refusal("run", Peer(1, 4321, 4321), None, owner_uid=0) is None  # no restriction asked for
+    why = refusal("run", Peer(1, 4321, 4321), members, owner_uid=0)
+    assert why is not None and "uid 4321" in why and "only root" in why and "status, tail" in why
+    assert "ping" not in why.split("use:")[1]
+    # the kernel did not say who: never treated as root
+    assert "did not report" in (refusal("run", None, members, owner_uid=0) or "")
+
+
+def test_server_reads_the_peer_and_applies_member_commands(tmp_path):
+    path = str(tmp_path / "m.sock")
+    srv = ControlServer(path, {"status": lambda a: "s", "run": lambda a: "ran"}, member_commands={"status"})
+    srv.start()
+    try:
+        # this process is the daemon's own user (and root in CI containers): everything is allowed
+        assert request(path, "run") == "ran"
+        srv.owner_uid = -1  # pretend the daemon runs as someone else
+        if os.geteuid() != 0:
+            with pytest.raises(RequestError, match="only root"):
+                request(path, "run")
+        assert request(path, "status") == "s"
     finally:
         srv.close()

@@ -23,8 +23,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..statefile import atomic_write, set_aside
+from ..statefile import FULL, atomic_write, release_reserve, set_aside, write_all
 from ._log import get_logger
+from .targets.base import TargetError
 
 log = get_logger("sync.ledger")
 
@@ -50,6 +51,12 @@ class Entry:
 
 class LedgerBusy(Exception):
     """Another process (the daemon, or a one-shot sync) holds this ledger."""
+
+
+class LedgerWriteError(TargetError):
+    """A record could not be written (full disk, I/O error). A TargetError so the batch stops and
+    the engine retries with backoff and alerts, as for a network failure: the file is sent again
+    later rather than counted as on the target without a record."""
 
 
 def target_slug(target_id: str) -> str:
@@ -81,6 +88,8 @@ class Ledger:
         self._fd: int | None = None
         self._unsynced = False
         self._bytes = 0
+        self._torn = False  # a failed append may have left half a line: start the next on a new one
+        self._compact_at = COMPACT_MIN_LINES
         self._load()
         self._open()
 
@@ -171,8 +180,13 @@ class Ledger:
                 except OSError as e:
                     log.warning("ledger_fsync_failed", error=str(e))
                 self._unsynced = False
-            if self._lines > max(COMPACT_MIN_LINES, 4 * (len(self.files) + len(self.inflight))):
-                self.compact()
+            if self._lines > max(self._compact_at, 4 * (len(self.files) + len(self.inflight))):
+                try:
+                    self.compact()
+                    self._compact_at = COMPACT_MIN_LINES
+                except OSError as e:  # the journal still holds everything; try again much later
+                    self._compact_at = self._lines * 2
+                    log.warning("ledger_compact_failed", error=str(e), path=str(self.dir))
 
     def close(self) -> None:
         with self._lock:
@@ -217,23 +231,45 @@ class Ledger:
             raise ValueError(f"unknown ledger op {op!r}")
 
     def _append(self, rec: dict) -> None:
+        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        try:
+            try:
+                self._write_line(line)
+            except OSError as e:
+                if e.errno not in FULL or not release_reserve(self.dir):
+                    raise
+                self._write_line(line)
+        except OSError as e:
+            raise LedgerWriteError(f"cannot record in the sync ledger {self.journal_path}: "
+                                   f"{e.strerror or e}") from e
+        self._lines += 1
+
+    def _write_line(self, line: bytes) -> None:
         if self._fd is None:
             self._open()
-        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
         assert self._fd is not None
-        os.write(self._fd, line)
-        self._lines += 1
+        try:
+            write_all(self._fd, b"\n" + line if self._torn else line)
+        except OSError:
+            self._torn = True
+            raise
+        self._torn = False
 
     def _open(self) -> None:
         new = not self.journal_path.exists() or self.journal_path.stat().st_size == 0
-        self._fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        if new:
-            os.write(self._fd, (json.dumps({"op": "gen", "gen": self.gen, "target": self.target_id}) + "\n").encode())
-        else:
-            with open(self.journal_path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    os.write(self._fd, b"\n")  # a torn last line must not swallow the next record
+        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            if new:
+                write_all(fd, (json.dumps({"op": "gen", "gen": self.gen, "target": self.target_id}) + "\n").encode())
+            else:
+                with open(self.journal_path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        write_all(fd, b"\n")  # a torn last line must not swallow the next record
+        except OSError:
+            os.close(fd)  # opened again (and the header or newline written) on the next append
+            raise
+        self._fd = fd
 
     def _load(self) -> None:
         snap_gen = -1
@@ -301,7 +337,18 @@ class Ledger:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-            atomic_write(self.journal_path,
-                         (json.dumps({"op": "gen", "gen": self.gen, "target": self.target_id}) + "\n").encode())
+            header = (json.dumps({"op": "gen", "gen": self.gen, "target": self.target_id}) + "\n").encode()
+            try:
+                atomic_write(self.journal_path, header)
+            except OSError:
+                # no room for a second copy: the snapshot holds everything, so empty the journal in
+                # place (that frees its space); appending to the old one would be ignored on load
+                fd = os.open(self.journal_path, os.O_WRONLY | os.O_TRUNC | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    write_all(fd, header)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             self._lines = 1
+            self._torn = False
             self._open()
