@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures.nvml",
     "tests.fixtures.smtp_tls",
     "tests.fixtures.idle",
+    "tests.fixtures.http_receiver",
 ]
