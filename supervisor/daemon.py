@@ -46,10 +46,18 @@ class Daemon:
         self.started_at = self.clock.time()
         os.makedirs(cfg.state_dir, mode=0o750, exist_ok=True)
         self.store = StateStore(cfg.state_dir)
-        from .mailer import build_mailer
+        from .channels import build_channels
+        from .metrics import MetricsDuty
+        from .webhook import facts_for
 
         hostname = cfg.hostname or socket.gethostname()
-        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, build_mailer(cfg), hostname=hostname)
+        # Each poll's status snapshot feeds the metrics and the facts a webhook carries (read from
+        # the snapshot, never by calling status() from a delivery: that could wait on a caller's lock).
+        self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time)
+        channels, self.channel_problems = build_channels(
+            cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self.metrics.last_status))
+        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels)
+        self.orchestrator: dict | None = None
         self.ctx = Context(cfg, self.clock, self.store, self.alerts)
         self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end)
 
@@ -104,6 +112,14 @@ class Daemon:
         self.sync.request_sync()
         self.guard.on_training_ended(info)
 
+    def _scan_orchestrator(self) -> None:
+        from .orchestrator import scan
+
+        found = scan(self.cfg.training.env)
+        if found and found != self.orchestrator:
+            log.warning("two_stoppers", orchestrator=found["name"], evidence=found["evidence"])
+        self.orchestrator = found
+
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
@@ -124,6 +140,10 @@ class Daemon:
         self._every("idle", c.idle.poll_interval, self.guard.poll)
         self._every("host", 15.0, self.hostcheck.poll)  # host RAM exhaustion is followed fast by the OOM killer
         self._every("alerts", 5.0, self.alerts.tick)
+        self._every("orchestrator", 600.0, self._scan_orchestrator)
+        if c.metrics.textfile or c.metrics.listen or c.notify.webhook_url:
+            self.metrics.start()
+            self._every("metrics", c.gpu.poll_interval, self.metrics.poll)
         wd = watchdog_interval()
         if wd:
             self._every("watchdog", wd, lambda: notify("WATCHDOG=1", f"STATUS={self._status_line()}"))
@@ -150,6 +170,7 @@ class Daemon:
         except Exception:  # noqa: BLE001
             pass
         self.control.close()
+        self.metrics.close()
         self.sync.close()
         self.gpu.close()
         self.alerts.tick()
@@ -171,7 +192,7 @@ class Daemon:
             "now": now,
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
                        "config": self.cfg.source, "state_dir": self.cfg.state_dir,
-                       "problems": [*self.store.problems, *self.alerts.problems]},
+                       "problems": [*self.store.problems, *self.alerts.problems, *self.channel_problems]},
             "training": tr,
             "gpus": g.get("gpus", []),
             "gpu_error": g.get("gpu_error"),
@@ -180,6 +201,9 @@ class Daemon:
             "stop": guard.get("stop", {}),
             "alerts": self.alerts.active(),
             "cost": self.progress.cost(now),
+            "notify": {"channels": self.alerts.channel_status()},
+            "metrics": self.metrics.status(),
+            "orchestrator": self.orchestrator,
             "lines": {"gpus": self.gpu.render_lines(), "sync": self.sync.render_lines(),
                       "idle": self.guard.render_lines(), "progress": self.progress.render_line(now)},
         }
