@@ -107,6 +107,7 @@ class ChannelState:
     last_error: str = ""
     failures: int = 0  # in a row; 0 once a delivery works again
     sent: int = 0
+    failing_since: float | None = None
 
 
 @dataclass
@@ -255,7 +256,7 @@ def _mail_from(d: dict) -> Mail:
 
 def _health_from(d: dict) -> ChannelState:
     h = ChannelState(**{k: v for k, v in d.items() if k in _HEALTH_FIELDS})
-    for name in ("last_ok_at", "last_failed_at"):
+    for name in ("last_ok_at", "last_failed_at", "failing_since"):
         if getattr(h, name) is not None:
             setattr(h, name, float(getattr(h, name)))
     h.failures, h.sent, h.last_error = int(h.failures), int(h.sent), str(h.last_error)
@@ -448,6 +449,8 @@ class Alerts:
                     m.last_error = sanitize_subject(f"{type(e).__name__}: {e}", 300)
                     m.next_try = retry_at(now, m.attempts, self.cfg)
                     h = self.state.health.setdefault(name, ChannelState())
+                    if h.failures == 0:
+                        h.failing_since = now
                     h.failures += 1
                     h.last_failed_at, h.last_error = now, m.last_error
                     self._dirty = True
@@ -463,7 +466,7 @@ class Alerts:
                 self.state.outbox = [x for x in self.state.outbox if x is not m]
                 self.state.sent_times.setdefault(name, []).append(sent_at)
                 h = self.state.health.setdefault(name, ChannelState())
-                h.failures, h.last_ok_at, h.sent = 0, sent_at, h.sent + 1
+                h.failures, h.last_ok_at, h.sent, h.failing_since = 0, sent_at, h.sent + 1, None
                 self._dirty = True
                 self._append_log({"at": sent_at, "what": _SENT.get(ch.kind, "sent"), "channel": name,
                                   "key": m.key, "kind": m.kind, "subject": m.subject, "attempts": m.attempts + 1})
@@ -485,6 +488,7 @@ class Alerts:
                 out.append({"name": name, "kind": ch.kind, "target": ch.target, "state": state,
                             "queued": len(queued), "sent": h.sent, "failures": h.failures,
                             "last_ok_at": h.last_ok_at, "last_failed_at": h.last_failed_at,
+                            "failing_since": h.failing_since,
                             "last_error": h.last_error or None, "next_try": min(retry) if retry else None})
             return out
 

@@ -50,6 +50,10 @@ def render_status(st: dict) -> str:
             lines.append(f"alert     [{a.get('severity')}] {a.get('subject')} (since {_clock(a.get('since'), now)})")
     else:
         lines.append("alerts    none active")
+    lines.extend(notify_lines(st))
+    orch = st.get("orchestrator") or {}
+    if orch.get("name"):
+        lines.append(f"stoppers  two: {orch.get('note') or orch['name']} ({orch.get('evidence', '')})")
     probs = (st.get("daemon") or {}).get("problems") or []
     for p in probs[-3:]:
         lines.append(f"problem   {p}")
@@ -82,11 +86,25 @@ def idle_lines(st: dict) -> list[str]:
             f"stop {_clock(idle.get('stop_at'), now)}"]
 
 
+def notify_lines(st: dict) -> list[str]:
+    """A line per notification channel that is failing (the working ones say nothing)."""
+    now = st.get("now") or 0
+    out = []
+    for ch in (st.get("notify") or {}).get("channels") or []:
+        if ch.get("state") != "failing":
+            continue
+        retry = f", retry {_clock(ch['next_try'], now)}" if ch.get("next_try") else ""
+        out.append(f"notify    {ch.get('name')} ({ch.get('target')}) FAILING since {_clock(ch.get('failing_since'), now)}: "
+                   f"{ch.get('last_error')}; {ch.get('queued', 0)} queued{retry}")
+    return out
+
+
 def render_alerts(res: dict) -> str:
     out = []
     for a in res.get("recent", []):
         t = stamp(a.get("at", 0))
         what = a.get("what", "")
         extra = f"  ({a['error']})" if a.get("error") else (f"  ({a['reason']})" if a.get("reason") else "")
-        out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{extra}")
+        via = f" [{a['channel']}]" if a.get("channel") and a.get("channel") != "email" else ""
+        out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{via}{extra}")
     return "\n".join(out) if out else "no alerts"
