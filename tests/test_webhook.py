@@ -182,3 +182,34 @@ def test_build_channels_makes_the_webhook(tmp_path, secret_file):
                                 "webhook_secret_file": str(secret_file)}})
     (ch,), probs = build_channels(cfg)
     assert ch.kind == "webhook" and ch.target == "https://hooks.example.com/***" and probs == []
+
+
+# --- wired into the daemon ----------------------------------------------------------------------------
+
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
+def test_daemon_sends_a_finished_run_to_apprise_and_the_webhook(tmp_path, make_daemon, receiver, secret_file):
+    from tests.fixtures.http_receiver import Receiver
+    from tests.waiting import wait_until
+
+    seen = verifying(receiver)
+    chat = Receiver().start()
+    try:
+        d = make_daemon({
+            "training": {"command": "echo done", "workdir": str(tmp_path), "log": str(tmp_path / "train.log"),
+                         "on_finish": "none"},
+            "gpu": {"nvml_library": str(tmp_path / "no-such-libnvidia-ml.so.1"), "poll_interval": "0.5s"},
+            "stop": {"action": "dry-run"},
+            "notify": {"urls": [f"json://127.0.0.1:{chat.port}/chat"],
+                       "webhook_url": f"http://127.0.0.1:{receiver.port}/hook",
+                       "webhook_secret_file": str(secret_file)},
+        })
+        assert d.ctl("start").returncode == 0
+        wait_until(lambda: seen and chat.got(), 60, what="the webhook and the chat message")
+        assert seen[0]["data"]["kind"] == "training_finished" and seen[0]["type"] == "alert.event"
+        assert seen[0]["data"]["status"]["training"]["state"] in ("RUNNING", "FINISHED")
+        assert "training" in chat.got()[0].json()["title"].lower()
+        chans = {c["name"]: c for c in d.status()["notify"]["channels"]}
+        assert chans["json"]["state"] == chans["webhook"]["state"] == "ok"
+        assert chans["webhook"]["target"] == f"http://127.0.0.1:{receiver.port}/***"
+    finally:
+        chat.stop()
