@@ -51,11 +51,9 @@ class Daemon:
         from .webhook import facts_for
 
         hostname = cfg.hostname or socket.gethostname()
-        # Each poll's status snapshot feeds the metrics and the facts a webhook carries (read from
-        # the snapshot, never by calling status() from a delivery: that could wait on a caller's lock).
         self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time)
         channels, self.channel_problems = build_channels(
-            cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self.metrics.last_status))
+            cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self._fresh_status()))
         self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels)
         self.orchestrator: dict | None = None
         self.ctx = Context(cfg, self.clock, self.store, self.alerts)
@@ -111,6 +109,23 @@ class Daemon:
         self.oom.check_exit(info)
         self.sync.request_sync()
         self.guard.on_training_ended(info)
+
+    def _fresh_status(self, wait: float = 2.0) -> dict | None:
+        """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
+        while it waits for a delivery (a flush before a stop) and status() may need that lock, so
+        it runs aside and, past `wait`, the last poll's snapshot is used instead."""
+        box: dict[str, dict] = {}
+
+        def run() -> None:
+            try:
+                box["st"] = self.status()
+            except Exception:  # noqa: BLE001 - the facts are optional; the alert goes out anyway
+                log.exception("status_for_facts_failed")
+
+        t = threading.Thread(target=run, name="facts", daemon=True)
+        t.start()
+        t.join(wait)
+        return box.get("st") or self.metrics.last_status
 
     def _scan_orchestrator(self) -> None:
         from .orchestrator import scan

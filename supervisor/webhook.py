@@ -58,7 +58,7 @@ def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
 
 
 def payload(msg: Message) -> dict[str, Any]:
-    """The JSON body: what happened, and the `status --json` sections it is about."""
+    """The JSON body: what happened, and the `status --json` sections it is about (as it went out)."""
     return {
         "type": f"alert.{msg.state}",
         "timestamp": _iso(msg.created),
