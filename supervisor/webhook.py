@@ -166,6 +166,9 @@ def facts_for(kind: str, status: dict | None) -> dict:
     if not status:
         return {}
     out = {k: status[k] for k in _FACTS.get(kind, _DEFAULT_FACTS) if k in status}
+    if isinstance(out.get("training"), dict) and "command" in out["training"]:
+        # A command line may carry a token (--hf_token ...); it does not leave the machine this way.
+        out["training"] = {k: v for k, v in out["training"].items() if k != "command"}
     if "now" in status:
         out["at"] = status["now"]
     return out

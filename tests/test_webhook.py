@@ -51,6 +51,8 @@ def test_facts_are_the_status_sections_the_alert_is_about():
     assert facts_for("sync_failing", st) == {"sync": {"state": "failing"}, "at": 5.0}
     assert set(facts_for("stopping", st)) == {"idle", "stop", "sync", "cost", "at"}
     assert set(facts_for("training_finished", st)) == {"training", "cost", "at"}
+    st["training"]["command"] = "python train.py --hf_token hf_secret"
+    assert facts_for("training_failed", st)["training"] == {"state": "RUNNING"}
     assert facts_for("x", None) == {}
 
 
