@@ -60,12 +60,12 @@ class AppriseChannel:
             try:
                 ok = self._plugin.notify(body=body, title=title, notify_type=_notify_type(msg))
             except Exception as e:  # noqa: BLE001 - a plugin bug must read as a failed delivery
-                raise AppriseError(scrub(f"{self.name}: {type(e).__name__}: {e}", self._secrets)) from None
+                raise AppriseError(scrub(f"{type(e).__name__}: {e}", self._secrets)[:300]) from None
             said = captured.getvalue()
         if not ok:
             lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
             why = lines[-1] if lines else "the service did not accept the message"
-            raise AppriseError(scrub(f"{self.name} ({self.target}): {why}", self._secrets)[:300])
+            raise AppriseError(scrub(why, self._secrets)[:300])
 
 
 def _notify_type(msg: Message) -> str:

@@ -53,7 +53,9 @@ def render_status(st: dict) -> str:
     lines.extend(notify_lines(st))
     orch = st.get("orchestrator") or {}
     if orch.get("name"):
-        lines.append(f"stoppers  two: {orch.get('note') or orch['name']} ({orch.get('evidence', '')})")
+        name = {"skypilot": "SkyPilot", "dstack": "dstack"}.get(orch["name"], orch["name"])
+        lines.append(f"stoppers  two: {name} can stop this machine too ({orch.get('evidence', '')}); "
+                     "see the README, \"Under SkyPilot or dstack\"")
     probs = (st.get("daemon") or {}).get("problems") or []
     for p in probs[-3:]:
         lines.append(f"problem   {p}")

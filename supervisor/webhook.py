@@ -126,14 +126,14 @@ class WebhookChannel:
             with self._opener.open(req, timeout=self.timeout) as r:
                 r.read(4096)
         except urllib.error.HTTPError as e:
-            raise WebhookError(self._clean(f"webhook {self.target}: HTTP {e.code} {e.reason}")) from None
+            raise WebhookError(self._clean(f"HTTP {e.code} {e.reason}")) from None
         except urllib.error.URLError as e:
             why = e.reason.strerror if isinstance(e.reason, OSError) and e.reason.strerror else str(e.reason)
-            raise WebhookError(self._clean(f"webhook {self.target}: {why}")) from None
+            raise WebhookError(self._clean(f"{why}")) from None
         except TimeoutError:
-            raise WebhookError(f"webhook {self.target}: timed out after {self.timeout:g}s") from None
+            raise WebhookError(f"timed out after {self.timeout:g}s") from None
         except OSError as e:
-            raise WebhookError(self._clean(f"webhook {self.target}: {e.strerror or type(e).__name__}")) from None
+            raise WebhookError(self._clean(f"{e.strerror or type(e).__name__}")) from None
 
     def _clean(self, text: str) -> str:
         return scrub(text, self._secrets)[:300]
