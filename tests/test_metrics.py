@@ -264,3 +264,34 @@ def test_remote_listen_when_asked_and_textfile_must_end_in_prom():
     with pytest.raises(ConfigError) as e:
         from_dict({"metrics": {"textfile": "/var/lib/prometheus/node-exporter/ts.txt"}})
     assert "must end in .prom" in str(e.value)
+
+
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
+def test_daemon_writes_the_textfile_and_serves_metrics(tmp_path, make_daemon):
+    import socket
+
+    from tests.waiting import wait_until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prom = tmp_path / "textfile" / "train_supervisor.prom"
+    prom.parent.mkdir()
+    d = make_daemon({"training": {"command": "sleep 300", "workdir": str(tmp_path), "log": str(tmp_path / "t.log"),
+                                  "on_finish": "none"},
+                     "gpu": {"nvml_library": str(tmp_path / "none.so"), "poll_interval": "0.3s"},
+                     "stop": {"action": "dry-run"},
+                     "metrics": {"textfile": str(prom), "listen": f"127.0.0.1:{port}"}})
+    assert d.ctl("start").returncode == 0
+    d.wait_training("RUNNING")
+
+    def running_in_file():
+        return prom.exists() and 'train_supervisor_training_state{state="RUNNING"} 1' in prom.read_text()
+
+    wait_until(running_in_file, 30, what="the textfile to show RUNNING")
+    assert value(prom.read_text(), "train_supervisor_gpu_error") == 1  # no driver here
+    code, ctype, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert code == 200 and ctype == CONTENT_TYPE
+    assert value(body, "train_supervisor_training_state", state="RUNNING") == 1
+    st = d.status()["metrics"]
+    assert st["error"] is None and st["written_at"] and st["address"] == f"127.0.0.1:{port}"

@@ -207,3 +207,16 @@ def test_url_secrets_never_reach_logs_status_or_state(receiver, clock, tmp_path,
     for text in (out.out, out.err, json.dumps(status), json.dumps(a.recent()),
                  *(p.read_text() for p in state.iterdir())):
         assert secret not in text
+
+
+def test_check_config_asks_apprise(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.fixtures.daemon import REPO
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[notify]\nurls = ["json://127.0.0.1:9/ok", "nosuchservice://tok3n/x"]\n')
+    r = subprocess.run([sys.executable, "-m", "supervisor.cli", "check-config", str(cfg)], capture_output=True,
+                       text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and r.stderr.startswith("notify.urls[1]:") and "tok3n" not in r.stderr
