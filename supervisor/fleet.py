@@ -42,7 +42,8 @@ def idle_verdict(st: dict) -> dict:
     tr = st.get("training") if isinstance(st.get("training"), dict) else {}
     return {"idle": is_idle, "state": state, "idle_since": since if is_idle else None, "idle_for_s": idle_for,
             "warn_at": idle.get("warn_at"), "stop_at": idle.get("stop_at"),
-            "keepalive_until": idle.get("keepalive_until"), "reasons": list(idle.get("reasons") or []),
+            "keepalive_until": idle.get("keepalive_until"),
+            "reasons": [str(r) for r in idle.get("reasons")] if isinstance(idle.get("reasons"), list) else [],
             "training": tr.get("state"), "orchestrator": st.get("orchestrator"), "now": now}
 
 
@@ -174,7 +175,7 @@ def host_line(r: HostResult, width: int = 16) -> str:
         if pr.get("eta_s") is not None and tr.get("state") == "RUNNING":
             prog += f" ETA {format_duration(pr['eta_s'])}"
         parts.append(prog)
-    gpus = [g for g in st.get("gpus") or [] if isinstance(g, dict)]
+    gpus = [g for g in _l(st.get("gpus")) if isinstance(g, dict)]
     utils = [g["util_pct"] for g in gpus if isinstance(g.get("util_pct"), (int, float))]
     if gpus:
         parts.append(f"GPU {sum(utils) / len(utils):.0f}% x{len(gpus)}" if utils else f"GPU ? x{len(gpus)}")
@@ -198,7 +199,7 @@ def host_line(r: HostResult, width: int = 16) -> str:
     sync = _d(st.get("sync"))
     if sync.get("state") == "failing":
         parts.append("SYNC FAILING")
-    n_alerts = len(st.get("alerts") or [])
+    n_alerts = len(_l(st.get("alerts")))
     if n_alerts:
         parts.append(f"{n_alerts} alert{'s' if n_alerts > 1 else ''}")
     return f"{name} {str(tr.get('state') or '?'):<10} " + "  ".join(parts)
@@ -206,11 +207,24 @@ def host_line(r: HostResult, width: int = 16) -> str:
 
 def render_hosts(results: list[HostResult]) -> str:
     width = max([len(r.host) for r in results] + [8]) + 1
-    return "\n".join(host_line(r, width) for r in results)
+    return "\n".join(_safe_line(r, width) for r in results)
+
+
+def _safe_line(r: HostResult, width: int) -> str:
+    """A machine running another version may send figures of other types: one odd machine must
+    never hide the others' lines."""
+    try:
+        return host_line(r, width)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        return f"{r.host.ljust(width)} {'ERROR':<10} its status could not be read ({type(e).__name__})"
 
 
 def _d(v: Any) -> dict:
     return v if isinstance(v, dict) else {}
+
+
+def _l(v: Any) -> list:
+    return v if isinstance(v, list) else []
 
 
 def quote_remote(argv: list[str]) -> str:

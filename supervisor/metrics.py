@@ -92,6 +92,10 @@ def _d(v: Any) -> dict:
     return v if isinstance(v, dict) else {}
 
 
+def _l(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
 def exposition(st: dict) -> str:
     """The Prometheus text for one `status --json` dict. Pure; tolerant of missing or odd values."""
     f = _Families()
@@ -103,7 +107,7 @@ def exposition(st: dict) -> str:
           "When the daemon built these figures (a stale value means the daemon stopped writing).", now)
     f.add(P + "daemon_start_timestamp_seconds", "gauge", "When the daemon started.", daemon.get("started_at"))
     f.add(P + "daemon_problems", "gauge", "Problems the daemon reports in status (e.g. a state file set aside).",
-          len(daemon.get("problems") or []))
+          len(_l(daemon.get("problems"))))
 
     tr = _d(st.get("training"))
     pr = _d(tr.get("progress"))
@@ -140,7 +144,7 @@ def exposition(st: dict) -> str:
     f.add(P + "cost_to_finish", "gauge", "Money the training will cost until it finishes (estimate).",
           cost.get("eta_cost"), cur)
 
-    gpus = st.get("gpus") if isinstance(st.get("gpus"), list) else []
+    gpus = _l(st.get("gpus"))
     f.add(P + "gpus", "gauge", "GPUs the daemon sees.", len(gpus))
     f.add(P + "gpu_error", "gauge", "1 when the GPUs cannot be read (no driver, NVML error).",
           bool(st.get("gpu_error")))
@@ -181,7 +185,7 @@ def exposition(st: dict) -> str:
     f.add(P + "sync_uploaded_bytes_total", "counter", "Bytes uploaded.", sync.get("uploaded_bytes"))
 
     counts: dict[tuple[str, str], int] = {}
-    for a in st.get("alerts") or []:
+    for a in _l(st.get("alerts")):
         a = _d(a)
         k = (str(a.get("kind") or "unknown"), str(a.get("severity") or "warning"))
         counts[k] = counts.get(k, 0) + 1
@@ -190,7 +194,7 @@ def exposition(st: dict) -> str:
         f.add(P + "alerts_active_by_kind", "gauge", "Alerts active now, by kind and severity.", n,
               {"kind": kind, "severity": sev})
 
-    for ch in _d(st.get("notify")).get("channels") or []:
+    for ch in _l(_d(st.get("notify")).get("channels")):
         ch = _d(ch)
         lab = {"channel": ch.get("name") or "", "kind": ch.get("kind") or ""}
         f.add(P + "notify_channel_up", "gauge", "0 while a notification channel fails to deliver.",

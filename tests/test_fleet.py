@@ -209,3 +209,27 @@ def test_a_host_that_looks_like_an_option_is_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "supervisor.cli", "status", "--host=-oProxyCommand=touch x"],
                        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
     assert r.returncode == 2 and "not a host" in r.stderr
+
+
+def test_odd_figures_from_another_version_never_hide_the_other_lines():
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from supervisor.fleet import render_hosts
+
+    leaf = hs.none() | hs.booleans() | hs.integers() | hs.floats() | hs.text(max_size=5)
+    anyj = hs.recursive(leaf, lambda k: hs.lists(k, max_size=3) | hs.dictionaries(hs.text(max_size=5), k, max_size=3),
+                        max_leaves=10)
+    keys = hs.sampled_from(["now", "training", "gpus", "gpu_error", "idle", "cost", "sync", "alerts"])
+
+    @settings(max_examples=200, deadline=None)
+    @given(hs.dictionaries(keys, anyj, max_size=8))
+    def check(garbage):
+        out = render_hosts([HostResult("odd", True, garbage), HostResult("ok", True, {"idle": {"state": "ACTIVE"}})])
+        assert out.splitlines()[-1].startswith("ok ")
+        try:
+            idle_verdict(garbage)
+        except VerdictError:
+            pass
+
+    check()
