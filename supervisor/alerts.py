@@ -7,14 +7,18 @@ Two kinds of alert:
 - an *event* (`event`): something that happened (an OOM line, training finished, the idle warning).
   Sent at once; the same dedup key is not mailed again within `repeat_interval`.
 
-Deciding what to send is the pure function `plan()` over the records and `now`; delivery is done
-by a Mailer outside the lock and reports back. A failed delivery stays in the outbox and is retried;
-nothing blocks the caller. Every alert, sent or not, lands in `alerts.jsonl` in state_dir and in the
-journal, so a machine without SMTP still shows them in `supervisorctl alerts`.
+Deciding what to send is the pure function `plan()` over the records and `now`; each message is
+queued once per channel (email, each Apprise URL, the webhook: channels.py) and delivered outside
+the lock. Dedup, repeat, resolved and the queue are shared; the hourly cap, the retries and the
+channel's health are per channel, so a dead chat service neither blocks the mail nor eats its cap.
+A failed delivery stays in the outbox and is retried; nothing blocks the caller. Every alert, sent
+or not, lands in `alerts.jsonl` in state_dir and in the journal, so a machine without any channel
+still shows them in `supervisorctl alerts`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -26,6 +30,7 @@ from typing import Protocol
 
 import structlog
 
+from .channels import Channel, EmailChannel, Message, message_id
 from .clock import Clock
 from .config import AlertsConfig
 from .statefile import StateStore, set_aside
@@ -51,8 +56,9 @@ UNCAPPED_KINDS = frozenset({"idle_warning", "stop_cancelled", "stopping", "train
 STALE_AFTER_RESTART = 900.0
 # Cleared records are forgotten after this long (at least two repeat intervals, for dedup).
 FORGET_AFTER = 86400.0
-# Mails waiting for a server that stays down: the oldest capped ones go first beyond this.
+# Mails waiting for a server that stays down: the oldest capped ones go first beyond this (per channel).
 OUTBOX_MAX = 100
+DEFAULT_CHANNEL = "email"
 
 
 @dataclass
@@ -88,26 +94,49 @@ class Mail:
     # A reminder or a one-off event mail says nothing a newer mail for the same key does not:
     # while the server is down it is replaced instead of piling up.
     replaceable: bool = False
+    channel: str = DEFAULT_CHANNEL
+    severity: str = "warning"
+    state: str = "event"  # firing | reminder | resolved | event (what chat and webhooks are told)
+
+
+@dataclass
+class ChannelState:
+    """One channel's health, kept across restarts and shown in status."""
+
+    last_ok_at: float | None = None
+    last_failed_at: float | None = None
+    last_error: str = ""
+    failures: int = 0  # in a row; 0 once a delivery works again
+    sent: int = 0
+    failing_since: float | None = None
 
 
 @dataclass
 class AlertState:
     records: dict[str, Record] = field(default_factory=dict)
     outbox: list[Mail] = field(default_factory=list)
-    sent_times: list[float] = field(default_factory=list)  # for the hourly cap
+    sent_times: dict[str, list[float]] = field(default_factory=dict)  # per channel, for the hourly cap
+    channels: list[str] = field(default_factory=lambda: [DEFAULT_CHANNEL])
+    health: dict[str, ChannelState] = field(default_factory=dict)
 
 
 def queue(state: AlertState, mail: Mail) -> list[Mail]:
-    """Put `mail` in the outbox, superseding queued replaceable mails for its key and keeping the
-    outbox bounded. Returns the mails dropped."""
+    """Put one copy of `mail` per channel in the outbox, superseding queued replaceable mails for
+    its key on that channel and keeping each channel's queue bounded. Returns the mails dropped."""
     mail.uncapped = mail.kind in UNCAPPED_KINDS
-    dropped = [m for m in state.outbox if m.key == mail.key and m.replaceable]
-    state.outbox = [m for m in state.outbox if not (m.key == mail.key and m.replaceable)]
-    state.outbox.append(mail)
-    while len(state.outbox) > OUTBOX_MAX:
-        victim = next((m for m in state.outbox if not m.uncapped), state.outbox[0])
-        state.outbox = [m for m in state.outbox if m is not victim]
-        dropped.append(victim)
+    dropped: list[Mail] = []
+    for ch in state.channels:
+        copy = dataclasses.replace(mail, channel=ch)
+        gone = [m for m in state.outbox if m.channel == ch and m.key == mail.key and m.replaceable]
+        state.outbox = [m for m in state.outbox if not any(m is g for g in gone)]
+        dropped += gone
+        state.outbox.append(copy)
+        mine = [m for m in state.outbox if m.channel == ch]
+        while len(mine) > OUTBOX_MAX:
+            victim = next((m for m in mine if not m.uncapped), mine[0])
+            state.outbox = [m for m in state.outbox if m is not victim]
+            mine = [m for m in mine if m is not victim]
+            dropped.append(victim)
     return dropped
 
 
@@ -123,7 +152,8 @@ def plan(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
             r.resolve_pending = False
             if r.mails > 0:
                 note = r.resolve_note or f"Resolved at {when(now)}."
-                new.append(Mail(r.key, r.kind, f"RESOLVED: {r.subject}", f"{r.body}\n\n{note}", now))
+                new.append(Mail(r.key, r.kind, f"RESOLVED: {r.subject}", f"{r.body}\n\n{note}", now,
+                                severity=r.severity, state="resolved"))
             continue
         if not r.active:
             if now - r.last_seen >= max(FORGET_AFTER, 2 * cfg.repeat_interval):
@@ -133,11 +163,12 @@ def plan(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
             continue
         if r.last_mailed is None:
             if now - r.first_seen >= cfg.first_delay:
-                new.append(Mail(r.key, r.kind, r.subject, r.body, now))
+                new.append(Mail(r.key, r.kind, r.subject, r.body, now, severity=r.severity, state="firing"))
                 r.last_mailed = now
                 r.mails += 1
         elif now - r.last_mailed >= cfg.repeat_interval:
-            new.append(Mail(r.key, r.kind, f"STILL: {r.subject}", r.body, now, replaceable=True))
+            new.append(Mail(r.key, r.kind, f"STILL: {r.subject}", r.body, now, replaceable=True,
+                            severity=r.severity, state="reminder"))
             r.last_mailed = now
             r.mails += 1
     for m in new:
@@ -146,20 +177,33 @@ def plan(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
 
 
 def due_mails(state: AlertState, now: float, cfg: AlertsConfig) -> list[Mail]:
-    """The mails to try now, respecting retry times and the hourly cap."""
+    """The mails to try now, respecting retry times and each channel's hourly cap."""
     # A send time in the future means the wall clock went back: count it as now, so the cap holds.
-    state.sent_times = [min(t, now) for t in state.sent_times if now - t < 3600]
-    budget = cfg.max_per_hour - len(state.sent_times)
+    state.sent_times = {ch: [min(t, now) for t in ts if now - t < 3600] for ch, ts in state.sent_times.items()}
+    budget: dict[str, int] = {}
+    held: set[tuple[str, str]] = set()  # (channel, key) with an earlier mail still waiting
     out = []
     for m in state.outbox:
+        if (m.channel, m.key) in held:
+            continue  # never a RESOLVED before the first mail it resolves, whatever the retry times
         if m.next_try > now:
+            held.add((m.channel, m.key))
             continue
+        if m.channel not in budget:
+            budget[m.channel] = cfg.max_per_hour - len(state.sent_times.get(m.channel, []))
         if m.uncapped:
             out.append(m)
-        elif budget > 0:
+        elif budget[m.channel] > 0:
             out.append(m)
-            budget -= 1
+            budget[m.channel] -= 1
+        else:
+            held.add((m.channel, m.key))
     return out
+
+
+def retry_at(now: float, attempts: int, cfg: AlertsConfig) -> float:
+    """When a mail that failed `attempts` times is tried again: doubling from retry_interval, at most 1h."""
+    return now + min(cfg.retry_interval * (2 ** min(attempts - 1, 6)), 3600)
 
 
 _CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
@@ -176,8 +220,6 @@ class Mailer(Protocol):
         """Deliver or raise."""
 
 
-
-
 def _severity(value: Severity | str) -> str:
     try:
         return Severity(value).value
@@ -188,6 +230,7 @@ def _severity(value: Severity | str) -> str:
 
 _RECORD_FIELDS = {f.name for f in fields(Record)}
 _MAIL_FIELDS = {f.name for f in fields(Mail)}
+_HEALTH_FIELDS = {f.name for f in fields(ChannelState)}
 
 
 def _record_from(d: dict) -> Record:
@@ -206,9 +249,32 @@ def _record_from(d: dict) -> Record:
 def _mail_from(d: dict) -> Mail:
     m = Mail(**{k: v for k, v in d.items() if k in _MAIL_FIELDS})
     m.created, m.next_try, m.attempts = float(m.created), float(m.next_try), int(m.attempts)
-    if not all(isinstance(getattr(m, n), str) for n in ("key", "kind", "subject", "body")):
+    if not all(isinstance(getattr(m, n), str) for n in ("key", "kind", "subject", "body", "channel",
+                                                        "severity", "state")):
         raise TypeError("mail text fields must be strings")
     return m
+
+
+def _health_from(d: dict) -> ChannelState:
+    h = ChannelState(**{k: v for k, v in d.items() if k in _HEALTH_FIELDS})
+    for name in ("last_ok_at", "last_failed_at", "failing_since"):
+        if getattr(h, name) is not None:
+            setattr(h, name, float(getattr(h, name)))
+    h.failures, h.sent, h.last_error = int(h.failures), int(h.sent), str(h.last_error)
+    return h
+
+
+def _sent_times_from(v: object) -> dict[str, list[float]]:
+    if isinstance(v, list):  # before channels: the mailer's alone
+        return {DEFAULT_CHANNEL: [float(t) for t in v]}
+    if not isinstance(v, dict):
+        raise TypeError("sent_times must be a list or an object")
+    return {str(k): [float(t) for t in ts] for k, ts in v.items()}
+
+
+# What the alert log calls a delivery, by channel kind ("mailed" as before channels existed).
+_SENT = {"email": "mailed"}
+_FAILED = {"email": "mail_failed"}
 
 
 class Alerts:
@@ -216,21 +282,25 @@ class Alerts:
 
     `fire`/`resolve`/`event` only record and return at once; delivery happens in `tick()`, which
     the daemon schedules every few seconds, and (with `background`) in a short-lived thread that
-    an event or a resolve starts so the mail does not wait for the next tick. A slow or dead SMTP
-    server therefore never blocks the caller. `flush(timeout)` is for the last words before a
-    stop: it delivers what is due and waits at most `timeout`.
+    an event or a resolve starts so the mail does not wait for the next tick. Each channel delivers
+    in its own thread, so a slow or dead server never blocks the caller nor the other channels.
+    `flush(timeout)` is for the last words before a stop: it delivers what is due and waits at
+    most `timeout`. `mailer` alone means the one email channel; `channels` lists them all.
     """
 
     MAX_LOG = 200
 
     def __init__(self, cfg: AlertsConfig, clock: Clock, state_dir: str | Path | None,
-                 mailer: Mailer | None = None, hostname: str = "", *, background: bool = True):
+                 mailer: Mailer | None = None, hostname: str = "", *, background: bool = True,
+                 channels: list[Channel] | None = None):
         self.cfg = cfg
         self.clock = clock
-        self.mailer = mailer
         self.hostname = hostname
         self.background = background
-        self.state = AlertState()
+        if channels is None:
+            channels = [EmailChannel(mailer)] if mailer is not None else []
+        self.channels: dict[str, Channel] = {c.name: c for c in channels}
+        self.state = AlertState(channels=list(self.channels))
         self.problems: list[str] = []
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -291,7 +361,7 @@ class Alerts:
             r.severity, r.condition, r.active, r.stale_since = _severity(severity), False, False, None
             self._log_event("suppressed" if dup else "event", r)
             if not dup:
-                self._queue(Mail(key, kind, r.subject, body, now, replaceable=True))
+                self._queue(Mail(key, kind, r.subject, body, now, replaceable=True, severity=r.severity))
                 r.last_mailed = now
                 r.mails += 1
             self._dirty = True
@@ -321,8 +391,9 @@ class Alerts:
 
     # --- delivery -------------------------------------------------------------------------
     def tick(self, wait: bool = False) -> None:
-        """Plan due mails and try to deliver them. Never raises. SMTP runs outside the state lock
-        and only one tick delivers at a time (another one returns at once unless `wait`)."""
+        """Plan due mails and try to deliver them. Never raises. Delivery runs outside the state
+        lock, one thread per channel, and only one tick delivers at a time (another one returns at
+        once unless `wait`)."""
         if not self._send_lock.acquire(blocking=wait):
             return  # the running tick sees _rekick and goes round again for what was just queued
         failed = False
@@ -332,44 +403,25 @@ class Alerts:
             with self._lock:
                 for m in plan(self.state, now, self.cfg):
                     self._dirty = True
-                    self._log_mail("queued", m)
-                if self.mailer is None:
-                    for m in self.state.outbox:
-                        self._append_log({"at": now, "what": "not_mailed", "key": m.key, "kind": m.kind,
-                                          "subject": m.subject, "reason": "no [email] configured"})
-                    if self.state.outbox:
-                        self.state.outbox.clear()
-                        self._dirty = True
-                    self._save()
-                    return
-                todo = due_mails(self.state, now, self.cfg)
+                    if not self.channels:
+                        self._not_sent(m, now)
+                todo = due_mails(self.state, now, self.cfg) if self.channels else []
                 self._save()
+            by_channel: dict[str, list[Mail]] = {}
             for m in todo:
-                subject = sanitize_subject(f"{self.hostname + ': ' if self.hostname else ''}{m.subject}")
-                try:
-                    self.mailer.send(subject, m.body)
-                except Exception as e:  # noqa: BLE001 - any delivery failure is retried
-                    with self._lock:
-                        m.attempts += 1
-                        m.last_error = sanitize_subject(f"{type(e).__name__}: {e}", 300)
-                        m.next_try = now + min(self.cfg.retry_interval * (2 ** min(m.attempts - 1, 6)), 3600)
-                        self._dirty = True
-                        self._append_log({"at": now, "what": "mail_failed", "key": m.key, "kind": m.kind,
-                                          "subject": m.subject, "error": m.last_error,
-                                          "attempts": m.attempts, "next_try": m.next_try})
-                    log.warning("alert_mail_failed", key=m.key, error=m.last_error, attempts=m.attempts)
-                    # The server is most likely down for all of them: the rest wait for the next
-                    # tick instead of each waiting out its own timeout now.
-                    failed = True
-                    break
-                sent_at = self.clock.time()
-                with self._lock:
-                    self.state.outbox = [x for x in self.state.outbox if x is not m]
-                    self.state.sent_times.append(sent_at)
-                    self._dirty = True
-                    self._append_log({"at": sent_at, "what": "mailed", "key": m.key, "kind": m.kind,
-                                      "subject": m.subject, "attempts": m.attempts + 1})
-                log.info("alert_mailed", key=m.key, kind=m.kind, subject=m.subject)
+                by_channel.setdefault(m.channel, []).append(m)
+            results: dict[str, bool] = {}
+            threads = [threading.Thread(target=self._deliver, args=(name, mails, now, results),
+                                        name=f"alerts-{name}", daemon=True)
+                       for name, mails in by_channel.items()]
+            if len(threads) == 1:
+                threads[0].run()  # the common case: no thread to start
+            else:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            failed = not all(results.values())
             with self._lock:
                 self._save()
         except Exception:  # noqa: BLE001 - alerting must never take the daemon down
@@ -379,14 +431,83 @@ class Alerts:
         if self._rekick.is_set() and not failed and self.background:
             self._kick()
 
+    def _deliver(self, name: str, mails: list[Mail], now: float, results: dict[str, bool]) -> None:
+        """Send `mails` through channel `name` in order; the first failure ends the round for this
+        channel (its server is most likely down for all of them: the rest wait for the next tick
+        instead of each waiting out its own timeout now)."""
+        results[name] = True
+        ch = self.channels.get(name)
+        for m in mails:
+            if ch is None:  # not configured any more (dropped on load; defensive)
+                with self._lock:
+                    self.state.outbox = [x for x in self.state.outbox if x is not m]
+                continue
+            try:
+                ch.send(self._message(m))
+            except Exception as e:  # noqa: BLE001 - any delivery failure is retried
+                with self._lock:
+                    m.attempts += 1
+                    m.last_error = sanitize_subject(f"{type(e).__name__}: {e}", 300)
+                    m.next_try = retry_at(now, m.attempts, self.cfg)
+                    h = self.state.health.setdefault(name, ChannelState())
+                    if h.failures == 0:
+                        h.failing_since = now
+                    h.failures += 1
+                    h.last_failed_at, h.last_error = now, m.last_error
+                    self._dirty = True
+                    self._append_log({"at": now, "what": _FAILED.get(ch.kind, "send_failed"), "channel": name,
+                                      "key": m.key, "kind": m.kind, "subject": m.subject, "error": m.last_error,
+                                      "attempts": m.attempts, "next_try": m.next_try})
+                log.warning("alert_" + _FAILED.get(ch.kind, "send_failed"), channel=name, key=m.key,
+                            error=m.last_error, attempts=m.attempts)
+                results[name] = False
+                return
+            sent_at = self.clock.time()
+            with self._lock:
+                self.state.outbox = [x for x in self.state.outbox if x is not m]
+                self.state.sent_times.setdefault(name, []).append(sent_at)
+                h = self.state.health.setdefault(name, ChannelState())
+                h.failures, h.last_ok_at, h.sent, h.failing_since = 0, sent_at, h.sent + 1, None
+                self._dirty = True
+                self._append_log({"at": sent_at, "what": _SENT.get(ch.kind, "sent"), "channel": name,
+                                  "key": m.key, "kind": m.kind, "subject": m.subject, "attempts": m.attempts + 1})
+            log.info("alert_" + _SENT.get(ch.kind, "sent"), channel=name, key=m.key, kind=m.kind, subject=m.subject)
+
+    def _message(self, m: Mail) -> Message:
+        return Message(id=message_id(m.key, m.created, m.subject), key=m.key, kind=m.kind, severity=m.severity,
+                       state=m.state, subject=m.subject, body=m.body, host=self.hostname, created=m.created)
+
+    def channel_status(self) -> list[dict]:
+        """Each channel's health for `status --json` (`notify.channels`)."""
+        with self._lock:
+            out = []
+            for name, ch in self.channels.items():
+                h = self.state.health.get(name, ChannelState())
+                queued = [m for m in self.state.outbox if m.channel == name]
+                retry = [m.next_try for m in queued if m.attempts > 0]
+                state = "failing" if h.failures else ("ok" if h.last_ok_at is not None else "unused")
+                out.append({"name": name, "kind": ch.kind, "target": ch.target, "state": state,
+                            "queued": len(queued), "sent": h.sent, "failures": h.failures,
+                            "last_ok_at": h.last_ok_at, "last_failed_at": h.last_failed_at,
+                            "failing_since": h.failing_since,
+                            "last_error": h.last_error or None, "next_try": min(retry) if retry else None})
+            return out
+
     def _kick(self) -> None:
-        if self.mailer is None:
+        if not self.channels:
             self.tick()  # no I/O beyond the log file: cheap enough to do in the caller
         elif self.background:
             self._rekick.set()
             threading.Thread(target=self.tick, name="alerts-deliver", daemon=True).start()
 
+    def _not_sent(self, m: Mail, now: float) -> None:
+        self._append_log({"at": now, "what": "not_mailed", "key": m.key, "kind": m.kind,
+                          "subject": m.subject, "reason": "no [email] or [notify] channel configured"})
+
     def _queue(self, m: Mail) -> None:
+        if not self.channels:
+            self._not_sent(m, self.clock.time())
+            return
         for d in queue(self.state, m):
             self._log_mail("superseded" if d.key == m.key else "dropped", d)
         self._log_mail("queued", m)
@@ -406,9 +527,9 @@ class Alerts:
     def _log_mail(self, what: str, m: Mail) -> None:
         if what == "queued":
             return  # the raise/event entry already says it; queued mails show up as mailed or failed
-        self._append_log({"at": self.clock.time(), "what": what, "key": m.key, "kind": m.kind,
-                          "subject": m.subject})
-        log.warning("alert_mail_" + what, key=m.key, subject=m.subject)
+        self._append_log({"at": self.clock.time(), "what": what, "channel": m.channel, "key": m.key,
+                          "kind": m.kind, "subject": m.subject})
+        log.warning("alert_mail_" + what, channel=m.channel, key=m.key, subject=m.subject)
 
     def _append_log(self, entry: dict) -> None:
         self._recent.append(entry)
@@ -430,7 +551,8 @@ class Alerts:
             return
         data = {"records": {k: asdict(v) for k, v in self.state.records.items()},
                 "outbox": [asdict(m) for m in self.state.outbox],
-                "sent_times": self.state.sent_times}
+                "sent_times": self.state.sent_times,
+                "channels": {k: asdict(v) for k, v in self.state.health.items()}}
         try:
             StateStore(self._dir).save("alerts", data)
             self._dirty = False
@@ -449,11 +571,21 @@ class Alerts:
                     raise TypeError(f"expected an object, got {type(data).__name__}")
                 records = {str(k): _record_from(v) for k, v in data.get("records", {}).items()}
                 outbox = [_mail_from(m) for m in data.get("outbox", [])]
-                sent = [float(t) for t in data.get("sent_times", [])]
-                self.state = AlertState(records, outbox, sent)
+                sent = _sent_times_from(data.get("sent_times", {}))
+                health = {str(k): _health_from(v) for k, v in data.get("channels", {}).items()}
+                self.state = AlertState(records, outbox, sent, list(self.channels), health)
         except (TypeError, ValueError, AttributeError) as e:
             self._set_aside(store, f"unusable alert state ({e})")
-            self.state = AlertState()
+            self.state = AlertState(channels=list(self.channels))
+        gone = [m for m in self.state.outbox if m.channel not in self.channels]
+        if gone:
+            self.state.outbox = [m for m in self.state.outbox if m.channel in self.channels]
+            self.state.health = {k: v for k, v in self.state.health.items() if k in self.channels}
+            for m in gone:
+                self._append_log({"at": self.clock.time(), "what": "not_mailed", "channel": m.channel,
+                                  "key": m.key, "kind": m.kind, "subject": m.subject,
+                                  "reason": f"channel {m.channel} is no longer configured"})
+            self._dirty = True
         now = self.clock.time()
         for r in self.state.records.values():
             if r.active and r.condition:

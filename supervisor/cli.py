@@ -35,6 +35,8 @@ def _req(args: argparse.Namespace, cmd: str, a: dict | None = None, timeout: flo
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.host or args.hosts_file:
+        return cmd_status_hosts(args)
     st = _req(args, "status")
     if args.json:
         st = {k: v for k, v in st.items() if k != "lines"}
@@ -45,6 +47,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state == "RUNNING" or (state == "FINISHED" and st["training"].get("exit_code") == 0):
         return EXIT_OK
     return EXIT_NOT_RUNNING
+
+
+def cmd_status_hosts(args: argparse.Namespace) -> int:
+    """Many machines: `status --json` on each over ssh, one line per machine. Exit 0 when every
+    machine answered, 4 when any did not."""
+    from .fleet import Host, parse_hosts_file, query_hosts, render_hosts
+
+    hosts = [Host(h) if not args.remote_command else Host(h, args.remote_command) for h in args.host or []]
+    if args.hosts_file:
+        try:
+            hosts += parse_hosts_file(Path(args.hosts_file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            sys.stderr.write(f"supervisorctl: hosts file {args.hosts_file}: {getattr(e, 'strerror', None) or e}\n")
+            return EXIT_USAGE
+    bad = [h.target for h in hosts if h.target.startswith("-")]
+    if bad or not hosts:
+        sys.stderr.write(f"supervisorctl: not a host: {bad[0]!r}\n" if bad else "supervisorctl: no hosts given\n")
+        return EXIT_USAGE
+    results = query_hosts(hosts, timeout=args.timeout, ssh_config=args.ssh_config or "",
+                          ssh_options=args.ssh_option or [])
+    if args.json:
+        out = [{"host": r.host, "ok": r.ok, "error": r.error or None, "exit_code": r.exit_code,
+                "status": ({k: v for k, v in r.status.items() if k != "lines"} if r.status else None)}
+               for r in results]
+        sys.stdout.write(json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(render_hosts(results) + "\n")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_UNREACHABLE
+
+
+def cmd_idle_check(args: argparse.Namespace) -> int:
+    """For SkyPilot, dstack or any scheduler: exit 0 idle (and for how long), 1 active; any other
+    exit (2 no verdict, 4 daemon unreachable, ...) must be treated as active."""
+    from .fleet import VerdictError, idle_verdict, verdict_text
+
+    try:
+        v = idle_verdict(_req(args, "status"))
+    except VerdictError as e:
+        sys.stderr.write(f"supervisorctl: idle-check: {e}; treat as active\n")
+        return EXIT_USAGE
+    if args.json:
+        sys.stdout.write(json.dumps(v, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(verdict_text(v) + "\n")
+    return EXIT_OK if v["idle"] else EXIT_FAIL
 
 
 def _print_training(res: dict) -> None:
@@ -214,13 +261,29 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         sys.stderr.write(f"{path}: not UTF-8 text\n")
         return EXIT_USAGE
     try:
-        parse(text, path)
+        cfg = parse(text, path)
     except ConfigError as e:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
+    problems = _channel_problems(cfg)
+    if problems:
+        for p in problems:
+            sys.stderr.write(p + "\n")
+        return EXIT_USAGE
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
+
+
+def _channel_problems(cfg: Config) -> list[str]:
+    """What the daemon would refuse among the notification channels: Apprise URLs it cannot use,
+    an unreadable urls_file (Apprise is imported only when URLs are configured)."""
+    if not (cfg.notify.urls or cfg.notify.urls_file):
+        return []
+    from .channels import build_channels
+
+    _, problems = build_channels(cfg)
+    return problems
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
@@ -239,7 +302,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
     p = sub.add_parser("status", help="training, GPUs, sync, idle clock, alerts")
     p.add_argument("--json", action="store_true", help="machine-readable (stable contract)")
+    p.add_argument("--host", action="append", metavar="HOST",
+                   help="ask this machine over ssh instead (repeat for many: one line each)")
+    p.add_argument("--hosts-file", metavar="FILE", help="machines, one per line: HOST [SUPERVISORCTL COMMAND]")
+    p.add_argument("--remote-command", metavar="CMD", help="supervisorctl on the --host machines "
+                   "(default: supervisorctl, also looked for in /opt/train-supervisor/bin)")
+    p.add_argument("--ssh-config", metavar="FILE", help="ssh_config file for --host (ssh -F)")
+    p.add_argument("--ssh-option", "-o", action="append", metavar="OPT", help="ssh -o option for --host")
+    p.add_argument("--timeout", type=float, default=30, help="seconds to wait for each --host (default 30)")
     p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("idle-check", help="exit 0 when this machine is idle (and say for how long), 1 when "
+                       "active; anything else: treat as active")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_idle_check)
     sub.add_parser("start", help="start the configured training").set_defaults(fn=cmd_start)
     p = sub.add_parser("stop", help="stop the training (SIGINT, SIGTERM, SIGKILL after grace)")
     p.add_argument("--no-wait", action="store_true")

@@ -162,6 +162,23 @@ class AlertsConfig:
 
 
 @dataclass
+class NotifyConfig:
+    urls: list[str] = _k("strlist", [])
+    urls_file: str = _k("path", "")
+    webhook_url: str = _k("url", "")
+    webhook_secret_file: str = _k("path", "")
+    timeout: float = _k("duration", 10.0, min=1, max=120)
+    chat_max_chars: int = _k("int", 700, min=100, max=4000)
+
+
+@dataclass
+class MetricsConfig:
+    textfile: str = _k("path", "")
+    listen: str = _k("str", "")
+    allow_remote: bool = _k("bool", False)
+
+
+@dataclass
 class ProgressConfig:
     estimate_after: float = _k("duration", 900.0)
     estimate_email: bool = _k("bool", False)
@@ -188,6 +205,8 @@ class Config:
     email: EmailConfig | None = None
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     progress: ProgressConfig = field(default_factory=ProgressConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -195,6 +214,7 @@ class Config:
 SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
+    "notify": NotifyConfig, "metrics": MetricsConfig,
 }
 
 
@@ -394,6 +414,8 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
         if e.username and not e.password_file and not os.environ.get("TRAIN_SUPERVISOR_SMTP_PASSWORD"):
             problems.append("email.password_file: required with email.username "
                             "(or set TRAIN_SUPERVISOR_SMTP_PASSWORD)")
+    _notify_checks(cfg, problems)
+    _metrics_checks(cfg, problems)
     if not os.path.isabs(cfg.state_dir):
         problems.append(f"state_dir: expected an absolute path, got {_show(cfg.state_dir)}")
     if not os.path.isabs(cfg.socket):
@@ -405,6 +427,66 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
 
 
 _ADDR = re.compile(r"[^@\s<>,;\"]+@[^@\s<>,;\"]+")
+_SCHEME_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+def _notify_checks(cfg: Config, problems: list[str]) -> None:
+    n = cfg.notify
+    for i, u in enumerate(n.urls):
+        if not _SCHEME_URL.fullmatch(u):
+            # The value may hold a token: name the position, never echo it.
+            problems.append(f"notify.urls[{i}]: expected an Apprise URL like \"ntfys://ntfy.sh/topic\" "
+                            "(scheme://...), without spaces")
+    if n.webhook_url and not n.webhook_secret_file:
+        problems.append("notify.webhook_secret_file: required with notify.webhook_url (a file holding a "
+                        "\"whsec_...\" secret; the receiver checks each request's signature with it)")
+    if n.webhook_secret_file and not n.webhook_url:
+        problems.append("notify.webhook_url: required with notify.webhook_secret_file")
+
+
+def _metrics_checks(cfg: Config, problems: list[str]) -> None:
+    m = cfg.metrics
+    if m.textfile and not m.textfile.endswith(".prom"):
+        problems.append(f"metrics.textfile: must end in .prom (node_exporter's textfile collector reads "
+                        f"only *.prom files), got {_show(m.textfile)}")
+    if m.listen:
+        try:
+            host, _port = parse_listen(m.listen)
+        except ValueError as e:
+            problems.append(f"metrics.listen: {e}")
+            return
+        if not _is_loopback(host) and not m.allow_remote:
+            problems.append(f"metrics.listen: {host} is reachable from other machines; use 127.0.0.1, or set "
+                            "metrics.allow_remote = true if you mean it (anyone who can connect sees the "
+                            "training's state and cost)")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """"127.0.0.1:9839", "[::1]:9839", "localhost:9839" or a bare port "9839" (loopback)."""
+    v = value.strip()
+    if re.fullmatch(r"\d+", v):
+        host, port_s = "127.0.0.1", v
+    elif m := re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)", v):
+        host, port_s = m.group(1), m.group(2)
+    elif m := re.fullmatch(r"([A-Za-z0-9.-]+):(\d+)", v):
+        host, port_s = m.group(1), m.group(2)
+    else:
+        raise ValueError(f'expected "HOST:PORT" like "127.0.0.1:9839", got {_show(value)}')
+    port = int(port_s)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be 1-65535, got {port}")
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse(text: str, source: str = "<string>") -> Config:
@@ -448,6 +530,29 @@ def load(path: str | None = None) -> Config:
 
 
 def redacted(cfg: Config) -> dict:
-    """The config as plain data for status; secrets are never part of the config itself
-    (passwords live in files), so only the file paths appear."""
-    return dataclasses.asdict(cfg)
+    """The config as plain data for status. Passwords and secrets live in files, so only their paths
+    appear; URLs that may carry a token (Apprise URLs, the webhook URL) are shown redacted."""
+    d = dataclasses.asdict(cfg)
+    n = d.get("notify") or {}
+    n["urls"] = [redact_url(u) for u in n.get("urls", [])]
+    if n.get("webhook_url"):
+        n["webhook_url"] = redact_url(n["webhook_url"])
+    return d
+
+
+def redact_url(url: str) -> str:
+    """A URL safe to show: for Slack, Discord or Telegram even the "host" part is a token, so only
+    the scheme is kept; for schemes whose host is a real server, the host too. User, password, path
+    and query are always hidden (the daemon shows Apprise's own redaction where it can)."""
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^@/?#]*@)?([^/?#]*)(.*)$", url)
+    if not m:
+        return "***"
+    scheme, host, rest = m.groups()
+    if scheme.lower() not in _HOST_SCHEMES:
+        return f"{scheme}://***"
+    return f"{scheme}://{host}" + ("/***" if rest.strip("/") else "")
+
+
+# Schemes whose host part names a server rather than holding a credential.
+_HOST_SCHEMES = frozenset({"http", "https", "json", "jsons", "xml", "xmls", "form", "forms",
+                           "gotify", "gotifys", "mailto", "mailtos", "matrix", "matrixs", "mqtt", "mqtts"})

@@ -58,10 +58,16 @@ class Daemon:
         # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
         self.reserve = Reserve(cfg.state_dir).register()
         self.reserve.arm()
-        from .mailer import build_mailer
+        from .channels import build_channels
+        from .metrics import MetricsDuty
+        from .webhook import facts_for
 
         hostname = cfg.hostname or socket.gethostname()
-        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, build_mailer(cfg), hostname=hostname)
+        self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time)
+        channels, self.channel_problems = build_channels(
+            cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self._fresh_status()))
+        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels)
+        self.orchestrator: dict | None = None
         self.ctx = Context(cfg, self.clock, self.store, self.alerts)
         self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end)
 
@@ -96,6 +102,14 @@ class Daemon:
         self._stop = threading.Event()
 
     # --- wiring -------------------------------------------------------------------------------
+    @staticmethod
+    def metrics_wanted(c: Config) -> bool:
+        """The metrics duty also keeps the snapshot a webhook body is built from."""
+        return bool(c.metrics.textfile or c.metrics.listen or c.notify.webhook_url)
+
+    def _metrics_on(self) -> bool:
+        return self.metrics_wanted(self.cfg)
+
     def _every(self, duty: Duty) -> None:
         seconds = duty.every(self.cfg)
         if not seconds:
@@ -124,6 +138,31 @@ class Daemon:
         self.sync.request_sync()
         self.guard.on_training_ended(info)
 
+    def _fresh_status(self, wait: float = 2.0) -> dict | None:
+        """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
+        while it waits for a delivery (a flush before a stop) and status() may need that lock, so
+        it runs aside and, past `wait`, the last poll's snapshot is used instead."""
+        box: dict[str, dict] = {}
+
+        def run() -> None:
+            try:
+                box["st"] = self.status()
+            except Exception:  # noqa: BLE001 - the facts are optional; the alert goes out anyway
+                log.exception("status_for_facts_failed")
+
+        t = threading.Thread(target=run, name="facts", daemon=True)
+        t.start()
+        t.join(wait)
+        return box.get("st") or self.metrics.last_status
+
+    def _scan_orchestrator(self) -> None:
+        from .orchestrator import scan
+
+        found = scan(self.cfg.training.env)
+        if found and found != self.orchestrator:
+            log.warning("two_stoppers", orchestrator=found["name"], evidence=found["evidence"])
+        self.orchestrator = found
+
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
@@ -141,6 +180,8 @@ class Daemon:
         self.sync.start()
         self.control.start()
         c = self.cfg
+        if self._metrics_on():
+            self.metrics.start()
         if schedule:
             for duty in DUTIES:
                 self._every(duty)
@@ -167,6 +208,7 @@ class Daemon:
         except Exception:  # noqa: BLE001
             pass
         self.control.close()
+        self.metrics.close()
         self.sync.close()
         self.gpu.close()
         self.alerts.tick()
@@ -189,7 +231,8 @@ class Daemon:
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
                        "config": self.cfg.source, "state_dir": self.cfg.state_dir,
                        "problems": [*self.store.problems, *self.alerts.problems, *self.store.unsaved.values(),
-                                    *filter(None, [self.reserve.problem()])]},
+                                    *filter(None, [self.reserve.problem()]), *self.channel_problems,
+                                    *([self.metrics.error] if self.metrics.error else [])]},
             "training": tr,
             "gpus": g.get("gpus", []),
             "gpu_error": g.get("gpu_error"),
@@ -198,6 +241,9 @@ class Daemon:
             "stop": guard.get("stop", {}),
             "alerts": self.alerts.active(),
             "cost": self.progress.cost(now),
+            "notify": {"channels": self.alerts.channel_status()},
+            "metrics": self.metrics.status(),
+            "orchestrator": self.orchestrator,
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -281,6 +327,8 @@ DUTIES: tuple[Duty, ...] = (
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed
+    Duty("orchestrator", lambda c: 600.0, lambda d: d._scan_orchestrator()),
+    Duty("metrics", lambda c: c.gpu.poll_interval if Daemon.metrics_wanted(c) else None, lambda d: d.metrics.poll()),
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
 )

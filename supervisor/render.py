@@ -51,6 +51,12 @@ def render_status(st: dict) -> str:
             lines.append(f"alert     [{a.get('severity')}] {a.get('subject')} (since {_clock(a.get('since'), now)})")
     else:
         lines.append("alerts    none active")
+    lines.extend(notify_lines(st))
+    orch = st.get("orchestrator") or {}
+    if orch.get("name"):
+        name = {"skypilot": "SkyPilot", "dstack": "dstack"}.get(orch["name"], orch["name"])
+        lines.append(f"stoppers  two: {name} can stop this machine too ({orch.get('evidence', '')}); "
+                     "see the README, \"Under SkyPilot or dstack\"")
     probs = (st.get("daemon") or {}).get("problems") or []
     for p in probs[-3:]:
         lines.append(f"problem   {p}")
@@ -241,6 +247,19 @@ def _delivery_note(d: dict) -> str:
     return f"mail failed: {d.get('error') or '?'}"
 
 
+def notify_lines(st: dict) -> list[str]:
+    """A line per notification channel that is failing (the working ones say nothing)."""
+    now = st.get("now") or 0
+    out = []
+    for ch in (st.get("notify") or {}).get("channels") or []:
+        if ch.get("state") != "failing":
+            continue
+        retry = f", retry {_clock(ch['next_try'], now)}" if ch.get("next_try") else ""
+        out.append(f"notify    {ch.get('name')} ({ch.get('target')}) FAILING since {_clock(ch.get('failing_since'), now)}: "
+                   f"{ch.get('last_error')}; {ch.get('queued', 0)} queued{retry}")
+    return out
+
+
 def render_alerts(res: dict) -> str:
     """One line per alert, with what became of its mail folded in: the log records an alert and
     its delivery separately, and two lines with the same subject read as two alerts."""
@@ -270,5 +289,6 @@ def render_alerts(res: dict) -> str:
             extra = f"  ({a['error']})" if a.get("error") else (f"  ({a['reason']})" if a.get("reason") else "")
         else:
             extra = ""
-        out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{extra}")
+        via = f" [{a['channel']}]" if a.get("channel") and a.get("channel") != "email" else ""
+        out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{via}{extra}")
     return "\n".join(out) if out else "no alerts"

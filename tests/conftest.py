@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.nvml",
     "tests.fixtures.smtp_tls",
     "tests.fixtures.idle",
+    "tests.fixtures.http_receiver",
 ]
 
 # (test id, what was still running) for the summary; a runner ignores SIGHUP and SIGTERM by design,

@@ -94,7 +94,7 @@ def test_due_mails_respects_cap_retry_time_and_uncapped_kinds():
         queue(st_, _mail(f"c{i}"))
     queue(st_, _mail("fin", "training_finished"))
     queue(st_, _mail("later", "stopping", next_try=100.0))
-    st_.sent_times = [-3599.0]  # one mail sent within the last hour
+    st_.sent_times = {"email": [-3599.0]}  # one mail sent within the last hour
     due = due_mails(st_, 0.0, CFG)
     assert [m.key for m in due] == ["c0", "c1", "fin"]
     assert due[-1].uncapped and "later" not in [m.key for m in due]
@@ -103,10 +103,10 @@ def test_due_mails_respects_cap_retry_time_and_uncapped_kinds():
 
 
 def test_cap_holds_when_the_wall_clock_goes_back():
-    st_ = AlertState(sent_times=[5000.0, 5001.0, 5002.0])  # "future": the clock was set back
+    st_ = AlertState(sent_times={"email": [5000.0, 5001.0, 5002.0]})  # "future": the clock was set back
     queue(st_, _mail("x"))
     assert due_mails(st_, 0.0, CFG) == []
-    assert st_.sent_times == [0.0, 0.0, 0.0]
+    assert st_.sent_times == {"email": [0.0, 0.0, 0.0]}
 
 
 def test_queue_supersedes_replaceable_mails_for_the_same_key():
