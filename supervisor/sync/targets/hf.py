@@ -255,14 +255,12 @@ class HfTarget:
         where = self._token_from or "the configured token"
         repo = f"{self.repo_type} repo {self.repo_id}"
         if status == 401 and (server == INVALID_CREDENTIALS or not isinstance(e, errors.RepositoryNotFoundError)):
-            self._api = None  # re-read the token next time: a person may have fixed it
-            self._ready = False
+            self._forget_token()
             return AccessDenied(f"the Hugging Face Hub rejected the token from {where} (401): it is invalid, "
                                 f"expired or revoked; create a write token at https://huggingface.co/settings/tokens")
         if status == 403 or (status == 401 and isinstance(e, errors.RepositoryNotFoundError)):
-            self._api = None
-            self._ready = False
-            who = self._whoami_words()
+            who = self._whoami_words()  # with the token that was refused
+            self._forget_token()
             return AccessDenied(f"the token from {where}{who} has no write access to {repo} ({status} {what}"
                                 f"{': ' + server if server else ''}); give it write permission on the repo "
                                 f"or its namespace")
@@ -284,10 +282,17 @@ class HfTarget:
                                f"({text}); fix its front matter or use hf://{self.repo_id}/FOLDER")
         return TargetError(f"Hub {what} ({self.endpoint}): {type(e).__name__}: {text[:300]}")
 
+    def _forget_token(self) -> None:
+        """Read the token again next time: a person may have fixed it."""
+        self._api = None
+        self._ready = False
+
     def _whoami_words(self) -> str:
         """' (user alice, read token)', best effort: whoami is rate-limited, so only on errors."""
         try:
-            api = self._client()
+            api = self._api
+            if api is None:
+                return ""
             me = api.whoami()
             role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
             return f" (user {me.get('name')}{', ' + role + ' token' if role else ''})"
@@ -327,6 +332,8 @@ class HfTarget:
 
     # --- staging: content onto the Hub, nothing committed yet ------------------------------------
     def _stage(self, files: list[LocalFile], sink: UploadSink) -> dict[str, _Staged]:
+        if not files:
+            return {}
         hh = self._hub()
         api = self._ensure_repo()
         out: dict[str, _Staged] = {}
@@ -413,6 +420,8 @@ class HfTarget:
                 out[f.key] = info["sha256"]
             else:
                 todo.append(f)
+        if out:
+            log.info("hf_resume", files=len(out), why="sha256 journalled by an interrupted run")
         if not todo:
             return out
 
@@ -500,18 +509,19 @@ class HfTarget:
         extra: dict[str, tuple[int, str]] = {}
         staged_all: list[_Staged] = []
         landed: list[str] = []
-        manifests = {u: m for u, _, m in batch if m is not None}
-        held = self._manifests_on_hub(manifests)
+        mops = {u: hh.CommitOperationAdd(path_in_repo=self._path(join_key(u, MANIFEST_NAME)), path_or_fileobj=m)
+                for u, _, m in batch if m is not None}
+        held = self._manifests_on_hub(mops, {u: m for u, _, m in batch if m is not None})
         for unit, staged, manifest in batch:
             staged_all += staged
             ops += [s.op for s in staged]
             if manifest is not None:
-                path = self._path(join_key(unit, MANIFEST_NAME))
+                path = mops[unit].path_in_repo
                 if held.get(unit) is not None:
                     extra[path] = held[unit]
                     landed.append(unit)
                 else:
-                    ops.append(hh.CommitOperationAdd(path_in_repo=path, path_or_fileobj=manifest))
+                    ops.append(mops[unit])
                     extra[path] = (len(manifest), git_blob_id(manifest))
         if landed:
             log.info("hf_manifest_already_on_hub", units=landed, why="committed before a restart")
@@ -521,25 +531,27 @@ class HfTarget:
             sink.done(s.f, Uploaded(s.sha256, s.etag, s.sent))
         return {unit: oid for unit, _, _ in batch}
 
-    def _manifests_on_hub(self, manifests: dict[str, bytes]) -> dict[str, tuple[int, str] | None]:
+    def _manifests_on_hub(self, ops: dict[str, Any], manifests: dict[str, bytes]) -> dict[str, tuple[int, str] | None]:
         """For each unit whose manifest we are about to commit: the (size, blob id) of a manifest
-        already on the Hub with the same digest (a commit that landed before a crash), else None."""
-        if not manifests:
+        already on the Hub with the same digest (a commit that landed before a crash), else None.
+        The preupload call that create_commit would make anyway says what the Hub holds there."""
+        if not ops:
             return {}
-        paths = {self._path(join_key(u, MANIFEST_NAME)): u for u in manifests}
-        have = self._paths_info(sorted(paths), self.revision)
-        out: dict[str, tuple[int, str] | None] = {u: None for u in manifests}
-        for path, o in have.items():
-            u = paths.get(path)
-            if u is None or getattr(o, "lfs", None) is not None or not hasattr(o, "size"):
+        api = self._ensure_repo()
+        self._call("preupload", api.preupload_lfs_files, self.repo_id, additions=list(ops.values()),
+                   repo_type=self.repo_type, revision=self.revision, free_memory=False)
+        out: dict[str, tuple[int, str] | None] = {u: None for u in ops}
+        for u, op in ops.items():
+            remote, mine = op._remote_oid, manifests[u]
+            if remote is None or op._upload_mode != "regular":
                 continue
-            mine = manifests[u]
-            if o.blob_id == git_blob_id(mine):
-                out[u] = (o.size, o.blob_id)
+            if remote == git_blob_id(mine):
+                out[u] = (len(mine), remote)
                 continue
-            theirs = self._download(path)
-            if theirs is not None and _digest(theirs) is not None and _digest(theirs) == _digest(mine):
-                out[u] = (o.size, o.blob_id)
+            theirs = self._download(op.path_in_repo)
+            if theirs is not None and _digest(theirs) is not None and _digest(theirs) == _digest(mine) \
+                    and git_blob_id(theirs) == remote:
+                out[u] = (len(theirs), remote)
         return out
 
     def _download(self, path: str) -> bytes | None:
@@ -572,6 +584,8 @@ class HfTarget:
 
     def put_units(self, units: list[UnitPut], sink: UploadSink) -> UnitsPut:
         """Files and manifests of several units in one commit (see base.put_units)."""
+        if not units:
+            return UnitsPut()
         staged = self._stage([f for u in units for f in u.files], sink)
         out = UnitsPut()
         if sink.cancelled():
