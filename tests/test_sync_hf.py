@@ -60,7 +60,8 @@ def assert_on_hub(hub: FakeHub, repo: str, unit: str, files: dict[str, bytes], r
                   repo_type: str = "model") -> dict:
     tree = hub.tree(repo, rev, repo_type)
     pre = f"{unit}/" if unit else ""
-    have = {p[len(pre):]: e for p, e in tree.items() if p.startswith(pre) and "/" not in p[len(pre):]}
+    have = {p[len(pre):]: e for p, e in tree.items() if p.startswith(pre) and "/" not in p[len(pre):]
+            and p != ".gitattributes"}
     assert set(have) == set(files) | {MANIFEST_NAME}, sorted(have)
     for name, data in files.items():
         e = have[name]
@@ -448,3 +449,39 @@ def test_put_units_falls_back_to_put_files_and_write_manifest(hf_writer, tmp_pat
     res = base.put_units(target, [UnitPut("lora", files, manifest)], RecordingSink())
     assert res.manifests == ["lora"] and res.commits == {"lora": ""}
     assert mf.check_folder(str(tmp_path / "dest" / "lora")) == []
+
+
+def test_adapter_saved_in_the_watched_folder_goes_to_the_repo_root(make_engine, hf_writer, fake_hub, token_file):
+    files = {"adapter_model.safetensors": safetensors_bytes({"lora_A": 4096}, 1),
+             "adapter_config.json": b'{"peft_type": "LORA", "r": 8}'}
+    for n, d in files.items():
+        (hf_writer.out / n).write_bytes(d)
+    (hf_writer.out / "train.log").write_text("not selected\n")
+    hf_writer.age(60)
+    e = make_engine({**hf_sync(fake_hub, token_file), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    assert_on_hub(fake_hub, "alice/run1", "", files)
+    assert "train.log" not in fake_hub.tree("alice/run1")
+
+
+def test_a_file_rewritten_while_it_goes_up_is_not_committed_stale(make_engine, hf_writer, fake_hub, token_file):
+    cp = hf_writer.out / "checkpoint-8"
+    cp.mkdir(parents=True)
+    files = {"optimizer.pt": torch_zip_bytes(5 * MiB, 1), "model.safetensors": safetensors_bytes({"w": 6 * MiB}, 2),
+             "trainer_state.json": b'{"global_step": 8}'}
+    for n, d in files.items():
+        (cp / n).write_bytes(d)
+    hf_writer.age(60)
+    newer = safetensors_bytes({"w": 6 * MiB}, 3)
+
+    def rewrite(oid: str) -> None:  # the first object is in: the trainer rewrites the other one now
+        if oid == hashlib.sha256(files["optimizer.pt"]).hexdigest():
+            (cp / "model.safetensors").write_bytes(newer)
+
+    fake_hub.on("object_stored", rewrite)
+    e = make_engine({**hf_sync(fake_hub, token_file), "watch": [str(hf_writer.out)], "concurrency": 1})
+    wait_until(lambda: f"checkpoint-8/{MANIFEST_NAME}" in fake_hub.tree("alice/run1"), 60, what="complete")
+    assert e.wait_idle(30).ok
+    assert_on_hub(fake_hub, "alice/run1", "checkpoint-8", {**files, "model.safetensors": newer})
+    assert fake_hub.objects_stored[hashlib.sha256(files["optimizer.pt"]).hexdigest()] == 1
+    assert hashlib.sha256(files["model.safetensors"]).hexdigest() not in fake_hub.objects_stored

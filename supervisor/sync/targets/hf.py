@@ -197,7 +197,6 @@ class HfTarget:
         self._private: bool | None = None
         self._created = False
         self._warning = ""
-        self._lock = threading.Lock()
         self.stats = {"commits": 0, "commit_429": 0, "inline_waits_s": 0.0}
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -332,60 +331,73 @@ class HfTarget:
 
     # --- staging: content onto the Hub, nothing committed yet ------------------------------------
     def _stage(self, files: list[LocalFile], sink: UploadSink) -> dict[str, _Staged]:
+        """Get the content of `files` onto the Hub, group by group (a group's small files are read
+        only when its turn comes, so memory stays bounded). Nothing is committed here."""
         if not files:
             return {}
-        hh = self._hub()
-        api = self._ensure_repo()
-        out: dict[str, _Staged] = {}
-        prepared: list[tuple[LocalFile, Any, str, bytes | None]] = []
+        self._ensure_repo()
         big = [f for f in files if f.size > SMALL]
         hashes = self._hash_large(big, sink) if self.upload_path == "lfs" else {}
-        for f in files:
+        out: dict[str, _Staged] = {}
+        for group in _groups(files):
             if sink.cancelled():
                 return out
-            try:
-                if f.size <= SMALL:
-                    data = _read_whole(f)
-                    sha = hashlib.sha256(data).hexdigest()
-                    op = hh.CommitOperationAdd(path_in_repo=self._path(f.key), path_or_fileobj=data)
-                    prepared.append((f, op, sha, data))
-                else:
-                    if isinstance(hashes.get(f.key), SourceProblem):
-                        raise hashes[f.key]
-                    sha = hashes.get(f.key, "")
-                    _check_path(f)
-                    op = hh.CommitOperationAdd(path_in_repo=self._path(f.key), path_or_fileobj=f.path)
-                    if sha:
-                        op.upload_info.sha256 = bytes.fromhex(sha)
-                    prepared.append((f, op, sha, None))
-            except (SourceProblem, ValueError) as e:
-                sink.problem(f, e if isinstance(e, SourceProblem) else SourceProblem("unreadable", f.path, str(e)))
-                continue
-            sink.begin(f, {"mode": "hf", "sha256": sha})
-        for group in _groups(prepared):
-            if sink.cancelled():
-                return out
-            ops = [op for _, op, _, _ in group]
-            try:
-                self._call("upload", api.preupload_lfs_files, self.repo_id, additions=ops,
-                           repo_type=self.repo_type, revision=self.revision,
-                           num_threads=max(1, self.cfg.concurrency), free_memory=False)
-            except TargetError:
-                changed = [f for f, _, _, data in group if data is None and not _unchanged(f)]
-                if not changed:
-                    raise
-                for f in changed:  # the trainer rewrote it while it went up: not an error of the target
-                    sink.problem(f, SourceProblem("changed", f.path, "while uploading"))
-                continue
-            for f, op, sha, data in group:
+            prepared = []
+            for f in group:
                 try:
-                    st = self._staged(f, op, sha, data)
+                    prepared.append(self._prepare(f, hashes.get(f.key, "")))
                 except SourceProblem as e:
                     sink.problem(f, e)
                     continue
-                out[f.key] = st
-                sink.progress(f, st.sent)
+                sink.begin(f, {"mode": "hf", "sha256": prepared[-1][2]})
+            for item in self._preupload(prepared, sink):
+                try:
+                    st = self._staged(*item)
+                except SourceProblem as e:
+                    sink.problem(item[0], e)
+                    continue
+                out[st.f.key] = st
+                sink.progress(st.f, st.sent)
         return out
+
+    def _prepare(self, f: LocalFile, hashed: Any) -> tuple[LocalFile, Any, str, bytes | None]:
+        """(file, CommitOperationAdd, sha256 or "" when hf_xet will compute it, bytes for small files)."""
+        hh = self._hub()
+        try:
+            if f.size <= SMALL:
+                data = _read_whole(f)
+                return f, hh.CommitOperationAdd(path_in_repo=self._path(f.key), path_or_fileobj=data), \
+                    hashlib.sha256(data).hexdigest(), data
+            if isinstance(hashed, SourceProblem):
+                raise hashed
+            _check_path(f)
+            op = hh.CommitOperationAdd(path_in_repo=self._path(f.key), path_or_fileobj=f.path)
+        except ValueError as e:  # a path the Hub does not take
+            raise SourceProblem("unreadable", f.path, str(e)) from None
+        if hashed:
+            op.upload_info.sha256 = bytes.fromhex(hashed)
+        return f, op, hashed or "", None
+
+    def _preupload(self, prepared: list, sink: UploadSink) -> list:
+        """preupload_lfs_files for one group; a file the trainer rewrote meanwhile is reported and
+        the rest tried once more."""
+        api = self._ensure_repo()
+        for attempt in (1, 2):
+            if not prepared:
+                return []
+            try:
+                self._call("upload", api.preupload_lfs_files, self.repo_id, additions=[p[1] for p in prepared],
+                           repo_type=self.repo_type, revision=self.revision,
+                           num_threads=max(1, self.cfg.concurrency), free_memory=True)
+                return prepared
+            except TargetError:
+                changed = [p for p in prepared if p[3] is None and not _unchanged(p[0])]
+                if not changed or attempt == 2:
+                    raise
+                for p in changed:  # not the target's fault: the source moved under us
+                    sink.problem(p[0], SourceProblem("changed", p[0].path, "while uploading"))
+                prepared = [p for p in prepared if p not in changed]
+        return prepared
 
     def _staged(self, f: LocalFile, op: Any, sha: str, data: bytes | None) -> _Staged:
         hh = self._hub()
@@ -758,16 +770,17 @@ def _unchanged(f: LocalFile) -> bool:
     return True
 
 
-def _groups(prepared: list[tuple[LocalFile, Any, str, bytes | None]]) -> list[list]:
-    out: list[list] = []
-    cur: list = []
+def _groups(files: list[LocalFile]) -> list[list[LocalFile]]:
+    """Up to GROUP_FILES files and GROUP_BYTES per preupload call, small files first."""
+    out: list[list[LocalFile]] = []
+    cur: list[LocalFile] = []
     size = 0
-    for item in sorted(prepared, key=lambda t: t[0].size):
-        if cur and (len(cur) >= GROUP_FILES or size + item[0].size > GROUP_BYTES):
+    for f in sorted(files, key=lambda f: f.size):
+        if cur and (len(cur) >= GROUP_FILES or size + f.size > GROUP_BYTES):
             out.append(cur)
             cur, size = [], 0
-        cur.append(item)
-        size += item[0].size
+        cur.append(f)
+        size += f.size
     if cur:
         out.append(cur)
     return out
