@@ -203,9 +203,8 @@ class HfTarget:
     def _hub(self) -> Any:
         """huggingface_hub, imported on first use (a pass with nothing to send never pays for it)."""
         if self._hh is None:
-            # read by huggingface_hub at import; set on the constants too in case it is already imported
-            os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            # Its switches are read from the environment at import; we set the module's constants
+            # instead of os.environ, which the training started by the daemon could inherit.
             import huggingface_hub as hh
             from huggingface_hub import constants, errors
             from huggingface_hub.utils import disable_progress_bars
@@ -308,9 +307,7 @@ class HfTarget:
         try:
             info = api.repo_info(self.repo_id, repo_type=self.repo_type)
             private = bool(info.private)
-        except errors.RepositoryNotFoundError as e:
-            if getattr(getattr(e, "response", None), "headers", {}).get("X-Error-Message") == INVALID_CREDENTIALS:
-                raise self._error("repo info", e) from None
+        except errors.RepositoryNotFoundError:
             self._call("repo create", api.create_repo, self.repo_id, repo_type=self.repo_type,
                        private=self.cfg.hf_private, exist_ok=True)
             private = self.cfg.hf_private
