@@ -24,7 +24,8 @@ from supervisor.sync import manifest as mf
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.targets import base
 from supervisor.sync.targets.base import LocalFile, UnitPut, Uploaded
-from supervisor.sync.targets.hf import HfTarget, choose_upload_path, find_token, unit_of, unit_summary
+from supervisor.sync.targets.hf import HfTarget
+from supervisor.sync.targets.hf_rules import choose_upload_path, find_token, unit_of, unit_summary
 from supervisor.sync.targets.local import LocalTarget
 from supervisor.sync.url import parse_target
 from tests.fixtures.fake_hub import FakeHub, git_blob_id

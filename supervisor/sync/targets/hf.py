@@ -35,7 +35,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +61,15 @@ from .base import (
     open_source,
     pread_exact,
 )
+from .hf_rules import (
+    choose_upload_path,
+    find_token,
+    git_blob_id,
+    parse_trainer_state,
+    retry_after_s,
+    unit_of,
+    unit_summary,
+)
 
 log = get_logger("sync.hf")
 
@@ -75,93 +84,6 @@ INLINE_RETRY_MAX_S = 60.0       # a commit 429 with a Retry-After up to this is 
 INLINE_RETRIES = 3
 STATE_MAX = 32 << 20            # trainer_state.json read for commit messages only up to this size
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
-
-
-# --- pure helpers ---------------------------------------------------------------------------------
-
-def git_blob_id(data: bytes) -> str:
-    """The git object id of a regular file, as the Hub's tree lists it."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def choose_upload_path(env: dict[str, str], xet_installed: bool) -> tuple[str, str]:
-    """("xet" | "lfs", why) — the same rule huggingface_hub applies, made explicit for status."""
-    if (env.get("HF_HUB_DISABLE_XET") or "").strip().upper() in ("1", "ON", "YES", "TRUE"):
-        return "lfs", "HF_HUB_DISABLE_XET is set"
-    if not xet_installed:
-        return "lfs", "hf_xet is not installed"
-    return "xet", "hf_xet is installed (chunk-level dedup; resumes send only missing chunks)"
-
-
-def stored_token_path(env: dict[str, str]) -> str:
-    """Where `hf auth login` keeps the token for this user (huggingface_hub's own rule)."""
-    if env.get("HF_TOKEN_PATH"):
-        return os.path.expanduser(env["HF_TOKEN_PATH"])
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                              "huggingface")
-    return os.path.join(os.path.expanduser(home), "token")
-
-
-def find_token(token_file: str, env: dict[str, str]) -> tuple[str | None, str]:
-    """(token or None, where it came from — words for an error, never the token)."""
-    if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as fh:
-                tok = fh.read().strip()
-        except OSError as e:
-            raise AccessDenied(f"cannot read sync.hf_token_file {token_file}: {e.strerror or e}") from None
-        if not tok:
-            raise AccessDenied(f"sync.hf_token_file {token_file} is empty")
-        return tok, f"sync.hf_token_file ({token_file})"
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        if (env.get(var) or "").strip():
-            return env[var].strip(), f"the {var} environment variable"
-    path = stored_token_path(env)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            tok = fh.read().strip()
-    except OSError:
-        return None, ""
-    return (tok or None), f"the Hugging Face CLI login ({path})"
-
-
-def parse_trainer_state(data: bytes) -> dict | None:
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def unit_summary(unit: str, state: dict | None) -> str:
-    """"checkpoint-1200: step 1200/5000, loss 0.412" (as much as trainer_state.json tells)."""
-    bits = []
-    if state:
-        step, mx = state.get("global_step"), state.get("max_steps")
-        if isinstance(step, int):
-            bits.append(f"step {step}/{mx}" if isinstance(mx, int) and mx > 0 else f"step {step}")
-        for rec in reversed(state.get("log_history") or []):
-            if isinstance(rec, dict) and isinstance(rec.get("loss"), (int, float)):
-                bits.append(f"loss {rec['loss']:.4g}")
-                break
-    return f"{unit}: {', '.join(bits)}" if bits else unit
-
-
-def unit_of(keys: Iterable[str]) -> str:
-    """The folder the keys share ('' for files at the top)."""
-    dirs = [k.rsplit("/", 1)[0] if "/" in k else "" for k in keys]
-    if not dirs or "" in dirs:
-        return ""
-    common = os.path.commonpath(dirs)
-    return "" if common in (".", "/") else common
-
-
-def retry_after_s(headers: Any, default: float = 60.0) -> float:
-    v = (headers.get("Retry-After") if headers is not None else None) or ""
-    try:
-        return max(0.0, float(v))
-    except ValueError:
-        return default
 
 
 @dataclass
