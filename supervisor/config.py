@@ -101,6 +101,9 @@ class SyncConfig:
     ssh_port: int = _k("int", 22, min=1, max=65535)
     host_key_policy: str = _k("choice", "accept-new", choices=("accept-new", "yes", "no"))
     known_hosts_file: str = _k("path", "")
+    hf_token_file: str = _k("path", "")
+    hf_private: bool = _k("bool", True)
+    hf_revision: str = _k("str", "main")
     fail_alert_after: float = _k("duration", 300.0)
     retry_max_backoff: float = _k("duration", 300.0)
 
@@ -387,6 +390,11 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
             parse_target(cfg.sync.target)
         except ValueError as e:
             problems.append(f"sync.target: {e}")
+    # a branch name git accepts (no spaces, '..', '~^:?*[\\', leading '-' or trailing '/' or '.lock')
+    rev = cfg.sync.hf_revision
+    if not rev or not re.fullmatch(r"[A-Za-z0-9._/-]+", rev) or ".." in rev or rev.startswith(("-", "/")) \
+            or rev.endswith(("/", ".lock", ".")) or "//" in rev:
+        problems.append(f"sync.hf_revision: not a valid branch name: {_show(rev)}")
     if cfg.sync.watch and not cfg.sync.target:
         problems.append("sync.target: required when sync.watch lists folders")
     for i, p in enumerate(cfg.sync.watch):

@@ -14,6 +14,7 @@ from tests.fixtures.procs import kill_under
 
 pytest_plugins = [
     "tests.fixtures.s3",
+    "tests.fixtures.fake_hub",
     "tests.fixtures.sshd",
     "tests.fixtures.hf_writer",
     "tests.fixtures.sync_engine",

@@ -156,8 +156,11 @@ class Ledger:
                 self._append(rec)
                 self._apply(rec)
 
-    def manifest_done(self, unit_key: str, digest: str, at: float) -> None:
+    def manifest_done(self, unit_key: str, digest: str, at: float, commit: str = "") -> None:
+        """The unit's manifest is on the target; `commit`: the commit that holds it (the Hub)."""
         rec = {"op": "man", "u": unit_key, "d": digest, "at": at}
+        if commit:
+            rec["c"] = commit
         with self._lock:
             self._append(rec)
             self._apply(rec)
@@ -222,7 +225,10 @@ class Ledger:
                 self._bytes -= old.size
             self.inflight.pop(rec["k"], None)
         elif op == "man":
-            self.manifests[rec["u"]] = {"digest": rec["d"], "at": float(rec.get("at", 0))}
+            m = {"digest": rec["d"], "at": float(rec.get("at", 0))}
+            if rec.get("c"):
+                m["commit"] = str(rec["c"])
+            self.manifests[rec["u"]] = m
         elif op == "unman":
             self.manifests.pop(rec["u"], None)
         elif op == "gen":

@@ -1,7 +1,9 @@
-"""Targets by the kind of `sync.target`: S3 (boto3), rsync over SSH, a local folder."""
+"""Targets by the kind of `sync.target`: S3 (boto3), a Hugging Face Hub repo, rsync over SSH, a
+local folder."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ...config import SyncConfig
@@ -17,6 +19,10 @@ def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path) -> Targe
         from .s3 import S3Target
 
         return S3Target(url, cfg)
+    if url.kind == "hf":
+        from .hf import HfTarget
+
+        return HfTarget(url, cfg, Path(state_dir) / "sync" / "tmp")
     if url.kind == "rsync":
         from .rsync import RsyncTarget
 
@@ -28,9 +34,13 @@ def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path) -> Targe
 
 def target_identity(url: TargetURL, cfg: SyncConfig) -> str:
     """What names 'the same remote place' for the ledger: the URL, plus the endpoint for S3 (the
-    same bucket name on another store is another place) and the port for rsync."""
+    same bucket name on another store is another place), the Hub endpoint and branch for hf://, and
+    the port for rsync."""
     if url.kind == "s3":
         return f"{url.display()}@{cfg.endpoint_url or 'aws'}"
+    if url.kind == "hf":
+        endpoint = (cfg.endpoint_url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+        return f"{url.display()}@{endpoint}#{cfg.hf_revision}"
     if url.kind == "rsync":
         return f"{url.display()}#{cfg.ssh_port}"
     return url.display()

@@ -5,6 +5,10 @@ is verified on the target (so the ledger grows file by file and a crash loses at
 in flight). It raises TargetError when the target itself fails (unreachable, refused, errors);
 problems with one source file (vanished, changed while read, unreadable) are reported per file
 and never abort the batch.
+
+Optional capabilities (the engine asks through the functions at the end of this module, so a
+target without them needs nothing): `put_units` lands several complete units, manifests included,
+in one step (the Hub: one commit), and `describe` adds facts for status.
 """
 
 from __future__ import annotations
@@ -14,12 +18,26 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
 class TargetError(Exception):
     """The target failed; the batch stops and is retried with backoff."""
+
+
+class AccessDenied(TargetError):
+    """The target refused our credentials (bad token, no write access): retrying will not help
+    until a person fixes them, so an engine may alert at once."""
+
+
+class RateLimited(TargetError):
+    """The target asks us to wait `retry_after` seconds; the next attempt should not come sooner."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class SourceProblem(Exception):
@@ -81,7 +99,9 @@ class Target(Protocol):
 
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None: ...
 
-    def write_manifest(self, unit_key: str, data: bytes) -> None: ...
+    def write_manifest(self, unit_key: str, data: bytes) -> str | None:
+        """Returns the commit that holds it, for targets with commits (the Hub); None otherwise."""
+        ...
 
     def delete_manifest(self, unit_key: str) -> None: ...
 
@@ -163,3 +183,89 @@ class TokenBucket:
                     continue
                 wait = (chunk - self._tokens) / self.rate
             time.sleep(min(wait, 0.5))
+
+
+# --- optional capabilities -------------------------------------------------------------------
+
+@dataclass
+class UnitPut:
+    """One unit for put_units: the files of it not on the target yet, and how to build its
+    manifest once their sha256s are known (None: no manifest, for a partial unit or loose files)."""
+
+    key: str                         # the unit's key on the target ("checkpoint-1200"; "" for loose files)
+    files: list[LocalFile]
+    manifest: Callable[[dict[str, Uploaded]], bytes | None] | None = None
+    # manifest(results) gets key -> Uploaded for `files` and returns _MANIFEST.json (None: not now)
+
+
+@dataclass
+class UnitsPut:
+    commits: dict[str, str] = field(default_factory=dict)  # unit key -> commit holding it ("" without commits)
+    manifests: list[str] = field(default_factory=list)     # unit keys whose manifest is on the target now
+
+
+def put_units(target: Target, units: list[UnitPut], sink: UploadSink) -> UnitsPut:
+    """Upload several units, each with its manifest written last. A target that can land them
+    together (the Hub: files and manifests of all units in one commit) does; for the others this
+    is put_files then write_manifest, unit by unit. As with put_files, every file is reported to
+    the sink (done only once it is on the target, verified); a unit with a problem file gets no
+    manifest."""
+    native = getattr(target, "put_units", None)
+    if callable(native):
+        return native(units, sink)
+    out = UnitsPut()
+    for u in units:
+        if sink.cancelled():
+            break
+        rec = _Recording(sink)
+        if u.files:
+            target.put_files(u.files, rec)
+        if rec.problems or len(rec.results) < len(u.files) or u.manifest is None:
+            continue
+        data = u.manifest(rec.results)
+        if data is None:
+            continue
+        out.commits[u.key] = target.write_manifest(u.key, data) or ""
+        out.manifests.append(u.key)
+    return out
+
+
+def describe(target: Target) -> dict:
+    """Facts about the target for status (e.g. the Hub: repo, visibility, Xet or LFS); {} if none."""
+    fn = getattr(target, "describe", None)
+    return dict(fn()) if callable(fn) else {}
+
+
+class _Recording:
+    """An UploadSink that passes everything on and remembers results and problems."""
+
+    def __init__(self, sink: UploadSink):
+        self.sink = sink
+        self.results: dict[str, Uploaded] = {}
+        self.problems: list[SourceProblem] = []
+        self._lock = threading.Lock()
+
+    def begin(self, f: LocalFile, info: dict) -> None:
+        self.sink.begin(f, info)
+
+    def part(self, f: LocalFile, n: int, etag: str, checksum: str, size: int) -> None:
+        self.sink.part(f, n, etag, checksum, size)
+
+    def done(self, f: LocalFile, result: Uploaded) -> None:
+        self.sink.done(f, result)
+        with self._lock:
+            self.results[f.key] = result
+
+    def problem(self, f: LocalFile, err: SourceProblem) -> None:
+        self.sink.problem(f, err)
+        with self._lock:
+            self.problems.append(err)
+
+    def progress(self, f: LocalFile, nbytes: int) -> None:
+        self.sink.progress(f, nbytes)
+
+    def in_flight(self, key: str) -> dict | None:
+        return self.sink.in_flight(key)
+
+    def cancelled(self) -> bool:
+        return self.sink.cancelled()
