@@ -33,6 +33,7 @@ import structlog
 from .channels import Channel, EmailChannel, Message, message_id
 from .clock import Clock
 from .config import AlertsConfig
+from .redact import redact
 from .statefile import StateStore, set_aside
 from .timefmt import when
 
@@ -313,6 +314,7 @@ class Alerts:
     # --- what the rest of the daemon calls -------------------------------------------------
     def fire(self, key: str, kind: str, severity: Severity | str, subject: str, body: str) -> None:
         """A condition holds (call on every check while it does)."""
+        subject, body = redact(subject), redact(body)  # a stop command or a run command may carry keys
         now = self.clock.time()
         with self._lock:
             r = self.state.records.get(key)
@@ -350,6 +352,7 @@ class Alerts:
         """Something happened. Mailed at once unless the same key was mailed within repeat_interval
         (lifecycle notices that must always reach the owner need a key per occurrence).
         Returns whether a mail was queued."""
+        subject, body = redact(subject), redact(body)
         now = self.clock.time()
         with self._lock:
             r = self.state.records.get(key)

@@ -229,8 +229,15 @@ class StopSequence:
                 log.error("stop_record_unusable", error=str(e))
 
     def save(self) -> None:
-        if self.rec is not None:
+        """Persist the record. A full disk must not hold the stop for ever (the machine would bill on):
+        the sequence goes on with its record in memory; after a restart a repeated dry-run record or
+        poweroff is harmless, while a stop that never happens is not."""
+        if self.rec is None:
+            return
+        try:
             self.store.save(self.NAME, asdict(self.rec))
+        except OSError as e:
+            log.error("stop_record_not_saved", error=str(e), phase=str(self.rec.phase))
 
     # --- the moves --------------------------------------------------------------------------------
     def begin(self, boot_id: str, cycle: int, reason: str, wall: float) -> StopRecord:

@@ -455,3 +455,15 @@ def test_bad_severity_does_not_crash_the_caller(clock, tmp_path):
     a.fire("k", "x", "urgent!!", "s", "b")
     assert a.active()[0]["severity"] == "warning"
 
+
+
+def test_mails_never_carry_a_key_from_a_command_line():
+    clock = FakeClock(1_000_000.0)
+    mailer = ListMailer(clock)
+    a = Alerts(CFG, clock, None, mailer, background=False)
+    a.event("stop:now:1", "stopping", "warning", "stopping now",
+            "Stop action: command `vastai stop instance 7 --api-key 0123456789abcdef`\n")
+    a.fire("sync:failing", "sync_failing", "warning", "sync failing: https://u:hunter2pass@host/x", "b")
+    a.tick()
+    assert mailer.sent and all("0123456789abcdef" not in s and "hunter2pass" not in s for _, s in mailer.sent)
+    assert "0123456789abcdef" not in a.state.outbox.__repr__()

@@ -223,3 +223,21 @@ def test_unusable_stop_record_is_reported_and_not_resumed(tmp_path):
     s = seq(tmp_path, action="dry-run")
     assert s.rec is None
     assert any("stop.json" in p for p in s.store.problems)
+
+
+class FullStore(StateStore):
+    """A store on a full disk: every save fails the way statefile reports it."""
+
+    def save(self, name, data):
+        from supervisor.statefile import StateWriteError
+
+        raise StateWriteError(self.path(name), OSError(28, "No space left on device"))
+
+
+def test_a_stop_record_that_cannot_be_saved_does_not_hold_the_stop(tmp_path):
+    cfg = from_dict({"state_dir": str(tmp_path / "state"), "stop": {"action": "dry-run"}})
+    s = StopSequence(cfg.stop, FullStore(cfg.state_dir), SystemClock(), state_dir=cfg.state_dir)
+    rec = s.begin("boot-1", 1, "idle", 1000.0)
+    s.record_sync(FinalSyncResult(ok=True, target="s3://b/p", files=1, bytes=1), 1001.0, 5.0)
+    assert "dry-run" in s.act(1002.0, 6.0)
+    assert rec.phase == "done"
