@@ -64,7 +64,6 @@ def render_status(st: dict) -> str:
 
 
 # --- the sections: each built from the status dict alone ----------------------------------------------
-# (transitional: until each subsystem's lines move here, they come pre-rendered in st["lines"])
 
 
 def progress_line(st: dict) -> str:
