@@ -88,6 +88,43 @@ class Member:
                                            out.read().decode(), err.read().decode())
 
 
+def _group_access_broken(m: Member) -> str:
+    """Independent of the product: a 0660 root:group socket in a 0750 root:group folder, connected to
+    by the member. Some sandboxes (a chroot under another tool's namespaces) do not honour the group
+    of a forked child; there the socket tests below cannot say anything about our code."""
+    import socket as _socket
+
+    d = Path(tempfile.mkdtemp(prefix="tsv-grp-"))
+    try:
+        os.chmod(d, 0o755)
+        inner = d / "run"
+        inner.mkdir(mode=0o750)
+        os.chown(inner, 0, m.group_gid)
+        path = str(inner / "probe.sock")
+        srv = _socket.socket(_socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(1)
+        os.chown(path, 0, m.group_gid)
+        os.chmod(path, 0o660)
+
+        def probe() -> int:
+            c = _socket.socket(_socket.AF_UNIX)
+            try:
+                c.connect(path)
+            except OSError as e:
+                sys.stderr.write(str(e))
+                return 1
+            finally:
+                c.close()
+            return 0
+
+        r = m.call(probe, timeout=20)
+        srv.close()
+        return "" if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture
 def member():
     """A fresh user `tsu-XXXX` in a fresh group `tsg-XXXX` (the socket_group), removed afterwards."""
@@ -99,7 +136,11 @@ def member():
         subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", group, name],
                        check=True, capture_output=True)
         try:
-            yield Member(name, group)
+            m = Member(name, group)
+            why = _group_access_broken(m)
+            if why:
+                pytest.skip(f"this machine does not give a forked second user its group's access: {why}")
+            yield m
         finally:
             subprocess.run(["userdel", name], capture_output=True)
     finally:
