@@ -7,6 +7,7 @@ and SIGKILL (uninterruptible): the stop then goes ahead after 2 x stop_grace + 1
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -39,6 +40,13 @@ EVENTS = st.sampled_from(["poll", "polls", "polls", "busy", "quiet", "run", "syn
 @given(st.lists(EVENTS, min_size=5, max_size=40), st.booleans())
 def test_the_action_runs_only_after_the_training_ended_and_its_outputs_were_synced(events, capped):
     tmp = Path(tempfile.mkdtemp(prefix="stop-prop-"))
+    try:
+        _run_events(tmp, events, capped)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # hypothesis runs it 60 times: leave no folder behind
+
+
+def _run_events(tmp: Path, events, capped) -> None:
     h = H(tmp, FakeClock(), config={"max_idle_cost": 1.5} if capped else {})
     h.sync = WatchedSync(h.training)
     acted: list[str] = []
