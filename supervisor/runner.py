@@ -53,11 +53,7 @@ class RunSpec:
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
         """ValueError (naming the field) or OSError when the file is not a spec this code wrote."""
-        try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise ValueError(f"spec.json: not JSON ({e})") from None
-        return records.load(cls, raw, "spec.json")
+        return records.load_file(cls, path, "spec.json")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -74,11 +70,7 @@ class ExitRecord:
 
     @classmethod
     def read(cls, path: str | Path) -> ExitRecord:
-        try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise ValueError(f"exit.json: not JSON ({e})") from None
-        return records.load(cls, raw, "exit.json")
+        return records.load_file(cls, path, "exit.json")
 
 
 def banner(run_id: int, started: float, command: str) -> str:
