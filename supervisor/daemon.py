@@ -129,6 +129,7 @@ class Daemon:
         self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
         self.progress.start_run(info.run_id, info.started_at or self.clock.time())
+        self.guard.poll_soon()
 
     def _on_training_end(self, info: TrainingInfo) -> None:
         # read what the job printed last (an OOM traceback) before judging how it ended
@@ -137,6 +138,7 @@ class Daemon:
         self.oom.check_exit(info)
         self.sync.request_sync()
         self.guard.on_training_ended(info)
+        self.guard.poll_soon()
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
         """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
@@ -324,6 +326,8 @@ DUTIES: tuple[Duty, ...] = (
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
+    # cheap: polls the guard early when a threshold is reached or a run started/ended
+    Duty("idle-due", lambda c: 1.0, lambda d: d.guard.poll_if_due()),
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed

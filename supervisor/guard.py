@@ -149,6 +149,7 @@ class IdleGuard:
         self._stop_seen = ""
         self._finish_queued: int | None = None
         self._still_up_alerted = False
+        self._poll_wanted = False
 
     @classmethod
     def of(cls, ctx: Context, training: TrainingView, gpu: GpuView | None, sync: SyncView,
@@ -203,6 +204,20 @@ class IdleGuard:
                 self._check_still_up(now)
         except Exception:  # noqa: BLE001 - the guard must keep polling
             log.exception("idle_poll_failed")
+
+    def poll_soon(self) -> None:
+        """Something the idle judgement depends on just changed (a run started or ended): judge
+        again within a second instead of at the next scheduled poll."""
+        self._poll_wanted = True
+
+    def poll_if_due(self) -> None:
+        """Run every second: polls now when asked to, or when a poll would cross the warning or stop
+        threshold, so the times status and the mails announce are the times things happen."""
+        with self._lock:
+            wanted = self._poll_wanted or idle.due(self.m, self.th, self.clock.monotonic())
+            self._poll_wanted = False
+        if wanted:
+            self.poll()
 
     def _info(self) -> TrainingInfo:
         try:
@@ -421,6 +436,7 @@ class IdleGuard:
             had = self.m.keepalive_until
             self.m = idle.cancel_keepalive(self.m)
             self._save()
+            self.poll_soon()
             log.info("keepalive_cancelled", had=had)
             msg = "keepalive cancelled; the machine is judged by its activity again from the next poll" if had \
                 else "no keepalive was set"
@@ -430,7 +446,8 @@ class IdleGuard:
     def status(self) -> dict:
         with self._lock:
             rec = self.stopper.current(self.m.boot_id) if self.m.boot_id else None
-            return status_of(self.m, self._signals, rec, self.th, self.conf, self.clock.time())
+            return status_of(self.m, self._signals, rec, self.th, self.conf, self.clock.time(),
+                             self.clock.monotonic())
 
     # --- mails: the guard gathers the facts; the words are in mails/ -------------------------------
     def _send(self, key: str, kind: str, severity: str, mail: Mail) -> None:
@@ -525,7 +542,7 @@ def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastPr
 
 
 def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Thresholds, conf: GuardConfig,
-              now: float) -> dict:
+              now: float, now_mono: float | None = None) -> dict:
     """The `idle` and `stop` blocks of status --json."""
     proj = idle.projection(m, th, now)
     stop_at = proj["stop_at"]
@@ -537,7 +554,8 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
             "state": m.state.value,
             "mode": m.mode,
             "idle_since": m.idle_since if m.state != I.ACTIVE else None,
-            "idle_for_s": m.idle_s if m.state != I.ACTIVE else 0.0,
+            "idle_for_s": idle.idle_for(m, th, now_mono) if now_mono is not None else
+            (m.idle_s if m.state != I.ACTIVE else 0.0),
             "warn_at": proj["warn_at"],
             "stop_at": stop_at,
             "reasons": list(m.reasons),

@@ -220,10 +220,8 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     actions: list[Action] = []
     if m.boot_id != now.boot_id:
         m, dt_s = _rebooted(m, now)
-    elif m.last_mono is None:
-        dt_s = 0.0
     else:
-        dt_s = min(max(now.mono - m.last_mono, 0.0), th.max_tick)
+        dt_s = elapsed(m, now.mono, th)
     m.last_mono, m.last_wall = now.mono, now.wall
 
     if m.keepalive_mono is not None and not keepalive_holds(m, now):
@@ -285,6 +283,37 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     return m, actions
 
 
+def elapsed(m: IdleMachine, now_mono: float, th: Thresholds) -> float:
+    """Seconds since the last poll that count, capped: a suspended process or a stalled scheduler
+    must not turn one late poll into hours of idleness."""
+    if m.last_mono is None:
+        return 0.0
+    return min(max(now_mono - m.last_mono, 0.0), th.max_tick)
+
+
+def due(m: IdleMachine, th: Thresholds, now_mono: float) -> bool:
+    """Would a poll now cross a threshold (warn, or stop)? The shell asks this often and cheaply, so
+    the warning and the stop happen at the times announced, not up to one poll interval later."""
+    if m.committed:
+        return False
+    e = elapsed(m, now_mono, th)
+    if m.state == I.IDLE:
+        return m.idle_s + e >= th.warn_after
+    if m.state == I.WARNED:
+        return m.warn_sent and m.warned_s + e >= stop_wait(m, th)
+    return False
+
+
+def idle_for(m: IdleMachine, th: Thresholds, now_mono: float) -> float:
+    """Idle seconds as of now (the last poll's figure plus the time since, as the next poll will
+    count it), so status does not show a figure frozen between polls."""
+    if m.state == I.ACTIVE:
+        return 0.0
+    if m.state == I.STOPPED:
+        return m.idle_s
+    return m.idle_s + elapsed(m, now_mono, th)
+
+
 def stop_wait(m: IdleMachine, th: Thresholds) -> float:
     """Seconds between the warning (or the start of the grace) and the stop."""
     if m.mode == FINISH_MODE:
@@ -339,6 +368,11 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     m.finish_run, m.finish_done = run_id, True
     if m.state in (I.STOPPING, I.STOPPED) or m.committed:
         return m  # a stop is already on its way (or done)
+    # the grace is counted from now: without this the next poll would credit the time since the
+    # last one to the grace, and the stop would come up to a poll interval before the announced time
+    if m.state != I.ACTIVE:
+        m.idle_s += elapsed(m, now.mono, th)
+    m.last_mono, m.last_wall = now.mono, now.wall
     m.mode = FINISH_MODE
     m.cycle += 1
     m.stop_after = th.finish_grace
@@ -375,7 +409,9 @@ def idle_cost(m: IdleMachine, price_per_hour: float | None) -> float | None:
 
 
 def projection(m: IdleMachine, th: Thresholds, now_wall: float) -> dict[str, float | None]:
-    """When the machine will warn and stop if nothing changes (wall times, for display)."""
+    """When the machine will warn and stop if nothing changes (wall times, for display). Counted
+    from the last poll, as `step` counts; the shell polls when `due` says so, so these are the times
+    things happen."""
     base = m.last_wall if m.last_wall is not None else now_wall
     warn_at = stop_at = None
     if m.state == I.IDLE:

@@ -570,3 +570,36 @@ def test_a_failed_run_awaiting_its_restart_is_not_a_finish(h):
     h.poll(10)
     st = h.guard.status()["idle"]
     assert st["state"] == "IDLE" and st["mode"] == "idle" and not h.mails() and not h.sync.calls
+
+
+def test_announced_stop_time_is_when_the_stop_happens(h):
+    """Issue 12.6, the demo's clock: the run ends between polls; the mail's "stopping at" is the end
+    plus the grace, status counts idle seconds between polls, and the 1 s due-check (the daemon's
+    idle-due duty) stops at that second, not at the next 30 s poll."""
+    h.restart({"training": {"on_finish": "stop"}})
+    h.training.state, h.training.run_id = T.RUNNING, 7
+    h.gpu.util = 90.0
+    h.poll()
+    h.clock.advance(20)
+    h.training.state, h.training.exit_code = T.FINISHED, 0
+    h.gpu.util = 0.0
+    ended = h.clock.time()
+    h.guard.on_training_ended(h.training.info())
+    assert h.guard.drain(10)
+    stop_at = h.guard.status()["idle"]["stop_at"]
+    assert stop_at == pytest.approx(ended + 120)
+    h.guard.poll_soon()
+    h.guard.poll_if_due()  # the run end is judged at once, not at the next poll
+    assert h.guard.status()["idle"]["idle_for_s"] == pytest.approx(0.0)
+    h.clock.advance(7)
+    assert h.guard.status()["idle"]["idle_for_s"] == pytest.approx(7.0)  # not frozen between polls
+    seconds = 7
+    while h.state != "STOPPED":
+        h.clock.advance(1)
+        seconds += 1
+        if seconds % int(POLL) == 0:
+            h.guard.poll()
+        h.guard.poll_if_due()
+        assert h.guard.drain(20)
+        assert seconds <= 130, h.guard.status()
+    assert h.clock.time() == pytest.approx(stop_at)

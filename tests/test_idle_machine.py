@@ -29,7 +29,9 @@ from supervisor.idle import (
     begin_finish,
     cancel_keepalive,
     commit_stop,
+    due,
     idle_cost,
+    idle_for,
     keepalive,
     mark_stopped,
     projection,
@@ -444,3 +446,60 @@ def test_while_the_stop_interrupts_the_training_only_people_count(clock):
     assert quiet.notes()[0] == "gpu: 90% over 5m (the stop is interrupting the training)"
     person = people_only(Signals((Signal("ssh", True, "ssh: root (pts/0)"),)), "x")
     assert person.reasons() == ["ssh: root (pts/0)"]
+
+
+# --- announced times are the times things happen (issue 12.6: the demo said "stopping at 23:36:37"
+# 4 s after the training ended with a 15 s grace, then stopped 15 s later than that) -------------------
+def test_the_grace_counts_from_the_end_not_from_the_poll_before_it(clock):
+    m, _ = step(IdleMachine(), sig("gpu", training_alive=True), now_of(clock), TH)
+    clock.advance(20)  # the run ends 20 s after the last poll
+    end = clock.time()
+    m = begin_finish(m, now_of(clock), TH, run_id=1)
+    assert projection(m, TH, clock.time())["stop_at"] == pytest.approx(end + TH.finish_grace)
+    for _ in range(4):  # polls every 29.75 s: the last one a second before the announced time
+        clock.advance((TH.finish_grace - 1) / 4)
+        assert not due(m, TH, clock.monotonic())
+        m, acts = step(m, IDLE, now_of(clock), TH)
+        assert m.state == I.WARNED and acts == []
+    clock.advance(1)
+    assert due(m, TH, clock.monotonic())
+    m, acts = step(m, IDLE, now_of(clock), TH)
+    assert [type(a) for a in acts] == [BeginStop]
+    assert clock.time() == pytest.approx(end + TH.finish_grace)
+
+
+def test_due_says_when_a_poll_would_warn_or_stop(clock):
+    m, _ = step(IdleMachine(), IDLE, now_of(clock), TH)
+    m, _ = step(m, IDLE, now_of(clock), TH)
+    assert m.state == I.IDLE and not due(m, TH, clock.monotonic())
+    m, _ = idle_ticks(m, clock, TH.warn_after - POLL)
+    clock.advance(POLL - 1)
+    assert not due(m, TH, clock.monotonic())
+    clock.advance(1)
+    assert due(m, TH, clock.monotonic())
+    m, acts = step(m, IDLE, now_of(clock), TH)
+    assert [type(a) for a in acts] == [SendWarning] and not due(m, TH, clock.monotonic())
+    warned = clock.time()
+    assert projection(m, TH, clock.time())["stop_at"] == pytest.approx(warned + TH.stop_after_warning)
+    m, acts = idle_ticks(m, clock, TH.stop_after_warning - POLL)
+    assert acts == []
+    clock.advance(POLL - 1)
+    assert not due(m, TH, clock.monotonic())
+    clock.advance(1)
+    assert due(m, TH, clock.monotonic())
+    m, acts = step(m, IDLE, now_of(clock), TH)
+    assert [type(a) for a in acts] == [BeginStop]
+    assert clock.time() == pytest.approx(warned + TH.stop_after_warning)
+    assert not due(commit_stop(m), TH, clock.monotonic())
+
+
+def test_idle_for_moves_between_polls_and_stops_at_the_cap(clock):
+    m, _ = step(IdleMachine(), sig("gpu"), now_of(clock), TH)
+    clock.advance(10)
+    assert idle_for(m, TH, clock.monotonic()) == 0.0  # active
+    m, _ = step(m, IDLE, now_of(clock), TH)
+    m, _ = step(m, IDLE, now_of(clock), TH)
+    clock.advance(7)
+    assert idle_for(m, TH, clock.monotonic()) == pytest.approx(m.idle_s + 7)
+    clock.advance(3600)  # a stalled scheduler does not turn into an hour of idleness on screen
+    assert idle_for(m, TH, clock.monotonic()) == pytest.approx(m.idle_s + TH.max_tick)
