@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import threading
 from collections import deque
@@ -541,7 +542,10 @@ class Alerts:
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
             p = self._dir / "alerts.jsonl"
-            with open(p, "a", encoding="utf-8") as f:
+            # 0600 like every state file: alert texts can name paths and hosts, and after a rotation
+            # a plain open() would create the new file with the umask's 0644
+            fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with open(fd, "a", encoding="utf-8") as f:
                 f.write(json.dumps(entry) + "\n")
             if p.stat().st_size > 4 * 1024 * 1024:
                 p.replace(p.with_suffix(".jsonl.1"))

@@ -4,6 +4,7 @@ aiosmtpd server, with hours of FakeClock time."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -417,6 +418,17 @@ def test_without_smtp_alerts_reach_the_journal_and_the_alert_list(clock, tmp_pat
     on_disk = [json.loads(x) for x in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert ("not_mailed", "disk") in [(e["what"], e["key"]) for e in on_disk]
     assert a.outbox_size() == 0
+    assert (tmp_path / "alerts.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_alert_log_is_private_after_its_rotation(clock, tmp_path):
+    a = Alerts(CFG, clock, tmp_path, None, hostname="h")
+    (tmp_path / "alerts.jsonl").write_bytes(b"{}\n" * (2 * 1024 * 1024 + 1))  # over 4 MiB: rotates next
+    os.chmod(tmp_path / "alerts.jsonl", 0o600)
+    a.event("one", "training_finished", "info", "training finished", "exit 0")
+    assert (tmp_path / "alerts.jsonl.1").exists()
+    a.event("two", "training_finished", "info", "training finished", "exit 0")
+    assert (tmp_path / "alerts.jsonl").stat().st_mode & 0o777 == 0o600
 
 
 def test_smtp_password_never_reaches_logs_or_state(smtp_factory, tls_ca, clock, tmp_path, capsys):
