@@ -33,7 +33,7 @@ from .durations import parse_duration
 from .interfaces import TrainingInfo
 from .logging_setup import configure
 from .notify import notify, watchdog_interval
-from .statefile import Reserve, StateStore, secure_state_dir
+from .statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from .states import TRAINING_ALIVE, TrainingState
 from .training import Training, TrainingError, command_line
 
@@ -269,6 +269,11 @@ class Daemon:
             return fn()
         except TrainingError as e:
             raise RequestError(str(e)) from None
+        except OSError as e:
+            # a full disk is the owner's to fix, not a bug: say which file and why (the run's spec is
+            # written before tmux is asked for anything, so nothing was started)
+            why = str(e) if isinstance(e, StateWriteError) else f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")
+            raise RequestError(f"{why}; nothing was started") from None
 
     def _h_run(self, a: dict) -> Any:
         argv = a.get("argv")

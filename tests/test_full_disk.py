@@ -253,6 +253,11 @@ def test_real_daemon_on_a_full_state_disk_still_records_and_says_so(disk, tmp_pa
         assert st["idle"]["keepalive_until"] > until
         assert any("idle.json" in p and "the disk is full" in p for p in st["daemon"]["problems"]), st["daemon"]
 
+        r = d.ctl("run", "--", "sleep", "60")  # a start on a full disk: the reason, not "internal error"
+        assert r.returncode != 0 and "internal error" not in r.stderr, r.stderr
+        assert "nothing was started" in r.stderr and ("disk is full" in r.stderr or "No space" in r.stderr), r.stderr
+        assert d.status()["training"]["state"] not in ("STARTING", "RUNNING")
+
         disk.empty()
         assert d.ctl("keepalive", "3h").returncode == 0
         wait_until(lambda: not any("idle.json" in p for p in d.status()["daemon"]["problems"]), 10,
