@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import psutil
 import structlog
 
 from . import stacks
@@ -54,7 +55,7 @@ class StallWatch:
         info = self.training.info()
         pids: list[int] = []
         if info.state == TrainingState.RUNNING:
-            pids = sorted(self.training.pids())
+            pids = _job_pids(self.training.pids())
             # CPU time is real, so it is measured against the real monotonic clock
             self.cpu.probe(pids, time.monotonic(), 0.0)
         now = self.ctx.clock.time()
@@ -104,6 +105,20 @@ class StallWatch:
                 out.append(words.GpuFigure(g["index"], g.get("util_pct"), g.get("mem_used_bytes"),
                                            g.get("mem_total_bytes")))
         return tuple(out), st.get("gpu_error")
+
+
+def _job_pids(pids: Iterable[int]) -> list[int]:
+    """The training's own processes: the tree less our runner (supervisor.runner, which only waits
+    for the job and records its exit), so its stack does not take one of the few py-spy slots."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            if "supervisor.runner" in psutil.Process(pid).cmdline()[:3]:
+                continue
+        except psutil.Error:
+            continue
+        out.append(pid)
+    return out
 
 
 def _tail(path: str, n: int) -> list[str]:

@@ -70,7 +70,7 @@ def stalled(f: Stalled) -> Mail:
         "GPUs:" if f.gpus else f"GPUs: {f.gpu_error or 'none seen'}",
         *[_gpu(g) for g in f.gpus],
         f"Processes of the training: {', '.join(map(str, f.pids)) or 'none found'}"
-        + (f"; {f.cpu} of a core together" if f.cpu else ""),
+        + (f" ({f.cpu} of one core in all)" if f.cpu else ""),
         "",
         "A run hung in a collective (NCCL) or a deadlocked data loader often keeps the GPU busy and a CPU",
         "core spinning while no step advances. The stacks below show where each Python process is.",
