@@ -75,9 +75,10 @@ def ptrace_problem() -> str:
     """Why py-spy cannot read another process here ("" when it can): tried on a real one."""
     if stacks.py_spy() is None:
         return "py-spy is not installed"
-    p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    p = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nimport time\nwhile True: time.sleep(1)"],
+                         stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)  # the interpreter must be up before py-spy can find its thread state
+        p.stdout.readline()  # the interpreter is up: py-spy can find its thread state
         text = stacks.dump([p.pid])
     finally:
         p.kill()
@@ -125,6 +126,10 @@ def daemon():
         return d
     yield make
     for d in made:
+        if d.training.info().state.value in ("STARTING", "RUNNING"):
+            d.training.stop()  # the daemon leaves a training running by design; the test ends its own
+            wait_until(lambda d=d: run(d, "training") or d.training.info().state.value not in
+                       ("STARTING", "RUNNING", "STOPPING"), 60, interval=0.1, what="the trainer ended")
         d.shutdown()
         os.system(f"tmux -S {d.cfg.state_dir}/tmux.sock kill-server >/dev/null 2>&1")
 
