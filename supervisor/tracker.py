@@ -185,8 +185,12 @@ class ProgressTracker:
 
     def _stall_view(self, now: float) -> stall.View:
         r = self.run
-        return stall.view(r.step, r.step_at, [s.t for s in r.steps.samples], now, self.cfg.stall_after,
-                          r.live and not r.finished)
+        times = [s.t for s in r.steps.samples]
+        if len(times) < 3 and r.started_at is not None and (not times or r.started_at < times[0]):
+            # too few steps for a typical gap: the wait for the first one counts as one, so a step seen
+            # only in hourly checkpoints (or a log line every 40 minutes) is not called hung after 30m
+            times.insert(0, r.started_at)
+        return stall.view(r.step, r.step_at, times, now, self.cfg.stall_after, r.live and not r.finished)
 
     def cost(self, now: float) -> dict:
         """The `cost` block of status --json (see progress_run.cost)."""

@@ -66,8 +66,8 @@ def test_config_errors_name_the_key(section, problem):
 
 
 # --- the tracker ---------------------------------------------------------------------------------
-def tsup(step: int) -> str:
-    return f'TSUP {{"step": {step}, "max_steps": 100}}'
+def tsup(step: int, max_steps: int = 100) -> str:
+    return f'TSUP {{"step": {step}, "max_steps": {max_steps}}}'
 
 
 def test_tracker_status_keys(tmp_path):
@@ -88,6 +88,21 @@ def test_tracker_status_keys(tmp_path):
     tr.end_run(1, last + 2000)
     p = tr.snapshot(last + 9999)
     assert p["since_step_s"] is None and p["stalled"] is False  # an ended run is not judged
+
+
+def test_few_steps_count_the_wait_for_the_first_one(tmp_path):
+    """Steps seen only in hourly checkpoints: one step is not a cadence; the hour to it is one gap."""
+    clock = FakeClock(start=T0)
+    tr, _, _ = make(tmp_path, clock)
+    tr.start_run(1, T0)
+    tr.feed_line(tsup(500, 5000), T0 + 3600)
+    assert tr.stall(T0 + 3600 + 1800).stall is None and tr.stall(T0 + 3600).threshold_s == 36_000.0
+    tr.feed_line(tsup(1000, 5000), T0 + 7200)
+    tr.feed_line(tsup(1500, 5000), T0 + 10_800)
+    assert tr.stall(T0 + 10_800).threshold_s == 36_000.0
+    for i in range(4, 40):                      # then a fast cadence: the floor again
+        tr.feed_line(tsup(1500 + i, 5000), T0 + 10_800 + 2 * i)
+    assert tr.stall(T0 + 11_000).threshold_s == 1800.0
 
 
 def test_tracker_uses_the_configured_threshold_and_never_judges_a_finished_run(tmp_path):
