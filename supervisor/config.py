@@ -41,7 +41,7 @@ def _k(kind: str, default: Any, *, choices: tuple[str, ...] = (), min: float | N
 
 
 # Kinds: str, path, int, float, bool, duration (-> seconds float), size (-> bytes int),
-# choice, strlist, strdict, optfloat (None when unset), url.
+# choice, strlist, strdict, optfloat (None when unset), optduration (None when unset or ""), url.
 
 
 @dataclass
@@ -188,6 +188,9 @@ class ProgressConfig:
     window: float = _k("duration", 300.0)
     budget: float | None = _k("optfloat", None, min=0)
     log_interval: float = _k("duration", 300.0)
+    # None: the larger of 30m and 10 x the median step time (supervisor.stall.threshold)
+    stall_after: float | None = _k("optduration", None, min=60)
+    stalled_action: str = _k("choice", "alert", choices=("alert", "stop"))
 
 
 @dataclass
@@ -249,7 +252,7 @@ def _limit(meta: dict, which: str) -> str:
     v = meta[which]
     if meta["kind"] == "size":
         return format_bytes(v)
-    if meta["kind"] != "duration":
+    if meta["kind"] not in ("duration", "optduration"):
         return f"{v:g}"
     return f"{v * 1000:g}ms" if v < 1 else format_duration(v)
 
@@ -294,7 +297,9 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
         if not math.isfinite(out):
             problems.append(f"{key}: expected a finite number, got {value!r}")
             return bad
-    elif kind == "duration":
+    elif kind == "optduration" and value == "":
+        return None  # written out as unset: the built-in rule applies
+    elif kind in ("duration", "optduration"):
         if not isinstance(value, str):
             problems.append(f'{key}: expected a duration like "2h", got {_show(value)}')
             return bad

@@ -90,8 +90,10 @@ class Daemon:
         self.hostcheck = HostCheck(self.ctx, disk_paths)
 
         from .guard import IdleGuard
+        from .stallwatch import StallWatch
 
         self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
+        self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
 
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
@@ -330,6 +332,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("log", lambda c: 2.0, lambda d: d.follower.poll(d.clock.time())),
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
+    Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     # cheap: polls the guard early when a threshold is reached or a run started/ended
     Duty("idle-due", lambda c: 1.0, lambda d: d.guard.poll_if_due()),

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from . import idle
+from . import idle, stall
 from .activity import Probes
 from .alerts import Alerts
 from .clock import Clock
@@ -32,6 +32,7 @@ from .idle import AbortStop, BeginStop, IdleMachine, Now, SendCancelled, SendWar
 from .interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
 from .mails import Mail, describe_exit
 from .mails import idle as words
+from .mails import stall as stall_words
 from .mails import training as run_words
 from .statefile import StateStore
 from .states import TRAINING_ALIVE, IdleState, StopPhase, TrainingState
@@ -62,13 +63,14 @@ class GuardConfig:
     currency: str
     max_idle_cost: float | None
     stop_grace: float = 30.0          # training.stop_grace: how long each of SIGINT and SIGTERM may take
+    stalled_action: str = "alert"     # progress.stalled_action: "stop" counts a stalled run as idle
 
     @classmethod
     def of(cls, cfg: Config) -> GuardConfig:
         return cls(cfg.idle, cfg.stop, cfg.training.on_finish, cfg.training.finish_grace, cfg.training.session,
                    tuple(cfg.stop.final_sync or cfg.sync.watch), cfg.sync.target, cfg.state_dir,
                    dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost,
-                   cfg.training.stop_grace)
+                   cfg.training.stop_grace, cfg.progress.stalled_action)
 
     @property
     def interrupt_patience(self) -> float:
@@ -188,6 +190,8 @@ class IdleGuard:
             now = self._now()
             info = self._info()
             sig = self.probes.gather(info, now, self.gpu, self.training.pids)
+            if why := self._stall_counts_idle(info, now):
+                sig = idle.people_only(sig, why)
             with self._lock:
                 if self._interrupted(info):
                     sig = idle.people_only(sig, "the stop is interrupting the training")
@@ -218,6 +222,20 @@ class IdleGuard:
             self._poll_wanted = False
         if wanted:
             self.poll()
+
+    def _stall_counts_idle(self, info: TrainingInfo, now: Now) -> str:
+        """Why a RUNNING training's signs of life are not work (progress.stalled_action = "stop" and
+        its step stands still past the threshold: supervisor.stall); "" when they are."""
+        if self.conf.stalled_action != "stop" or self.progress is None or info.state != TrainingState.RUNNING:
+            return ""
+        try:
+            s = self.progress.stall(now.wall).stall
+        except Exception:  # noqa: BLE001 - no verdict: the probes alone decide, as without this option
+            log.exception("stall_check_failed")
+            return ""
+        if s is None or not stall.counts_as_idle(s, self.conf.stalled_action):
+            return ""
+        return stall_words.reason(s.step, s.since, s.for_s)
 
     def _info(self) -> TrainingInfo:
         try:

@@ -136,6 +136,13 @@ def exposition(st: dict) -> str:
               pr.get("stalled_since") is not None)
     f.add(P + "training_stalled_since_timestamp_seconds", "gauge", "Since when the training shows no progress.",
           pr.get("stalled_since"))
+    f.add(P + "seconds_since_step", "gauge", "Seconds since the running training's step last advanced.",
+          pr.get("since_step_s"))
+    f.add(P + "training_stall_after_seconds", "gauge",
+          "Seconds without a new step after which the running training counts as hung.", pr.get("stall_after_s"))
+    if pr.get("since_step_s") is not None:
+        f.add(P + "training_hung", "gauge", "1 while the running training's step has not advanced for "
+              "training_stall_after_seconds (the training-stalled alert).", bool(pr.get("stalled")))
 
     cost = _d(st.get("cost"))
     cur = {"currency": cost.get("currency") or ""}

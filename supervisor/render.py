@@ -120,6 +120,9 @@ def _progress_line(p: dict, cost: dict, now: float) -> str:
         parts.append(", ".join(money_bits))
     elif elapsed is not None:
         parts.append(f"elapsed {format_duration(elapsed)}")
+    if p.get("stalled") and p.get("since_step_s") is not None:
+        parts.append(f"STALLED: no step for {format_duration(p['since_step_s'])} "
+                     f"(since {hm(now - p['since_step_s'])})")
     return "  ".join(parts)
 
 

@@ -45,3 +45,29 @@ def judge(step: int | None, step_at: float | None, now: float, threshold_s: floa
     if waited < threshold_s:
         return None
     return Stall(step, step_at, waited, threshold_s)
+
+
+@dataclass(frozen=True)
+class View:
+    """What status shows of one run: seconds since its step last moved, the threshold in force,
+    and the stall when there is one."""
+
+    since_step_s: float | None
+    threshold_s: float | None
+    stall: Stall | None
+
+
+def view(step: int | None, step_at: float | None, step_times: Sequence[float], now: float,
+         configured_s: float | None, running: bool) -> View:
+    """The run as status and the alert see it. `running`: the run is live and has not said it
+    finished (a finished run may spend an hour in push_to_hub without a step; that is no hang)."""
+    if not running or step is None or step_at is None:
+        return View(None, None, None)
+    th = threshold(step_times, configured_s)
+    return View(max(0.0, now - step_at), th, judge(step, step_at, now, th, running))
+
+
+def counts_as_idle(s: Stall | None, action: str) -> bool:
+    """With progress.stalled_action = "stop" a stalled run's GPU load, output and CPU are not
+    work: the machine is judged on its people (and keepalives) alone, like any idle machine."""
+    return s is not None and action == "stop"

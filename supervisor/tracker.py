@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from . import progress_run as pr
+from . import stall
 from .checkpoints import checkpoint_step
 from .context import Context
 from .mails import progress as words
@@ -163,10 +164,33 @@ class ProgressTracker:
         """`training.progress` of status --json: the contract's keys plus a few more; None = unknown."""
         try:
             with self._lock:
-                return pr.snapshot(self.run, self._figures(now))
+                out = pr.snapshot(self.run, self._figures(now))
+                v = self._stall_view(now)
+            out.update(since_step_s=None if v.since_step_s is None else round(v.since_step_s, 1),
+                       stall_after_s=v.threshold_s, stalled=v.stall is not None)
+            return out
         except Exception:  # noqa: BLE001
             self._error("progress_snapshot_failed")
             return dict.fromkeys(("step", "max_steps", "epoch", "loss", "tokens_per_s", "eta_s"))
+
+    def stall(self, now: float) -> stall.View:
+        """Seconds since the step last moved, the stall threshold, and the stall if there is one
+        (supervisor.stall). The caller also checks that the training is RUNNING."""
+        try:
+            with self._lock:
+                return self._stall_view(now)
+        except Exception:  # noqa: BLE001
+            self._error("progress_stall_failed")
+            return stall.View(None, None, None)
+
+    def _stall_view(self, now: float) -> stall.View:
+        r = self.run
+        times = [s.t for s in r.steps.samples]
+        if len(times) < 3 and r.started_at is not None and (not times or r.started_at < times[0]):
+            # too few steps for a typical gap: the wait for the first one counts as one, so a step seen
+            # only in hourly checkpoints (or a log line every 40 minutes) is not called hung after 30m
+            times.insert(0, r.started_at)
+        return stall.view(r.step, r.step_at, times, now, self.cfg.stall_after, r.live and not r.finished)
 
     def cost(self, now: float) -> dict:
         """The `cost` block of status --json (see progress_run.cost)."""
