@@ -148,4 +148,4 @@ def test_backoff_never_retries_before_retry_after_nor_parks_for_days():
     assert b.failed(100.0, cap=60.0, jitter=1.0, retry_after=600.0) == 600.0  # past the cap: the Hub said so
     assert b.failed(700.0, cap=60.0, jitter=1.0, retry_after=1.0) == 4.0      # the backoff's own, when longer
     assert b.failed(704.0, cap=60.0, jitter=1.0, retry_after=1e9) == RETRY_AFTER_MAX_S
-    assert b.failed(800.0, cap=60.0, jitter=0.5) == 4.0 and b.failing_for(800.0) == 700.0
+    assert b.failed(800.0, cap=60.0, jitter=0.5) == 8.0 and b.failing_for(800.0) == 700.0
