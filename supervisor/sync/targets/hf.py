@@ -43,6 +43,8 @@ STATE_MAX = 32 << 20            # trainer_state.json read for commit messages on
 
 
 class HfTarget:
+    """The Target (and its optional put_units and describe) for one hf:// URL."""
+
     def __init__(self, url: TargetURL, cfg: SyncConfig, tmp_dir: str | Path,
                  env: dict[str, str] | None = None):
         self.repo = HubRepo(url, cfg, tmp_dir, dict(os.environ if env is None else env))
@@ -109,7 +111,7 @@ class HfTarget:
             return
         hh = self.repo.hub()
         self.repo.commit([hh.CommitOperationDelete(path_in_repo=path)],
-                     f"{unit_key or '(top)'}: changed since its manifest; {MANIFEST_NAME} withdrawn")
+                         f"{unit_key or '(top)'}: changed since its manifest; {MANIFEST_NAME} withdrawn")
 
     def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
         paths = {self.repo.path(k): k for k in expected}
@@ -133,7 +135,7 @@ class HfTarget:
             return
         hh = self.repo.hub()
         self.repo.commit([hh.CommitOperationDelete(path_in_repo=folder + "/", is_folder=True)],
-                     f"keep_last={self.repo.cfg.keep_last}: delete {unit_key.strip('/')}")
+                         f"keep_last={self.repo.cfg.keep_last}: delete {unit_key.strip('/')}")
 
     def describe(self) -> dict:
         return self.repo.facts()

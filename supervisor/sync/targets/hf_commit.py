@@ -28,7 +28,7 @@ class Committer:
         self.repo = repo
 
     def land(self, plans: list[Plan], sink: UploadSink,
-              message: str, description: str = "") -> dict[str, str]:
+             message: str, description: str = "") -> dict[str, str]:
         """Commit the staged files and manifests of several units; unit key -> commit id.
         A unit's manifest goes in the commit that holds its last files."""
         commits: dict[str, str] = {}
@@ -96,7 +96,7 @@ class Committer:
             return {}
         api = self.repo.ensure()
         self.repo.call("preupload", api.preupload_lfs_files, self.repo.repo_id, additions=list(ops.values()),
-                   repo_type=self.repo.repo_type, revision=self.repo.revision, free_memory=False)
+                       repo_type=self.repo.repo_type, revision=self.repo.revision, free_memory=False)
         out: dict[str, tuple[int, str] | None] = {u: None for u in ops}
         for u, op in ops.items():
             remote, mine = op._remote_oid, manifests[u]

@@ -166,7 +166,7 @@ class HubRepo:
             private = bool(info.private)
         except errors.RepositoryNotFoundError:
             self.call("repo create", api.create_repo, self.repo_id, repo_type=self.repo_type,
-                       private=self.cfg.hf_private, exist_ok=True)
+                      private=self.cfg.hf_private, exist_ok=True)
             private = self.cfg.hf_private
             self._created = True
             log.info("hf_repo_created", repo=self.repo_id, repo_type=self.repo_type, private=private)
@@ -179,7 +179,7 @@ class HubRepo:
             log.warning("hf_repo_public", repo=self.repo_id)
         if self.revision != "main":
             self.call("branch create", api.create_branch, self.repo_id, branch=self.revision,
-                       repo_type=self.repo_type, exist_ok=True)
+                      repo_type=self.repo_type, exist_ok=True)
         self._ready = True
         return api
 
@@ -189,9 +189,9 @@ class HubRepo:
         while True:
             try:
                 ci = self.call("commit", api.create_commit, self.repo_id, operations=ops,
-                                commit_message=message[:1000], commit_description=description,
-                                repo_type=self.repo_type, revision=self.revision,
-                                num_threads=max(1, self.cfg.concurrency))
+                               commit_message=message[:1000], commit_description=description,
+                               repo_type=self.repo_type, revision=self.revision,
+                               num_threads=max(1, self.cfg.concurrency))
             except RateLimited as e:
                 self.stats["commit_429"] += 1
                 attempt += 1
@@ -210,7 +210,7 @@ class HubRepo:
         out: dict[str, Any] = {}
         for i in range(0, len(paths), PATHS_PER_CALL):
             for item in self.call("tree listing", api.get_paths_info, self.repo_id, paths[i:i + PATHS_PER_CALL],
-                                   repo_type=self.repo_type, revision=revision):
+                                  repo_type=self.repo_type, revision=revision):
                 out[item.path] = item
         return out
 
@@ -220,7 +220,7 @@ class HubRepo:
         d = tempfile.mkdtemp(prefix="hf-", dir=self.tmp_dir)
         try:
             p = self.call("download", api.hf_hub_download, self.repo_id, path, repo_type=self.repo_type,
-                           revision=self.revision, local_dir=d)
+                          revision=self.revision, local_dir=d)
             with open(p, "rb") as fh:
                 return fh.read(DOWNLOAD_MAX)
         except TargetError as e:

@@ -98,8 +98,8 @@ class Stager:
                 return []
             try:
                 self.repo.call("upload", api.preupload_lfs_files, self.repo.repo_id, additions=[p[1] for p in prepared],
-                           repo_type=self.repo.repo_type, revision=self.repo.revision,
-                           num_threads=max(1, self.repo.cfg.concurrency), free_memory=True)
+                               repo_type=self.repo.repo_type, revision=self.repo.revision,
+                               num_threads=max(1, self.repo.cfg.concurrency), free_memory=True)
                 return prepared
             except TargetError:
                 changed = [p for p in prepared if p[3] is None and not unchanged(p[0])]
