@@ -93,10 +93,9 @@ def test_refused_token_alerts_once_at_once_and_the_worker_lives(make_engine, hf_
     # a read-only token: still refused, the same alert (no second mail), now naming the missing write access
     fake_hub.make_repo("alice/run1", private=True)
     token_file.write_text("hf_readonly\n")
-    for _ in range(3):
+    for i in range(3):
         clock.advance(400)  # past the backoff: it tries again, and is refused again
-        n = fake_hub.requests.get("whoami", 0)
-        wait_until(lambda n=n: fake_hub.requests.get("whoami", 0) > n, 20, what="another refused try")
+        wait_until(lambda i=i: e.health.backoff.failures == 2 + i, 20, what="another refused try")
         e.alerts.tick()
     assert e._thread is not None and e._thread.is_alive(), "the worker must survive"
     wait_until(lambda: "has no write access" in e.status()["last_error"], 10, what="403 named")
