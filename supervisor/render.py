@@ -180,6 +180,7 @@ def sync_lines(st: dict) -> list[str]:
     lines.append(f"          pending {sy.get('pending_files', 0)} files ({format_bytes(sy.get('pending_bytes', 0))})  "
                  f"uploaded {sy.get('uploaded_files', 0)} files ({format_bytes(sy.get('uploaded_bytes', 0))})  "
                  f"last ok {ok}")
+    lines += target_info_lines(sy.get("target_info") or {})
     for w in (sy.get("waiting") or [])[:3]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
@@ -191,6 +192,21 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          FAILING for {format_duration(sy.get('failing_for_s'))}{retry_text}: {err}")
     elif err:
         lines.append(f"          last error: {err}")
+    return lines
+
+
+def target_info_lines(info: dict) -> list[str]:
+    """What `sync.target_info` adds (a Hub repo: which upload path and why, private or public,
+    the branch; the warning when an existing repo is public). Nothing for targets without it."""
+    if info.get("kind") != "hf":
+        return []
+    path = {"xet": "Xet", "lfs": "LFS"}.get(info.get("upload_path") or "", info.get("upload_path") or "?")
+    why = f" ({info['upload_path_reason']})" if info.get("upload_path_reason") else ""
+    vis = {True: "private", False: "PUBLIC"}.get(info.get("private"), "not checked yet")
+    lines = [f"          via {path}{why}  {info.get('repo_type') or 'model'} repo {vis}, "
+             f"branch {info.get('revision') or 'main'}"]
+    if info.get("warning"):
+        lines.append(f"          WARNING: {info['warning']}")
     return lines
 
 

@@ -143,12 +143,14 @@ def test_first_upload_of_a_checkpoint_and_an_adapter(make_engine, hf_writer, fak
     # every object went up exactly once
     assert fake_hub.object_puts and set(fake_hub.object_puts.values()) == {1}
     assert set(fake_hub.objects_stored.values()) == {1}
-    # commits name the unit; the manifest lands after (or with) the files it lists
+    # both units ready at once: one commit naming each, manifests in it (complete by construction)
     history = fake_hub.history("alice/run1")
-    summaries = [c.summary for c in history]
-    assert any(s.startswith("checkpoint-50: step 50, loss") for s in summaries), summaries
-    first_manifest = next(i for i, c in enumerate(history) if f"checkpoint-50/{MANIFEST_NAME}" in c.tree)
-    assert all(f"checkpoint-50/{n}" in history[first_manifest].tree for n in hf_writer.contents["checkpoint-50"])
+    assert len(history) == 2 and history[-1].summary == "2 units: lora, checkpoint-50", [c.summary for c in history]
+    assert "checkpoint-50: step 50, loss" in history[-1].description
+    assert {f"checkpoint-50/{MANIFEST_NAME}", f"lora/{MANIFEST_NAME}"} <= set(history[-1].tree)
+    # the ledger records the commit that holds each unit
+    assert e.ledger.manifest("checkpoint-50")["commit"] == history[-1].oid
+    assert e.ledger.manifest("lora")["commit"] == history[-1].oid
     assert e.status()["uploaded_files"] == 14 and e.status()["state"] == "idle"
     info = base.describe(e.target)
     assert info["upload_path"] == "lfs" and "HF_HUB_DISABLE_XET" in info["upload_path_reason"]
@@ -232,12 +234,15 @@ def test_kill9_mid_upload_and_after_a_commit_sends_nothing_finished_twice(sync_p
     lfs = {hashlib.sha256(d).hexdigest() for n, d in files.items() if n.endswith(LFS_NAMES)}
     assert set(fake_hub.objects_stored) == lfs and set(fake_hub.objects_stored.values()) == {1}
     assert dict(fake_hub.object_puts) == dict.fromkeys(lfs, 1), "a finished object was sent again"
-    summaries = [c.summary for c in fake_hub.history("alice/run1")[1:]]
-    assert summaries == ["checkpoint-9: step 9/90, loss 1.5 (8 files)",
-                         f"checkpoint-9: step 9/90, loss 1.5 (complete: {MANIFEST_NAME})"], summaries
+    # one commit for the whole unit, manifest included; the restart found it and committed nothing
+    history = fake_hub.history("alice/run1")
+    assert [c.summary for c in history[1:]] == ["checkpoint-9: step 9/90, loss 1.5"]
+    assert f"checkpoint-9/{MANIFEST_NAME}" in history[-1].tree
     assert "hf_resume" in proc.log_text(), "the resumed run hashed again what the journal knew"
     done = [x["k"] for x in proc.journal() if x.get("op") == "done"]
     assert sorted(done) == sorted(f"checkpoint-9/{n}" for n in files)
+    landed = [x for x in proc.journal() if x.get("op") == "man" and x.get("u") == "checkpoint-9"]
+    assert landed and landed[-1]["c"] == history[-1].oid, "the ledger records the unit's commit"
 
 
 def test_commit_429_is_waited_out_and_a_long_one_backs_off(make_engine, hf_writer, fake_hub, token_file):

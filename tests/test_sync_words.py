@@ -155,3 +155,40 @@ def test_lines_last_error_after_recovery():
     st = status(last_error="checkpoint-3/optimizer.pt: unreadable: Input/output error")
     assert sync_lines(st, NOW)[-1] == "          last error: checkpoint-3/optimizer.pt: unreadable: Input/output error"
     assert len(sync_lines(st, NOW)) == 3
+
+
+# --- a Hub target: the "sync refused" mail and the target_info lines ------------------------------
+
+def test_refused_mail_golden():
+    m = mails_sync.sync_refused("hf://alice/run1", "the Hugging Face Hub rejected the token from HF_TOKEN (401)",
+                                3, 3 * 1024**2)
+    assert m.subject == "sync refused: hf://alice/run1 rejects the credentials"
+    assert m.body == (
+        "Uploads to hf://alice/run1 are refused: the Hugging Face Hub rejected the token from HF_TOKEN (401)\n"
+        "Not yet on the target: 3 files (3.0 MiB).\n"
+        "\n"
+        "Nothing is lost: the files stay on this machine and the daemon tries again with backoff, and at once\n"
+        "after `supervisorctl sync`. A final sync before any stop will wait for the target.\n"
+        "Fix the credentials, then: supervisorctl sync --wait")
+
+
+def test_lines_hub_target_info():
+    info = {"kind": "hf", "repo": "alice/run1", "repo_type": "model", "revision": "main", "folder": "",
+            "endpoint": "https://huggingface.co", "upload_path": "xet",
+            "upload_path_reason": "hf_xet is installed", "private": True, "created": True,
+            "token_from": "HF_TOKEN", "warning": None}
+    st = status(target="hf://alice/run1", target_info=info)
+    assert sync_lines(st, NOW)[1:3] == [
+        "          pending 0 files (0 B)  uploaded 40 files (3.0 GiB)  last ok 2m05s ago",
+        "          via Xet (hf_xet is installed)  model repo private, branch main",
+    ]
+    public = {**info, "upload_path": "lfs", "upload_path_reason": "HF_HUB_DISABLE_XET is set", "private": False,
+              "repo_type": "dataset", "revision": "exp-1",
+              "warning": "alice/open is a public repo: every checkpoint uploaded there is visible to anyone"}
+    assert sync_lines(status(target="hf://datasets/alice/open", target_info=public), NOW)[2:4] == [
+        "          via LFS (HF_HUB_DISABLE_XET is set)  dataset repo PUBLIC, branch exp-1",
+        "          WARNING: alice/open is a public repo: every checkpoint uploaded there is visible to anyone",
+    ]
+    assert sync_lines(status(target_info={"kind": "hf", "upload_path": "lfs", "private": None}), NOW)[2] == \
+        "          via LFS  model repo not checked yet, branch main"
+    assert len(sync_lines(status(target_info={}), NOW)) == 2  # S3, rsync, local: nothing more

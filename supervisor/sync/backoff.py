@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 BASE_S = 2.0
 MAX_DOUBLINGS = 20
+RETRY_AFTER_MAX_S = 6 * 3600.0
 
 
 def delay(failures: int, cap: float, jitter: float) -> float:
@@ -26,12 +27,16 @@ class Backoff:
     def failing(self) -> bool:
         return self.since is not None
 
-    def failed(self, now: float, cap: float, jitter: float) -> float:
-        """One more failure at `now`; returns the seconds until the next try."""
+    def failed(self, now: float, cap: float, jitter: float, retry_after: float | None = None) -> float:
+        """One more failure at `now`; returns the seconds until the next try. `retry_after`: the
+        target said when to come back (HTTP 429 Retry-After); never sooner than that, even past
+        `cap` (up to RETRY_AFTER_MAX_S: a bogus header must not park uploads for days)."""
         self.failures += 1
         if self.since is None:
             self.since = now
         d = delay(self.failures, cap, jitter)
+        if retry_after is not None and retry_after > 0:
+            d = max(d, min(retry_after, RETRY_AFTER_MAX_S))
         self.next_try = now + d
         return d
 

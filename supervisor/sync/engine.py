@@ -45,7 +45,7 @@ from .policy import Policy, hf_cache_roots, is_cache_dir
 from .scanner import Scanner
 from .status import Board
 from .targets import make_target, target_identity
-from .targets.base import Target, TargetError
+from .targets.base import Target, TargetError, describe
 from .upload import Uploader
 from .waiter import Ticket, Waiters
 
@@ -232,8 +232,10 @@ class SyncEngine:
     def status(self) -> dict:
         with self._lock:
             totals = self.ledger.totals() if self.ledger else (0, 0)
-            return self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
+            snap = self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
                                        [r.path for r in self.roots])
+        snap["target_info"] = describe(self.target) if self.target is not None else {}  # e.g. Xet or LFS
+        return snap
 
     # --- worker loop ------------------------------------------------------------------------------
     def _on_fs_event(self, path: str) -> None:
@@ -351,14 +353,14 @@ class SyncEngine:
                 if self.health.failing:
                     self.health.recovered(contacted=False)  # nothing left that could fail
             return None
-        for batch in sc.batches(work):
+        for batch in up.batches(work):  # sc.batches, folders merged where the target lands them together
             if self._closing.is_set():
                 return "closing"
             self._move(SyncState.UPLOADING)
             try:
-                whole = up.unit(batch[0]) if len(batch) == 1 else up.files(batch)
+                whole = up.send(batch)
             except TargetError as e:
-                self._failed(str(e))
+                self._failed(str(e), e)
                 return str(e)
             if not whole:
                 self._mark_dirty()  # a file vanished or changed under us: look again soon
@@ -371,8 +373,8 @@ class SyncEngine:
         return None
 
     # --- failure and recovery ---------------------------------------------------------------------
-    def _failed(self, error: str) -> None:
-        self.health.failed(error)
+    def _failed(self, error: str, cause: BaseException | None = None) -> None:
+        self.health.failed(error, cause)
         with self._lock:
             self._refresh_pending()
 
@@ -439,7 +441,7 @@ class SyncEngine:
             try:
                 lost = self.target.missing({**expected, **final.manifest_keys(manifests)})
             except TargetError as e:
-                self._failed(f"verifying final sync: {e}")
+                self._failed(f"verifying final sync: {e}", e)
                 return
             with self._lock:
                 self._requested = True  # send what was lost, or scan once more for what is new

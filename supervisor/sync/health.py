@@ -1,17 +1,22 @@
 """The target's health: backoff while it fails, the last success, and the "sync failing" alert
 (fired once the target has been failing for `sync.fail_alert_after`; Alerts repeats and dedups it;
-resolved when an upload gets through again)."""
+resolved when an upload gets through again).
+
+Two failures are told apart: a rate limit (RateLimited, HTTP 429) is waited out for at least its
+Retry-After and alerts only when it lasts, like any failure; refused credentials (AccessDenied,
+HTTP 401/403) alert at once under the same key, naming what is wrong: no retry fixes them."""
 
 from __future__ import annotations
 
 import random
 from typing import TYPE_CHECKING, Protocol
 
-from ..mails.sync import sync_failing
+from ..mails.sync import sync_failing, sync_refused
 from ..states import SyncState
 from ._log import get_logger
 from .backoff import Backoff
 from .status import Board
+from .targets.base import AccessDenied, RateLimited
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -38,25 +43,31 @@ class Health:
         self.alert_after = fail_alert_after
         self.backoff = Backoff()
         self.fired = False
+        self.refused = ""      # the target's words while it refuses our credentials
 
     @property
     def failing(self) -> bool:
         return self.backoff.failing
 
-    def failed(self, error: str) -> None:
-        """An attempt failed: back off (with jitter) and show FAILING with the error."""
+    def failed(self, error: str, cause: BaseException | None = None) -> None:
+        """An attempt failed: back off (with jitter; at least the target's Retry-After) and show
+        FAILING with the error."""
         now = self.clock.monotonic()
+        retry_after = cause.retry_after if isinstance(cause, RateLimited) else None
         with self.board.lock:
-            delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0))
+            self.refused = error if isinstance(cause, AccessDenied) else ""
+            delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0), retry_after)
             self.board.current = ""
             self.board.move(SyncState.FAILING, failing=True)
         self.board.error(error, self.clock.time())
         log.warning("sync_failed", target=self.target, error=error, failures=self.backoff.failures,
-                    retry_in_s=round(delay, 1))
+                    retry_in_s=round(delay, 1), rate_limited=retry_after is not None or None,
+                    refused=bool(self.refused) or None)
 
     def recovered(self, contacted: bool = True) -> None:
         """The target answered (contacted) or nothing is left that could fail."""
         with self.board.lock:
+            self.refused = ""
             was = self.backoff.recovered(self.clock.monotonic())
             if contacted:
                 self.board.last_ok_at = self.clock.time()
@@ -76,11 +87,14 @@ class Health:
             return
         with self.board.lock:
             failing_for = self.backoff.failing_for(self.clock.monotonic())
-            if failing_for is None or failing_for < self.alert_after:
+            if failing_for is None or (failing_for < self.alert_after and not self.refused):
                 return
             p, err = self.board.pending, self.board.last_error
             self.fired = True
-        mail = sync_failing(self.target, failing_for, err, p.files, p.bytes)
+        if self.refused:  # no retry fixes credentials: say so at once, and say which
+            mail = sync_refused(self.target, self.refused, p.files, p.bytes)
+        else:
+            mail = sync_failing(self.target, failing_for, err, p.files, p.bytes)
         try:
             self.alerts.fire(ALERT_KEY, "sync_failing", "warning", mail.subject, mail.body)
         except Exception:  # noqa: BLE001 - alerting must never stop the sync

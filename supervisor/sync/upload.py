@@ -1,12 +1,17 @@
 """Getting units onto the target: the files first, each recorded in the ledger as the target
 confirms it, then the folder's manifest, last; keep_last's deletions after a folder completed.
 Raises TargetError when the target fails (the engine backs off); a problem with one source file
-(vanished, changed, unreadable) is reported and the unit waits for the next scan."""
+(vanished, changed, unreadable) is reported and the unit waits for the next scan.
+
+A target that lands whole units in one step (the Hub: files and `_MANIFEST.json` of several
+folders in one commit, see targets.base.put_units) gets the folders of a pass together, and the
+ledger records the commit that holds each one."""
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from ..checkpoints import checkpoint_step
 from ..clock import Clock
@@ -14,9 +19,12 @@ from . import manifest as mf
 from . import retention
 from ._log import get_logger
 from .ledger import Entry, Ledger
-from .scan import Selected, Unit, files_synced, needs_manifest
+from .scan import Selected, Unit, batches, files_synced, needs_manifest
 from .status import Board
-from .targets.base import LocalFile, SourceProblem, Target, Uploaded
+from .targets.base import LocalFile, SourceProblem, Target, UnitPut, Uploaded, put_units
+
+UNITS_PER_PUT = 32              # folders landed together at most (one commit on the Hub)
+BYTES_PER_PUT = 8 << 30         # ... and at most this much new content, so progress is committed often
 
 log = get_logger("sync")
 
@@ -31,6 +39,8 @@ class Uploader:
         self.hostname = hostname
         self.keep_last = keep_last
         self.closing = closing
+        # folders go up whole, manifest in the same step (the Hub's commits), not file by file
+        self.whole_units = callable(getattr(target, "put_units", None))
 
     # --- what the target holds ------------------------------------------------------------------
     def synced(self, u: Unit) -> bool:
@@ -63,6 +73,96 @@ class Uploader:
         return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
 
     # --- sending --------------------------------------------------------------------------------
+    def batches(self, work: list[Unit]) -> list[list[Unit]]:
+        """The pass's work in sending order (scan.batches); for a target that lands whole units,
+        folders that follow each other go in one batch (one commit), within UNITS_PER_PUT and
+        BYTES_PER_PUT."""
+        plain = batches(work)
+        if not self.whole_units:
+            return plain
+        out: list[list[Unit]] = []
+        size = 0
+        for b in plain:
+            dirs = out and out[-1][0].kind == "dir" and b[0].kind == "dir"
+            new = sum(s.size for u in b for s in self._todo(u.selected))
+            if dirs and len(out[-1]) + len(b) <= UNITS_PER_PUT and size + new <= BYTES_PER_PUT:
+                out[-1].extend(b)
+                size += new
+            else:
+                out.append(list(b))
+                size = new
+        return out
+
+    def send(self, batch: list[Unit]) -> bool:
+        """One batch of batches(); False when a source file had a problem (rescan soon)."""
+        if batch[0].kind == "dir" and self.whole_units:
+            return self.units(batch)
+        return self.unit(batch[0]) if len(batch) == 1 else self.files(batch)
+
+    def units(self, batch: list[Unit]) -> bool:
+        """Folders landed together: their new files and their manifests in one step (one Hub
+        commit), so a folder on the target is complete by construction. A folder with a problem
+        file gets no manifest and waits for the next scan."""
+        puts, plans = [], {}
+        for u in batch:
+            todo = self._todo(u.selected)
+            if self.ledger.manifest(u.key) is not None and todo:
+                # changed since its manifest: withdraw that first, so the Hub never shows the old
+                # manifest over new files should this step stop half way
+                self.target.delete_manifest(u.key)
+                self.ledger.manifest_forget(u.key)
+            if todo:
+                log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
+                         forced=u.forced, partial=u.verdict.partial)
+            builder = self._builder(u) if needs_manifest(u) else None
+            plans[u.key] = u
+            puts.append(UnitPut(u.key, [LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], builder))
+        sink = _Sink(self)
+        res = put_units(self.target, puts, sink)
+        for key in res.manifests:
+            u = plans[key]
+            d = self._digest(u)
+            if d is None:
+                continue  # cannot happen: the files it lists were reported done first
+            self.ledger.manifest_done(u.key, d, self.clock.time(), commit=res.commits.get(key, ""))
+            log.info("sync_unit_complete" if u.verdict.complete else "sync_unit_damaged_manifest", unit=u.label,
+                     files=len(u.selected), bytes=sum(s.size for s in u.selected),
+                     commit=res.commits.get(key) or None)
+        self.ledger.sync()
+        for u in batch:
+            if u.verdict.partial and files_synced(u, self.ledger.current):
+                self.board.add_partial(u.label)
+                log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason,
+                            damaged=list(u.verdict.damaged))
+            if sink.problems and not os.path.exists(u.abspath):
+                log.info("sync_unit_vanished", unit=u.label, note="rotated away locally before it was whole "
+                         "on the target; no manifest written")
+        for key in res.manifests:
+            u = plans[key]
+            if u.verdict.complete and checkpoint_step(u.rel) is not None:
+                self._keep_last(u)
+        return not sink.problems
+
+    def _builder(self, u: Unit) -> Callable[[dict[str, Uploaded]], bytes | None]:
+        """The unit's manifest from the sha256s the target reports for the files sent now and the
+        ledger's for the ones it held already."""
+        def build(results: dict[str, Uploaded]) -> bytes | None:
+            files = []
+            for s in u.selected:
+                r = results.get(s.key)
+                if r is not None:
+                    files.append(mf.ManifestFile(s.rel, s.size, r.sha256))
+                    continue
+                e = self.ledger.current(s.key, s.size, s.mtime_ns)
+                if e is None:
+                    return None
+                files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
+            v = u.verdict
+            return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
+                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
+
+        return build
+
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
         problem (rescan soon)."""

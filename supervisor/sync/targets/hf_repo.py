@@ -1,0 +1,264 @@
+"""The Hub repo behind an hf:// target: huggingface_hub imported on first use (with timeouts), the
+token and the client, the repo and branch made sure of (created private when missing), and the calls
+the target makes (commit, tree listing, download), each client error turned into one clear
+TargetError: AccessDenied for a refused token (401) or one without write access (403), RateLimited
+for 429. A commit answered 429 is retried here after Retry-After when that is short (up to
+INLINE_RETRY_MAX_S, a few times); a longer wait raises RateLimited so the engine backs off."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ... import __version__
+from ...config import SyncConfig
+from ...syncurl import TargetURL
+from .._log import get_logger
+from .base import AccessDenied, RateLimited, TargetError, join_key
+from .hf_rules import choose_upload_path, find_token, retry_after_s
+
+log = get_logger("sync.hf")
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+PATHS_PER_CALL = 500            # get_paths_info takes at most 1000
+INLINE_RETRY_MAX_S = 60.0       # a commit 429 with a Retry-After up to this is waited out here
+INLINE_RETRIES = 3
+DOWNLOAD_MAX = 32 << 20         # a file read back from the Hub (a manifest) only up to this size
+INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
+
+
+class HubRepo:
+    """One repo at one revision, with the token found by hf_rules.find_token."""
+
+    def __init__(self, url: TargetURL, cfg: SyncConfig, tmp_dir: str | Path, env: dict[str, str]):
+        self.repo_id = url.repo
+        self.repo_type = url.repo_type or "model"
+        self.prefix = url.prefix.strip("/")
+        self.cfg = cfg
+        self.revision = cfg.hf_revision or "main"
+        self.env = env
+        self.endpoint = (cfg.endpoint_url or self.env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        self.tmp_dir = Path(tmp_dir)
+        self.upload_path, self.upload_path_why = choose_upload_path(
+            self.env, importlib.util.find_spec("hf_xet") is not None)
+        self.closing = threading.Event()
+        self._api: Any = None
+        self._hh: Any = None
+        self._errors: Any = None
+        self._token_from = ""
+        self._ready = False
+        self._private: bool | None = None
+        self._created = False
+        self._warning = ""
+        self.stats = {"commits": 0, "commit_429": 0, "inline_waits_s": 0.0}
+
+    def hub(self) -> Any:
+        """huggingface_hub, imported on first use (a pass with nothing to send never pays for it)."""
+        if self._hh is None:
+            # Its switches are read from the environment at import; we set the module's constants
+            # instead of os.environ, which the training started by the daemon could inherit.
+            import huggingface_hub as hh
+            from huggingface_hub import constants, errors
+            from huggingface_hub.utils import disable_progress_bars
+            from huggingface_hub.utils import logging as hf_logging
+
+            constants.HF_HUB_DISABLE_TELEMETRY = True
+            constants.HF_HUB_DISABLE_XET = self.upload_path != "xet"
+            disable_progress_bars()
+            hf_logging.set_verbosity_error()  # its warnings would go to stderr unstructured; we log our own
+            _install_timeouts(hh)
+            self._errors = errors
+            self._hh = hh
+        return self._hh
+
+    def client(self) -> Any:
+        if self._api is None:
+            hh = self.hub()
+            token, where = find_token(self.cfg.hf_token_file, self.env)
+            if token is None:
+                raise AccessDenied("no Hugging Face token: set sync.hf_token_file, or HF_TOKEN, or run "
+                                   "`hf auth login` as the user the daemon runs as (it needs write access)")
+            self._token_from = where
+            self._api = hh.HfApi(endpoint=self.endpoint, token=token, library_name="train-supervisor",
+                                 library_version=__version__)
+        return self._api
+
+    def path(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    def call(self, what: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except TargetError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every client error becomes one clear TargetError
+            raise self.error(what, e) from None
+
+    def error(self, what: str, e: BaseException) -> TargetError:
+        self.hub()
+        errors = self._errors
+        resp = getattr(e, "response", None) if isinstance(e, errors.HfHubHTTPError) else None
+        status = getattr(resp, "status_code", None)
+        server = ""
+        if resp is not None:
+            server = (resp.headers.get("X-Error-Message") or "").strip()
+        where = self._token_from or "the configured token"
+        repo = f"{self.repo_type} repo {self.repo_id}"
+        if status == 401 and (server == INVALID_CREDENTIALS or not isinstance(e, errors.RepositoryNotFoundError)):
+            self._forget_token()
+            return AccessDenied(f"the Hugging Face Hub rejected the token from {where} (401): it is invalid, "
+                                f"expired or revoked; create a write token at https://huggingface.co/settings/tokens")
+        if status == 403 or (status == 401 and isinstance(e, errors.RepositoryNotFoundError)):
+            who = self._whoami_words()  # with the token that was refused
+            self._forget_token()
+            return AccessDenied(f"the token from {where}{who} has no write access to {repo} ({status} {what}"
+                                f"{': ' + server if server else ''}); give it write permission on the repo "
+                                f"or its namespace")
+        if status == 429:
+            ra = retry_after_s(resp.headers if resp is not None else None)
+            return RateLimited(f"the Hub rate-limits {what} on {repo}; retry in {ra:.0f}s"
+                               f"{': ' + server if server else ''}", ra)
+        if isinstance(e, errors.RepositoryNotFoundError):
+            self._ready = False  # deleted while in use: create it again next time
+            return TargetError(f"{repo} not found on {self.endpoint} ({what})")
+        if isinstance(e, errors.RevisionNotFoundError):
+            self._ready = False
+            return TargetError(f"branch {self.revision!r} not found in {repo} ({what})")
+        if status is not None:
+            return TargetError(f"Hub {what}: HTTP {status}{': ' + server if server else ''}")
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, ValueError) and "README.md" in str(e):
+            return TargetError(f"Hub {what}: the Hub rejects README.md's metadata at the top of the repo "
+                               f"({text}); fix its front matter or use hf://{self.repo_id}/FOLDER")
+        return TargetError(f"Hub {what} ({self.endpoint}): {type(e).__name__}: {text[:300]}")
+
+    def _forget_token(self) -> None:
+        """Read the token again next time: a person may have fixed it."""
+        self._api = None
+        self._ready = False
+
+    def _whoami_words(self) -> str:
+        """' (user alice, read token)', best effort: whoami is rate-limited, so only on errors."""
+        try:
+            api = self._api
+            if api is None:
+                return ""
+            me = api.whoami()
+            role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
+            return f" (user {me.get('name')}{', ' + role + ' token' if role else ''})"
+        except Exception:  # noqa: BLE001 - only decorates an error message
+            return ""
+
+    def ensure(self) -> Any:
+        """The repo exists (created private when missing) and the branch too. Once per process,
+        again after an error that says otherwise."""
+        api = self.client()
+        if self._ready:
+            return api
+        errors = self._errors
+        try:
+            info = api.repo_info(self.repo_id, repo_type=self.repo_type)
+            private = bool(info.private)
+        except errors.RepositoryNotFoundError:
+            self.call("repo create", api.create_repo, self.repo_id, repo_type=self.repo_type,
+                      private=self.cfg.hf_private, exist_ok=True)
+            private = self.cfg.hf_private
+            self._created = True
+            log.info("hf_repo_created", repo=self.repo_id, repo_type=self.repo_type, private=private)
+        except Exception as e:  # noqa: BLE001
+            raise self.error("repo info", e) from None
+        self._private = private
+        if not private and not self._warning:
+            self._warning = (f"{self.repo_id} is a public repo: every checkpoint uploaded there is visible "
+                             f"to anyone")
+            log.warning("hf_repo_public", repo=self.repo_id)
+        if self.revision != "main":
+            self.call("branch create", api.create_branch, self.repo_id, branch=self.revision,
+                      repo_type=self.repo_type, exist_ok=True)
+        self._ready = True
+        return api
+
+    def commit(self, ops: list[Any], message: str, description: str = "") -> str:
+        api = self.ensure()
+        attempt = 0
+        while True:
+            try:
+                ci = self.call("commit", api.create_commit, self.repo_id, operations=ops,
+                               commit_message=message[:1000], commit_description=description,
+                               repo_type=self.repo_type, revision=self.revision,
+                               num_threads=max(1, self.cfg.concurrency))
+            except RateLimited as e:
+                self.stats["commit_429"] += 1
+                attempt += 1
+                if e.retry_after > INLINE_RETRY_MAX_S or attempt > INLINE_RETRIES:
+                    raise
+                log.info("hf_commit_rate_limited", repo=self.repo_id, retry_after_s=e.retry_after, attempt=attempt)
+                self.stats["inline_waits_s"] += e.retry_after
+                if self.closing.wait(e.retry_after):
+                    raise TargetError("closing while waiting out the Hub's rate limit") from None
+                continue
+            self.stats["commits"] += 1
+            return str(ci.oid)
+
+    def paths_info(self, paths: list[str], revision: str) -> dict[str, Any]:
+        api = self.ensure()
+        out: dict[str, Any] = {}
+        for i in range(0, len(paths), PATHS_PER_CALL):
+            for item in self.call("tree listing", api.get_paths_info, self.repo_id, paths[i:i + PATHS_PER_CALL],
+                                  repo_type=self.repo_type, revision=revision):
+                out[item.path] = item
+        return out
+
+    def download(self, path: str) -> bytes | None:
+        api = self.ensure()
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        d = tempfile.mkdtemp(prefix="hf-", dir=self.tmp_dir)
+        try:
+            p = self.call("download", api.hf_hub_download, self.repo_id, path, repo_type=self.repo_type,
+                          revision=self.revision, local_dir=d)
+            with open(p, "rb") as fh:
+                return fh.read(DOWNLOAD_MAX)
+        except TargetError as e:
+            log.info("hf_manifest_download_failed", path=path, error=str(e))
+            return None
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def facts(self) -> dict:
+        """For status: the repo, the upload path and why, private or public (None before the first
+        contact), where the token came from (never the token)."""
+        return {"kind": "hf", "repo": self.repo_id, "repo_type": self.repo_type, "revision": self.revision,
+                "folder": self.prefix, "endpoint": self.endpoint, "upload_path": self.upload_path,
+                "upload_path_reason": self.upload_path_why, "private": self._private, "created": self._created,
+                "token_from": self._token_from or None, "warning": self._warning or None}
+
+
+_timeouts_installed = False
+
+
+def _install_timeouts(hh: Any) -> None:
+    """huggingface_hub's shared HTTP client has no timeouts at all: a stalled connection would hang
+    the sync worker for good. Same client, with timeouts (once per process)."""
+    global _timeouts_installed
+    if _timeouts_installed:
+        return
+    import httpx2
+
+    try:
+        from huggingface_hub.utils._http import default_client_factory as base
+    except ImportError:  # a later release may move it; a plain client then
+        def base() -> Any:
+            return httpx2.Client(follow_redirects=True)
+
+    def factory() -> Any:
+        c = base()
+        c.timeout = httpx2.Timeout(connect=15.0, read=300.0, write=300.0, pool=60.0)
+        return c
+
+    hh.set_client_factory(factory)
+    _timeouts_installed = True
