@@ -213,6 +213,7 @@ class SyncEngine:
             newest = max((s.mtime_ns for s in u.selected), default=0)
             out.append({"unit": u.label, "path": u.abspath, "complete": u.verdict.complete,
                         "reason": u.verdict.reason, "on_target": bool(up and u.verdict.complete and up.synced(u)),
+                        "settling": not u.verdict.complete and u.verdict.ready_in is not None,
                         "bytes": sum(s.size for s in u.selected), "mtime": newest / 1e9})
         return sorted(out, key=lambda h: h["mtime"], reverse=True)
 
