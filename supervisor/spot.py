@@ -50,7 +50,7 @@ class NoticeRecord:
     hostname: str = ""
     signal: str = ""              # sent to the training ("" none)
     signal_error: str = ""        # why training_signal could not be sent
-    newest_at_notice: str = ""    # the newest complete checkpoint here when the notice came
+    newest_at_notice: str = ""    # the newest checkpoint folder here when the notice came (whole or not yet)
     newest: str = ""              # the newest complete checkpoint here at the last look
     newest_on_target: bool = False
     newest_off_at: float | None = None   # when the newest one was first seen whole on the target
@@ -65,6 +65,11 @@ class NoticeRecord:
 def newest_complete(holdings: list[Holding]) -> Holding | None:
     done = [h for h in holdings if h.complete]
     return max(done, key=_age_key) if done else None
+
+
+def newest_unit(holdings: list[Holding]) -> Holding | None:
+    """The newest checkpoint folder here, whole or still being written."""
+    return max(holdings, key=_age_key) if holdings else None
 
 
 def _age_key(h: Holding) -> tuple[int, float]:

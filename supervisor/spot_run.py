@@ -26,7 +26,7 @@ from .spot import (
     Holding,
     NoticeRecord,
     container_host,
-    newest_complete,
+    newest_unit,
     next_boot,
     outcome,
     sigterm_is_notice,
@@ -126,7 +126,7 @@ class SpotGuard:
         deadline = n.deadline or now + TYPICAL_NOTICE_S.get(n.provider, self.cfg.sigterm_grace)
         rec = NoticeRecord(n.provider, n.kind, n.detail, now, deadline, self.clock.boot()[0], self.hostname)
         holdings = self._holdings()
-        newest = newest_complete(holdings)
+        newest = newest_unit(holdings)
         rec.newest_at_notice = newest.unit if newest else ""
         tally(rec, holdings, now)
         self.record = rec
@@ -138,7 +138,8 @@ class SpotGuard:
             rec.signal, rec.signal_error = ("", f"{sig} not sent: {err}") if err else (sig, "")
         self.sync.emergency()
         m = words.notice(n.provider, n.kind, n.detail, now, deadline, rec.signal, rec.signal_error,
-                         rec.newest, rec.newest_on_target, rec.not_made, self.sync.display)
+                         rec.newest_at_notice, bool(newest and newest.on_target), rec.not_made,
+                         self.sync.display)
         self.ctx.alerts.event(f"preemption:{int(now)}", "preemption", Severity.CRITICAL, m.subject, m.body)
         self._save(rec)
         self._follow()

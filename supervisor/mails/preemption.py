@@ -34,10 +34,10 @@ def notice(provider: str, kind: str, detail: str, noticed_at: float, deadline: f
     if not sync_target:
         sync = "No sync.target is configured: nothing can be copied off this machine."
     elif newest:
-        state = "already on the target" if newest_on_target else "going up first"
-        sync = f"Emergency sync to {sync_target}: the newest complete checkpoint, {newest}, is {state}; the rest follow."
+        state = "is already on the target" if newest_on_target else "goes up first, as soon as it is whole"
+        sync = f"Emergency sync to {sync_target}: the newest checkpoint here, {newest}, {state}; the rest follow."
     else:
-        sync = f"Emergency sync to {sync_target}: no complete checkpoint here yet."
+        sync = f"Emergency sync to {sync_target}: no checkpoint here yet."
     return Mail(
         f"PREEMPTION: this machine will be taken at {hm(deadline)} (in {left})",
         f"Notice at {when(noticed_at)} from {_source(provider, kind, detail)}.\n"
