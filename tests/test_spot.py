@@ -111,6 +111,21 @@ def test_mails_say_what_is_done_and_what_made_it():
     assert "The previous machine was preempted at" in m.subject and m.subject.endswith("checkpoint-300 made it")
 
 
+def test_status_lines_only_while_a_notice_runs_or_after_one():
+    from supervisor.render import preemption_lines, render_status
+
+    assert preemption_lines({"now": NOW, "preemption": {"notice": None, "previous": None}}) == []
+    rec = {"provider": "ec2", "kind": "terminate", "noticed_at": NOW - 10, "deadline": NOW + 110,
+           "newest": "checkpoint-300", "newest_on_target": False, "outcome": "",
+           "not_made": ["checkpoint-300: complete here, not (wholly) on the target yet"]}
+    lines = preemption_lines({"now": NOW, "preemption": {"notice": rec}})
+    assert "NOTICE (ec2 terminate)" in lines[0] and "newest checkpoint-300 NOT on the target yet" in lines[0]
+    assert "emergency sync running" in lines[0] and "checkpoint-300: complete here" in lines[1]
+    screen = render_status({"now": NOW, "training": {"state": "STOPPED"},
+                            "preemption": {"previous": {**rec, "newest_on_target": True, "outcome": "synced"}}})
+    assert "the previous machine was preempted at" in screen and "newest checkpoint-300 made it" in screen
+
+
 # --- the whole path on real servers ------------------------------------------------------------------
 def _arm(server, provider: str) -> None:
     if provider == "ec2":
