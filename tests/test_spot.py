@@ -5,6 +5,7 @@ for the SIGTERM path and the next boot's mail."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import signal
@@ -288,3 +289,48 @@ def test_sigterm_to_the_daemon_is_a_notice_and_the_next_boot_tells_the_owner(
 def _plain_stop(d) -> None:
     d.proc.send_signal(signal.SIGINT)
     d.proc.wait(30)
+
+
+def test_a_damaged_record_is_set_aside_and_named(tmp_path):
+    from supervisor.alerts import Alerts
+    from supervisor.clock import FakeClock
+    from supervisor.config import from_dict
+    from supervisor.context import Context
+    from supervisor.spot_run import SpotGuard
+    from supervisor.statefile import StateStore
+
+    cfg = from_dict({"state_dir": str(tmp_path), "preemption": {"watch": ["none"]}})
+    (tmp_path / "preemption.json").write_text(json.dumps({"provider": "ec2", "noticed_at": "yesterday"}))
+    clock = FakeClock()
+    store = StateStore(tmp_path)
+    g = SpotGuard(Context(cfg, clock, store, Alerts(cfg.alerts, clock, None)), sync=None, training=None,
+                  hostname="h")
+    assert g.record is None and g.watcher is None
+    assert any("noticed_at" in p and "set aside" in p for p in store.problems)
+    assert not (tmp_path / "preemption.json").exists()
+    g.boot()  # nothing to tell, nothing raised
+    assert g.status()["previous"] is None and g.status()["detected"] is None
+
+
+def test_a_daemon_restarted_mid_notice_on_the_same_boot_goes_on_with_it(tmp_path):
+    from supervisor.alerts import Alerts
+    from supervisor.clock import FakeClock
+    from supervisor.config import SyncConfig, from_dict
+    from supervisor.context import Context
+    from supervisor.spot_run import SpotGuard
+    from supervisor.statefile import StateStore
+    from supervisor.sync.engine import SyncEngine
+
+    clock = FakeClock(start=NOW, boot=("boot-1", 50.0))
+    cfg = from_dict({"state_dir": str(tmp_path), "preemption": {"watch": ["none"]}})
+    rec = NoticeRecord("ec2", "terminate", "", NOW - 20, NOW + 100, boot_id="boot-1", hostname="h")
+    StateStore(tmp_path).save("preemption", dataclasses.asdict(rec))
+    engine = SyncEngine(SyncConfig(), state_dir=str(tmp_path), clock=clock)  # no target: nothing to send
+    g = SpotGuard(Context(cfg, clock, StateStore(tmp_path), Alerts(cfg.alerts, clock, None)), engine, None, "h")
+    try:
+        g.boot()
+        assert g.active and engine._emergency and g.status()["notice"]["provider"] == "ec2"
+        wait_until(lambda: g.record.outcome, 10, what="the outcome")
+        assert g.record.outcome == "synced" and g.status()["previous"] is None
+    finally:
+        g.close()
