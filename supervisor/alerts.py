@@ -50,7 +50,9 @@ class Severity(StrEnum):
 # Lifecycle notices are mailed even when the hourly cap is reached: the owner must hear that the
 # machine is about to stop (or did), and there are at most a handful of them per idle cycle.
 UNCAPPED_KINDS = frozenset({"idle_warning", "stop_cancelled", "stopping", "training_finished",
-                            "training_failed", "stop_failed"})
+                            "training_failed", "stop_failed",
+                            # a spot notice leaves seconds: it cannot wait for the next hour's budget
+                            "preemption", "preemption_outcome", "preempted_previous"})
 
 
 # An alert mailed by a daemon that then restarted is remembered; if no subsystem reports it again

@@ -193,6 +193,22 @@ class ProgressConfig:
     stalled_action: str = _k("choice", "alert", choices=("alert", "stop"))
 
 
+# What a training may be asked to save with; the runner ignores each of these (it must outlive the job).
+TRAINING_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGHUP")
+PREEMPTION_PROVIDERS = ("ec2", "gcp", "azure")
+
+
+@dataclass
+class PreemptionConfig:
+    watch: list[str] = _k("strlist", [])
+    poll_interval: float = _k("duration", 5.0, min=0.2, max=60)
+    timeout: float = _k("duration", 1.0, min=0.1, max=10)
+    training_signal: str = _k("str", "")
+    sigterm: str = _k("choice", "auto", choices=("auto", "notice", "exit"))
+    sigterm_grace: float = _k("duration", 30.0, min=1, max=3600)
+    metadata_urls: dict[str, str] = _k("strdict", {})
+
+
 @dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
@@ -213,6 +229,7 @@ class Config:
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -220,7 +237,7 @@ class Config:
 SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
-    "notify": NotifyConfig, "metrics": MetricsConfig,
+    "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
 }
 
 
@@ -429,6 +446,7 @@ def _cross_checks(cfg: Config, problems: list[str]) -> None:
                             "(or set TRAIN_SUPERVISOR_SMTP_PASSWORD)")
     _notify_checks(cfg, problems)
     _metrics_checks(cfg, problems)
+    _preemption_checks(cfg, problems)
     if not os.path.isabs(cfg.state_dir):
         problems.append(f"state_dir: expected an absolute path, got {_show(cfg.state_dir)}")
     if not os.path.isabs(cfg.socket):
@@ -472,6 +490,26 @@ def _metrics_checks(cfg: Config, problems: list[str]) -> None:
             problems.append(f"metrics.listen: {host} is reachable from other machines; use 127.0.0.1, or set "
                             "metrics.allow_remote = true if you mean it (anyone who can connect sees the "
                             "training's state and cost)")
+
+
+def _preemption_checks(cfg: Config, problems: list[str]) -> None:
+    p = cfg.preemption
+    for i, w in enumerate(p.watch):
+        if w not in (*PREEMPTION_PROVIDERS, "none"):
+            problems.append(f"preemption.watch[{i}]: expected ec2, gcp, azure (or \"none\" to watch no metadata "
+                            f"service), got {_show(w)}")
+    if "none" in p.watch and len(p.watch) > 1:
+        problems.append('preemption.watch: "none" cannot be combined with a provider')
+    sig = p.training_signal
+    if sig and sig not in TRAINING_SIGNALS:
+        hint = f" (did you mean \"SIG{sig.upper()}\"?)" if f"SIG{sig.upper()}" in TRAINING_SIGNALS else ""
+        problems.append(f"preemption.training_signal: expected one of {', '.join(TRAINING_SIGNALS)} or \"\" for "
+                        f"none, got {_show(sig)}{hint}")
+    for k, v in p.metadata_urls.items():
+        if k not in PREEMPTION_PROVIDERS:
+            problems.append(f"preemption.metadata_urls.{_keyname(k)}: expected a key ec2, gcp or azure")
+        elif not re.match(r"^https?://[^\s/]+", v):
+            problems.append(f"preemption.metadata_urls.{k}: expected an http:// URL, got {_show(v)}")
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -95,6 +95,10 @@ class Daemon:
         self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
         self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
 
+        from .spot_run import SpotGuard
+
+        self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
+
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
@@ -102,6 +106,8 @@ class Daemon:
         self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group,
                                      member_commands=MEMBER_COMMANDS)
         self._stop = threading.Event()
+        self._stop_again = threading.Event()  # a second signal while a preemption notice holds the exit
+        self._stop_signal: int | None = None
 
     # --- wiring -------------------------------------------------------------------------------
     @staticmethod
@@ -182,6 +188,7 @@ class Daemon:
         if info.state in (TrainingState.STARTING, TrainingState.RUNNING):
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
         self.sync.start()
+        self.spot.boot()
         self.control.start()
         c = self.cfg
         if self._metrics_on():
@@ -196,11 +203,20 @@ class Daemon:
                  socket=c.socket, state_dir=c.state_dir)
 
     def run_forever(self) -> None:
+        def on_signal(signum: int, _frame: object) -> None:
+            if self._stop.is_set():
+                self._stop_again.set()
+            self._stop_signal = signum
+            self._stop.set()
+
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, lambda *_: self._stop.set())
+            signal.signal(s, on_signal)
         self.start()
         while not self._stop.wait(1.0):
             pass
+        # a SIGTERM that systemd did not send may be a container host taking the machine: sync first
+        if self._stop_signal == signal.SIGTERM and self.spot.on_sigterm():
+            self.spot.wait_outcome(self._stop_again)
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -212,6 +228,7 @@ class Daemon:
         except Exception:  # noqa: BLE001
             pass
         self.control.close()
+        self.spot.close()
         self.metrics.close()
         self.sync.close()
         self.gpu.close()
@@ -248,6 +265,7 @@ class Daemon:
             "notify": {"channels": self.alerts.channel_status()},
             "metrics": self.metrics.status(),
             "orchestrator": self.orchestrator,
+            "preemption": self.spot.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -340,6 +358,8 @@ DUTIES: tuple[Duty, ...] = (
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed
     Duty("orchestrator", lambda c: 600.0, lambda d: d._scan_orchestrator()),
+    Duty("preemption", lambda c: None if c.preemption.watch == ["none"] else c.preemption.poll_interval,
+         lambda d: d.spot.poll()),
     Duty("metrics", lambda c: c.gpu.poll_interval if Daemon.metrics_wanted(c) else None, lambda d: d.metrics.poll()),
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),

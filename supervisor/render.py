@@ -45,6 +45,7 @@ def render_status(st: dict) -> str:
         lines.append(f"gpus      none ({st['gpu_error']})")
     lines.extend(sync_lines(st))
     lines.extend(idle_lines(st))
+    lines.extend(preemption_lines(st))
     alerts = st.get("alerts") or []
     if alerts:
         for a in alerts[:5]:
@@ -263,6 +264,30 @@ def _delivery_note(d: dict) -> str:
     if d.get("what") == "not_mailed":
         return f"not mailed: {d.get('reason') or 'no [email] configured'}"
     return f"mail failed: {d.get('error') or '?'}"
+
+
+def preemption_lines(st: dict) -> list[str]:
+    """A spot notice on this machine, or one a previous machine got (told at this boot); else nothing."""
+    now = st.get("now") or 0
+    p = st.get("preemption") or {}
+    out = []
+    n = p.get("notice")
+    if n:
+        newest = n.get("newest") or n.get("newest_at_notice") or "no complete checkpoint"
+        where = "on the target" if n.get("newest_on_target") else "NOT on the target yet"
+        result = {"synced": "everything complete is on the target", "deadline": "time ran out",
+                  "exited": "the daemon exited first"}.get(n.get("outcome") or "", "emergency sync running")
+        out.append(f"preempt   NOTICE ({n.get('provider')} {n.get('kind')}) at {_clock(n.get('noticed_at'), now)}; "
+                   f"machine goes {_clock(n.get('deadline'), now)}; newest {newest} {where}; {result}")
+        if n.get("not_made"):
+            out.append(f"          not on the target: {', '.join(n['not_made'][:5])}")
+    prev = p.get("previous")
+    if prev:
+        newest = prev.get("newest") or "no complete checkpoint"
+        made = "made it" if prev.get("newest_on_target") else "did NOT make it"
+        out.append(f"preempt   the previous machine was preempted at {_clock(prev.get('noticed_at'), now)}; "
+                   f"newest {newest} {made}")
+    return out
 
 
 def notify_lines(st: dict) -> list[str]:

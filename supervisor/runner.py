@@ -28,6 +28,9 @@ from .statefile import Reserve, atomic_write
 from .timefmt import when
 
 BANNER_PREFIX = "===== train-supervisor run "
+# Signals meant for the job: the runner lets them pass and outlives them (USR1/USR2: a spot notice's
+# preemption.training_signal, whose default action would otherwise end the runner too).
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 BANNER_COMMAND_MAX = 2000   # the command as the banner repeats it, cut beyond this
 
 
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(args[0], 0o600)  # it holds training.env; older daemons wrote it 0644
     except OSError:
         pass
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for s in JOB_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
@@ -186,7 +189,7 @@ def as_user(user: str, env: dict[str, str], from_config: set[str]) -> dict:
 
 
 def _reset_signals() -> None:
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for s in JOB_SIGNALS:
         signal.signal(s, signal.SIG_DFL)
 
 

@@ -417,6 +417,21 @@ class Training:
             self._set(stop_phase="SIGKILL", stop_sent_at=now)
             self._kill_job_tree()
 
+    def send_signal(self, sig: signal.Signals) -> str:
+        """Send `sig` to the job's process group (a spot notice asks it to save now). "" when sent,
+        else why not."""
+        with self._lock:
+            rp = self.doc.runner_pid
+            alive = self.state in TRAINING_ALIVE and bool(rp) and self._runner_alive()
+        if not alive:
+            return "no training is running"
+        log.info("training_signal", signal=sig.name, pgid=rp, why="preemption")
+        try:
+            os.killpg(os.getpgid(rp), sig)
+        except (ProcessLookupError, PermissionError) as e:
+            return f"{type(e).__name__}: {e}"
+        return ""
+
     def _signal_group(self, sig: signal.Signals) -> None:
         rp = self.doc.runner_pid
         if not rp or not self._runner_alive():

@@ -101,7 +101,8 @@ def test_ec2_notice_through_imdsv2(metadata_servers):  # noqa: F811
     got = w.poll(NOW)
     assert [n.kind for n in got] == ["terminate"] and got[0].final
     # every GET carried the session token from a PUT (IMDSv1 would have been refused with 401)
-    assert ("PUT", "/latest/api/token") in ec2.requests
+    assert ("PUT", "/latest/api/token", True) in ec2.requests
+    assert all(ok for _, _, ok in ec2.requests)
 
 
 def test_gcp_and_azure_notices(metadata_servers):  # noqa: F811

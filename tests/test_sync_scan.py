@@ -253,14 +253,14 @@ def test_needs_manifest():
     assert not sc.needs_manifest(f)
 
 
-def test_work_takes_complete_or_partial_unsynced_units_oldest_first():
+def test_work_takes_complete_or_partial_unsynced_units_newest_first():
     old, new, waiting, done = _unit("checkpoint-1", mtime=1), _unit("checkpoint-2", mtime=2), \
         _unit("checkpoint-3", mtime=0), _unit("checkpoint-4", mtime=0)
     old.verdict = Verdict(True, "complete")
     new.verdict = Verdict(False, "p", partial=True)
     waiting.verdict = Verdict(False, "waiting for trainer_state.json")
     done.verdict = Verdict(True, "complete")
-    assert sc.work([new, waiting, done, old], lambda u: u is done) == [old, new]
+    assert sc.work([new, waiting, done, old], lambda u: u is done) == [new, old]
 
 
 def test_batches_folders_alone_files_of_a_root_together_in_chunks():
@@ -268,7 +268,7 @@ def test_batches_folders_alone_files_of_a_root_together_in_chunks():
     files = [_unit(f"f{i}", files=("x",), kind="file", mtime=2) for i in range(501)]
     got = sc.batches([d1, d2, *files])
     assert [len(b) for b in got] == [1, 500, 1, 1]
-    assert got[0] == [d2] and got[-1] == [d1]
+    assert got[0] == [d1] and got[-1] == [d2]
 
 
 def test_settling_only_for_units_about_to_complete_by_themselves():

@@ -58,6 +58,7 @@ log = get_logger("sync")
 LOOP_MAX_WAIT = 0.5      # real seconds: the longest the worker sleeps without looking at the clock
 DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes
 FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout for the worker's answer
+EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (a marker still required)
 
 
 @dataclass(eq=False)
@@ -111,6 +112,8 @@ class SyncEngine:
         self._next_ready: float | None = None
         self.health = Health(self.board, clock, alerts, self.display, cfg.retry_max_backoff, cfg.fail_alert_after)
         self._pass = 0
+        self._emergency = False       # a spot notice: no backoff waits, short quiet, newest re-judged per unit
+        self._cut_short = False       # this pass stopped early to look for a newer checkpoint first
         self._finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
         self._idle_waits: Waiters[_IdleJob, FinalSyncResult] = Waiters()
         self._watcher = None
@@ -186,6 +189,33 @@ class SyncEngine:
             self._requested = True
             self.health.backoff.retry_now()  # the user asked: retry now, whatever the backoff said
         self._wake.set()
+
+    def emergency(self) -> None:
+        """The machine is about to be taken (a spot notice): sync now and keep at it. Until the
+        engine closes: no backoff wait between tries; the quiet period shrinks to EMERGENCY_QUIET_S
+        (a checkpoint-N still needs its trainer_state.json, and every file its format check), so the
+        checkpoint a training saves on the notice goes up seconds after it is whole; and the worker
+        looks again after each unit, so a checkpoint finished meanwhile goes before the older ones."""
+        with self._lock:
+            self._emergency = True
+            self.scanner.quiet = min(self.cfg.quiet_period, EMERGENCY_QUIET_S)
+        log.warning("sync_emergency", target=self.display)
+        self.request_sync()
+
+    def holdings(self) -> list[dict]:
+        """Each folder unit of the last scan (checkpoint-N, adapters): complete here, and does the
+        target hold it whole? What a preemption notice reports as made off the machine or not."""
+        with self._lock:
+            units = [u for u in self._units.values() if u.kind == "dir" and u.selected and not u.retired]
+            up = self._up
+        out = []
+        for u in units:
+            newest = max((s.mtime_ns for s in u.selected), default=0)
+            out.append({"unit": u.label, "path": u.abspath, "complete": u.verdict.complete,
+                        "reason": u.verdict.reason, "on_target": bool(up and u.verdict.complete and up.synced(u)),
+                        "settling": not u.verdict.complete and u.verdict.ready_in is not None,
+                        "bytes": sum(s.size for s in u.selected), "mtime": newest / 1e9})
+        return sorted(out, key=lambda h: h["mtime"], reverse=True)
 
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every
@@ -283,7 +313,8 @@ class SyncEngine:
                    or (self._dirty and self._realtime() - self._dirty_at >= DEBOUNCE_S)
                    or (self._next_ready is not None and now >= self._next_ready)
                    or self.health.backoff.due(now))
-            in_backoff = self.health.backoff.waiting(now)
+            due = due or (self._emergency and self.health.failing)
+            in_backoff = self.health.backoff.waiting(now) and not self._emergency
         self._expire_finals()
         self.health.evaluate_alert()
         if not due:
@@ -294,8 +325,11 @@ class SyncEngine:
             self._do_scan()
             return
         pass_id = self._do_scan()
+        self._cut_short = False
         error = self._process_work()
         self.ledger.sync()
+        if self._cut_short:
+            return  # the next iteration scans again at once and goes on; nobody is answered yet
         if error is None:
             self._verify_finals()
         self._answer_idle_waits(error, pass_id)
@@ -353,9 +387,15 @@ class SyncEngine:
                 if self.health.failing:
                     self.health.recovered(contacted=False)  # nothing left that could fail
             return None
-        for batch in up.batches(work):  # sc.batches, folders merged where the target lands them together
+        # sc.batches, folders merged where the target lands them together
+        for i, batch in enumerate(up.batches(work)):
             if self._closing.is_set():
                 return "closing"
+            if i and self._emergency:
+                with self._lock:
+                    self._requested = self._cut_short = True
+                self._wake.set()
+                break
             self._move(SyncState.UPLOADING)
             try:
                 whole = up.send(batch)

@@ -219,14 +219,20 @@ def needs_manifest(u: Unit) -> bool:
 
 
 def work(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[Unit]:
-    """Units ready to go up and not yet (wholly) on the target, the one at risk longest first."""
+    """Units ready to go up and not yet (wholly) on the target, the newest first: when the machine
+    may be taken any minute (a spot notice), the checkpoint that holds the most training is the one
+    that must be off it first; older ones follow."""
     out = [u for u in units if u.selected and (u.verdict.complete or u.verdict.partial) and not synced(u)]
-    out.sort(key=lambda u: max((s.mtime_ns for s in u.selected), default=0))
+    out.sort(key=_newest, reverse=True)
     return out
 
 
+def _newest(u: Unit) -> int:
+    return max((s.mtime_ns for s in u.selected), default=0)
+
+
 def batches(work: list[Unit]) -> list[list[Unit]]:
-    """Folders one by one (each gets its manifest); the single files of a root together."""
+    """Folders one by one (each gets its manifest); the single files of a root together; newest first."""
     out: list[list[Unit]] = []
     files: dict[str, list[Unit]] = {}
     for u in work:
@@ -237,7 +243,7 @@ def batches(work: list[Unit]) -> list[list[Unit]]:
     for grp in files.values():
         for i in range(0, len(grp), 500):
             out.append(grp[i:i + 500])
-    return sorted(out, key=lambda b: min(max((s.mtime_ns for s in u.selected), default=0) for u in b))
+    return sorted(out, key=lambda b: max(_newest(u) for u in b), reverse=True)
 
 
 def settling(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> bool:
