@@ -240,8 +240,11 @@ class SpotGuard:
             "previous": dataclasses.asdict(self.previous) if self.previous is not None else None,
         }
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         self._closing.set()
+        f = self._follower
+        if f is not None and f is not threading.current_thread():
+            f.join(timeout)  # a decision under way finishes (its mail queued) before the daemon goes
 
     def _save(self, rec: NoticeRecord) -> None:
         try:
