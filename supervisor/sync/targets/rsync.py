@@ -49,6 +49,25 @@ from .base import (
 log = get_logger("sync.rsync")
 
 PARTIAL_DIR = ".rsync-partial"
+# OpenSSH's default ciphers with AES-GCM first: where the CPU has AES instructions it costs both
+# ends about a third less CPU than chacha20-poly1305 (the default), which counts on a box whose
+# cores are busy with training; the server still picks from the same set
+_AES_FIRST = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+              "aes128-ctr,aes192-ctr,aes256-ctr")
+
+
+def _cpu_has_aes() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return "aes" in line.split(":", 1)[-1].split()
+    except OSError:
+        pass
+    return False
+
+
+_AES_IN_CPU = _cpu_has_aes()
 VANISHED = 24
 PARTIAL = 23
 
@@ -89,6 +108,8 @@ class RsyncTarget:
             argv += ["-i", c.ssh_key, "-o", "IdentitiesOnly=yes"]
         if c.known_hosts_file:
             argv += ["-o", f"UserKnownHostsFile={c.known_hosts_file}"]
+        if _AES_IN_CPU:
+            argv += ["-o", f"Ciphers={_AES_FIRST}"]
         if self.control_dir:
             # one SSH connection for the rsync runs of a pass instead of a handshake each
             argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
