@@ -121,3 +121,25 @@ def test_strict_host_key_policy_refuses_an_unknown_host(make_engine, hf_writer, 
     r = e.wait_idle(60)
     assert not r.ok and "Host key verification failed" in r.error, r
     assert not (tmp_path / "remote").exists()
+
+
+def test_final_sync_repairs_a_copy_damaged_in_place(make_engine, hf_writer, sshd_server, tmp_path):
+    """Same size and mtime on the host, other bytes: rsync's quick check would call it equal;
+    the content check finds it and the resend compares by checksum."""
+    remote = tmp_path / "remote"
+    for step in (10, 20, 30):
+        hf_writer.checkpoint(step)
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(remote), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    victim = remote / "checkpoint-20" / "optimizer.pt"
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[100:110] = bytes(10 * [0xAB]) if data[100:110] != bytes(10 * [0xAB]) else bytes(10)
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = e.final_sync([str(hf_writer.out)], 60)
+    assert r.ok and r.uploaded_files == 1, r
+    for step in (10, 20, 30):
+        assert check_folder(str(remote / f"checkpoint-{step}")) == []
+    assert victim.read_bytes() == (hf_writer.out / "checkpoint-20" / "optimizer.pt").read_bytes()
