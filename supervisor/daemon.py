@@ -195,8 +195,8 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, lambda *_: self._stop.set())
         self.start()
-        while not self._stop.wait(1.0):
-            pass
+        # no timeout: the signal handler sets the event and wakes this wait (nothing polls at rest)
+        self._stop.wait()
         self.shutdown()
 
     def shutdown(self) -> None:
