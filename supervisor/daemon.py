@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import __version__
 from .alerts import Alerts
@@ -35,6 +33,7 @@ from .logging_setup import configure
 from .notify import notify, watchdog_interval
 from .statefile import Reserve, StateStore, secure_state_dir
 from .states import TRAINING_ALIVE, TrainingState
+from .ticker import Ticker
 from .training import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
@@ -93,10 +92,7 @@ class Daemon:
 
         self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
 
-        self.scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(8)},
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
-        )
+        self.scheduler = Ticker()
         self.control = ControlServer(cfg.socket, self._handlers(), group=cfg.socket_group,
                                      member_commands=MEMBER_COMMANDS)
         self._stop = threading.Event()
@@ -121,8 +117,7 @@ class Daemon:
             except Exception:  # noqa: BLE001 - one failing duty must never stop the others
                 log.exception("duty_failed", duty=duty.name)
 
-        self.scheduler.add_job(run, "interval", seconds=max(seconds, 0.2), id=duty.name, name=duty.name,
-                               next_run_time=_soon())
+        self.scheduler.add(duty.name, max(seconds, 0.2), run)
 
     def _on_training_start(self, info: TrainingInfo) -> None:
         self.follower.switch(info.log_path, start_at_end=True)
@@ -204,7 +199,7 @@ class Daemon:
         notify("STOPPING=1")
         log.info("daemon_stopping", training=self.training.state.value)
         try:
-            self.scheduler.shutdown(wait=False)
+            self.scheduler.shutdown()
         except Exception:  # noqa: BLE001
             pass
         self.control.close()
@@ -338,12 +333,6 @@ def _int(v: Any, name: str, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}')
     return v
-
-
-def _soon():
-    import datetime as dt
-
-    return dt.datetime.now() + dt.timedelta(seconds=0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
