@@ -118,18 +118,16 @@ def realtime(m: GpuMonitor, seconds: int) -> float:
 
 
 def scheduler(m: GpuMonitor, seconds: int) -> float:
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.schedulers.background import BackgroundScheduler
+    from supervisor.ticker import Ticker
 
-    s = BackgroundScheduler(executors={"default": ThreadPoolExecutor(8)},
-                            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60})
-    s.add_job(m.poll, "interval", seconds=1.0)
+    s = Ticker()  # the daemon's duty scheduler
+    s.add("gpu", 1.0, m.poll)
     s.start()
     c0, t0 = cpu(), time.monotonic()
     time.sleep(seconds)
     pct = (cpu() - c0) / (time.monotonic() - t0) * 100
-    s.shutdown(wait=True)
-    print(f"scheduler: APScheduler job every 1s for {seconds}s -> {pct:.3f}% of one core (whole process)")
+    s.shutdown()
+    print(f"scheduler: the daemon's Ticker, a poll every 1s for {seconds}s -> {pct:.3f}% of one core (whole process)")
     return pct
 
 
