@@ -9,7 +9,7 @@ Not collected by pytest (bench_*.py). Run from the repository root:
 1. tight: N polls back to back, CPU time per poll, scaled to one poll a second;
 2. realtime: a poll every second for --seconds, CPU time of the whole process over wall time
    (includes the interpreter waking up, the sleeping loop, everything);
-3. scheduler: the same through APScheduler's BackgroundScheduler, as the daemon runs it.
+3. scheduler: the same through the daemon's Ticker (supervisor/ticker.py), as the daemon runs it.
 
 CPU time is resource.getrusage(RUSAGE_SELF) (all threads, user + system); "% of one core" is
 CPU seconds per wall second x 100. The fake re-reads nothing between polls (the script file is
