@@ -143,3 +143,51 @@ def test_final_sync_repairs_a_copy_damaged_in_place(make_engine, hf_writer, sshd
     for step in (10, 20, 30):
         assert check_folder(str(remote / f"checkpoint-{step}")) == []
     assert victim.read_bytes() == (hf_writer.out / "checkpoint-20" / "optimizer.pt").read_bytes()
+
+
+def test_ready_checkpoints_go_up_in_one_rsync_run_with_their_manifests_in_one_more(
+        make_engine, hf_writer, sshd_server, tmp_path, monkeypatch):
+    from supervisor.sync.targets.rsync import RsyncTarget
+
+    runs: list[int] = []
+    pushes: list[int] = []
+    real_run, real_push = RsyncTarget._rsync_files, RsyncTarget._push_manifests
+
+    def counted_run(self, src, sub, rels, checksum, during=None):
+        runs.append(len(rels))
+        return real_run(self, src, sub, rels, checksum, during)
+
+    def counted_push(self, manifests):
+        pushes.append(len(manifests))
+        return real_push(self, manifests)
+
+    monkeypatch.setattr(RsyncTarget, "_rsync_files", counted_run)
+    monkeypatch.setattr(RsyncTarget, "_push_manifests", counted_push)
+    remote = tmp_path / "remote"
+    for step in (1, 2, 3):
+        hf_writer.checkpoint(step)
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(remote), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    per_cp = len(hf_writer.contents["checkpoint-1"])
+    assert runs == [3 * per_cp] and pushes == [3], (runs, pushes)
+    for step in (1, 2, 3):
+        assert check_folder(str(remote / f"checkpoint-{step}")) == []
+    sock = e.target.control_path
+    assert sock and os.path.exists(sock), "no shared SSH connection"
+    e.close()
+    assert not os.path.exists(sock), "the SSH control socket outlived the engine"
+
+
+def test_group_units_merges_folders_up_to_a_count_and_a_byte_cap():
+    from types import SimpleNamespace as N
+
+    from supervisor.sync.upload import group_units
+
+    def d(n, size):
+        return N(kind="dir", selected=[N(size=size)], n=n)
+
+    batches = [[d(1, 10)], [d(2, 10)], [d(3, 10)], [N(kind="file", selected=[N(size=1)], n=4)], [d(6, 50)], [d(7, 10)]]
+    assert [[u.n for u in b] for b in group_units(batches, 2)] == [[1, 2], [3], [4], [6, 7]]
+    assert [[u.n for u in b] for b in group_units(batches, 32, 25)] == [[1, 2], [3], [4], [6], [7]]
+    assert group_units(batches, 1) == batches

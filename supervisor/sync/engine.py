@@ -351,8 +351,9 @@ class SyncEngine:
                 if self.health.failing:
                     self.health.recovered(contacted=False)  # nothing left that could fail
             return None
-        per_batch = int(getattr(self.target, "units_per_batch", 1))  # targets that land units together
-        for batch in group_units(sc.batches(work), per_batch):
+        # targets that land several units in one step say how many (and how many bytes) at most
+        per_batch = int(getattr(self.target, "units_per_batch", 1))
+        for batch in group_units(sc.batches(work), per_batch, int(getattr(self.target, "batch_bytes", 0))):
             if self._closing.is_set():
                 return "closing"
             self._move(SyncState.UPLOADING)

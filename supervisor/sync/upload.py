@@ -211,23 +211,29 @@ class _Sink:
         return self.up.closing.is_set()
 
 
-def group_units(batches: list[list[Unit]], per_batch: int) -> list[list[Unit]]:
-    """Consecutive single-folder batches merged, up to per_batch folders each, for a target
-    that lands several units in one step (per_batch <= 1: as they are)."""
+def group_units(batches: list[list[Unit]], per_batch: int, max_bytes: int = 0) -> list[list[Unit]]:
+    """Consecutive single-folder batches merged, up to per_batch folders and (when a batch holds
+    more than one) max_bytes of their files each, for a target that lands several units in one
+    step (per_batch <= 1: as they are). The byte cap keeps what a crash leaves unrecorded small:
+    files are recorded when their batch's transfer ends."""
     if per_batch <= 1:
         return batches
     out: list[list[Unit]] = []
     run: list[Unit] = []
+    run_bytes = 0
     for b in batches:
         if len(b) == 1 and b[0].kind == "dir":
+            size = sum(s.size for s in b[0].selected)
+            if run and (len(run) >= per_batch or (max_bytes and run_bytes + size > max_bytes)):
+                out.append(run)
+                run, run_bytes = [], 0
             run.append(b[0])
-            if len(run) < per_batch:
-                continue
+            run_bytes += size
+            continue
         if run:
             out.append(run)
-            run = []
-        if not (len(b) == 1 and b[0].kind == "dir"):
-            out.append(b)
+            run, run_bytes = [], 0
+        out.append(b)
     if run:
         out.append(run)
     return out

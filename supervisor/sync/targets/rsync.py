@@ -86,6 +86,7 @@ class RsyncTarget:
     # the engine hands up to this many ready folders at once (put_units): one rsync run for their
     # files and one for their manifests, instead of a run or two per folder
     units_per_batch = 32
+    batch_bytes = 2 << 30  # files are recorded when the run ends: a crash re-checks at most this much
 
     def __init__(self, url: TargetURL, cfg: SyncConfig, work_dir: str | Path):
         self.url = url
@@ -96,6 +97,9 @@ class RsyncTarget:
         self.work = Path(work_dir)
         self._ready = False
         self.control_dir = _control_dir(self.work)
+        # our own name for the socket (not ssh's %C) so close() knows which one is ours
+        ident = f"{self.remote_host}:{cfg.ssh_port}".encode()
+        self.control_path = f"{self.control_dir}/{hashlib.sha1(ident).hexdigest()[:20]}" if self.control_dir else ""
         self._suspect: set[str] = set()  # keys whose remote content differed: resend by checksum
 
     # --- commands -------------------------------------------------------------------------------
@@ -110,9 +114,10 @@ class RsyncTarget:
             argv += ["-o", f"UserKnownHostsFile={c.known_hosts_file}"]
         if _AES_IN_CPU:
             argv += ["-o", f"Ciphers={_AES_FIRST}"]
-        if self.control_dir:
+        if self.control_path:
+            os.makedirs(self.control_dir, mode=0o700, exist_ok=True)  # another run's close() may have removed it
             # one SSH connection for the rsync runs of a pass instead of a handshake each
-            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
                      "-o", "ControlPersist=15"]
         return argv
 
@@ -390,27 +395,26 @@ class RsyncTarget:
         self._ssh(f"rm -f -- {shlex.quote(m)} && rm -rf -- {shlex.quote(d)}", timeout=300)
 
     def close(self) -> None:
-        """Ends the shared SSH connection (if this target opened one) and removes its socket."""
-        if not self.control_dir:
+        """Ends the shared SSH connection (if one is up) and removes its socket, and the socket
+        folder when it is the state dir's own and empty."""
+        if not self.control_path or not os.path.exists(self.control_path):
             return
-        live = [p for p in Path(self.control_dir).glob("*") if p.is_socket()]
-        if live:
-            try:
-                subprocess.run([*self.ssh_argv(), "-O", "exit", self.remote_host], capture_output=True, timeout=10,
-                               stdin=subprocess.DEVNULL)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        for p in live:
-            with contextlib.suppress(OSError):
-                p.unlink()
+        try:
+            subprocess.run([*self.ssh_argv(), "-O", "exit", self.remote_host], capture_output=True, timeout=10,
+                           stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
         with contextlib.suppress(OSError):
-            os.rmdir(self.control_dir)
+            os.unlink(self.control_path)
+        if self.control_dir == str(self.work.parent / "cm"):
+            with contextlib.suppress(OSError):
+                os.rmdir(self.control_dir)
 
 
 def _control_dir(work: Path) -> str:
     """A private folder for the SSH control socket, short enough for a unix socket path."""
     for d in (work.parent / "cm", Path(f"/tmp/tsync-ssh-{os.getuid()}")):
-        if len(str(d)) + 42 > 100:
+        if len(str(d)) + 1 + 20 + 17 >= 108:  # ssh binds "<path>.<16 random>" first; sun_path is 108
             continue
         try:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
