@@ -145,49 +145,55 @@ def test_final_sync_repairs_a_copy_damaged_in_place(make_engine, hf_writer, sshd
     assert victim.read_bytes() == (hf_writer.out / "checkpoint-20" / "optimizer.pt").read_bytes()
 
 
-def test_ready_checkpoints_go_up_in_one_rsync_run_with_their_manifests_in_one_more(
-        make_engine, hf_writer, sshd_server, tmp_path, monkeypatch):
+def test_folders_in_one_put_files_take_one_rsync_run_and_manifests_one_shell(sshd_server, hf_writer, tmp_path):
+    """What the engine does when several folders are ready (one put_files, each folder's manifest
+    as its last file is verified): one rsync run for the files, every manifest through the one
+    shell kept open on the host, and the shared connection's socket gone after close."""
+    from supervisor.config import SyncConfig
+    from supervisor.sync.targets import base
     from supervisor.sync.targets.rsync import RsyncTarget
+    from supervisor.syncurl import parse_target
 
-    runs: list[int] = []
-    pushes: list[int] = []
-    real_run, real_push = RsyncTarget._rsync_files, RsyncTarget._push_manifests
-
-    def counted_run(self, src, sub, rels, checksum, during=None):
-        runs.append(len(rels))
-        return real_run(self, src, sub, rels, checksum, during)
-
-    def counted_push(self, manifests):
-        pushes.append(len(manifests))
-        return real_push(self, manifests)
-
-    monkeypatch.setattr(RsyncTarget, "_rsync_files", counted_run)
-    monkeypatch.setattr(RsyncTarget, "_push_manifests", counted_push)
     remote = tmp_path / "remote"
     for step in (1, 2, 3):
         hf_writer.checkpoint(step)
-    hf_writer.age(60)
-    e = make_engine({**sshd_server.sync_config(remote), "watch": [str(hf_writer.out)]})
-    assert e.wait_idle(60).ok
-    per_cp = len(hf_writer.contents["checkpoint-1"])
-    assert runs == [3 * per_cp] and pushes == [3], (runs, pushes)
-    for step in (1, 2, 3):
-        assert check_folder(str(remote / f"checkpoint-{step}")) == []
-    sock = e.target.control_path
-    assert sock and os.path.exists(sock), "no shared SSH connection"
-    e.close()
-    assert not os.path.exists(sock), "the SSH control socket outlived the engine"
+    cfg = SyncConfig(**{k: v for k, v in sshd_server.sync_config(remote).items()})
+    t = RsyncTarget(parse_target(cfg.target), cfg, tmp_path / "st" / "sync" / "tmp")
+    runs: list[int] = []
+    real_run = t._rsync_files
+    t._rsync_files = lambda src, sub, rels, checksum, during=None: (runs.append(len(rels)),
+                                                                     real_run(src, sub, rels, checksum, during))[1]
+    files = [base.LocalFile(str(p), str(p.relative_to(hf_writer.out)), p.stat().st_size, p.stat().st_mtime_ns)
+             for p in sorted(hf_writer.out.rglob("*")) if p.is_file()]
+    done: dict[str, str] = {}
+    shells = []
 
+    class Sink:
+        def begin(self, f, info): pass
+        def part(self, f, n, etag, checksum, size): pass
+        def problem(self, f, err): raise AssertionError(err)
+        def progress(self, f, n): pass
+        def in_flight(self, key): return None
+        def cancelled(self): return False
 
-def test_group_units_merges_folders_up_to_a_count_and_a_byte_cap():
-    from types import SimpleNamespace as N
+        def done(self, f, r):
+            done[f.key] = r.sha256
+            unit = f.key.split("/")[0]
+            if all(g.key in done for g in files if g.key.startswith(unit + "/")):
+                t.write_manifest(unit, json.dumps({"unit": unit}).encode())
+                shells.append(t._sh)
 
-    from supervisor.sync.upload import group_units
-
-    def d(n, size):
-        return N(kind="dir", selected=[N(size=size)], n=n)
-
-    batches = [[d(1, 10)], [d(2, 10)], [d(3, 10)], [N(kind="file", selected=[N(size=1)], n=4)], [d(6, 50)], [d(7, 10)]]
-    assert [[u.n for u in b] for b in group_units(batches, 2)] == [[1, 2], [3], [4], [6, 7]]
-    assert [[u.n for u in b] for b in group_units(batches, 32, 25)] == [[1, 2], [3], [4], [6], [7]]
-    assert group_units(batches, 1) == batches
+    try:
+        t.put_files(files, Sink())
+        assert runs == [len(files)]
+        assert len(shells) == 3 and shells[0] is shells[1] is shells[2]
+        for step in (1, 2, 3):
+            d = remote / f"checkpoint-{step}"
+            assert json.loads((d / MANIFEST_NAME).read_text()) == {"unit": f"checkpoint-{step}"}
+            assert {n: (d / n).read_bytes() for n in hf_writer.contents[f"checkpoint-{step}"]} == \
+                hf_writer.contents[f"checkpoint-{step}"]
+        assert not [p for p in remote.rglob(".*") if p.is_file()]
+        assert os.path.exists(t.control_path)
+    finally:
+        t.close()
+    assert not os.path.exists(t.control_path), "the SSH control socket outlived the target"

@@ -46,7 +46,7 @@ from .scanner import Scanner
 from .status import Board
 from .targets import make_target, target_identity
 from .targets.base import Target, TargetError
-from .upload import Uploader, group_units
+from .upload import Uploader
 from .waiter import Ticket, Waiters
 
 if TYPE_CHECKING:
@@ -351,17 +351,12 @@ class SyncEngine:
                 if self.health.failing:
                     self.health.recovered(contacted=False)  # nothing left that could fail
             return None
-        # targets that land several units in one step say how many (and how many bytes) at most
-        per_batch = int(getattr(self.target, "units_per_batch", 1))
-        for batch in group_units(sc.batches(work), per_batch, int(getattr(self.target, "batch_bytes", 0))):
+        for batch in sc.batches(work):
             if self._closing.is_set():
                 return "closing"
             self._move(SyncState.UPLOADING)
             try:
-                if len(batch) == 1:
-                    whole = up.unit(batch[0])
-                else:
-                    whole = up.units(batch) if batch[0].kind == "dir" else up.files(batch)
+                whole = up.unit(batch[0]) if len(batch) == 1 else up.files(batch)
             except TargetError as e:
                 self._failed(str(e))
                 return str(e)

@@ -16,7 +16,7 @@ from ._log import get_logger
 from .ledger import Entry, Ledger
 from .scan import Selected, Unit, files_synced, needs_manifest
 from .status import Board
-from .targets.base import LocalFile, SourceProblem, Target, UnitPut, Uploaded, put_units
+from .targets.base import LocalFile, SourceProblem, Target, Uploaded
 
 log = get_logger("sync")
 
@@ -83,42 +83,13 @@ class Uploader:
                          "on the target; no manifest written")
             return False
         if u.verdict.partial:
-            self._partial(u)
+            self.board.add_partial(u.label)
+            log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason, damaged=list(u.verdict.damaged),
+                        note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
+                        else "uploaded without a manifest")
         if needs_manifest(u):
             self._manifest(u)
         return True
-
-    def _partial(self, u: Unit) -> None:
-        self.board.add_partial(u.label)
-        log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason, damaged=list(u.verdict.damaged),
-                    note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
-                    else "uploaded without a manifest")
-
-    def units(self, units: list[Unit]) -> bool:
-        """Several folder units in one step, for a target that lands them together
-        (`units_per_batch`): their files in one transfer, then their manifests; a unit with a
-        problem file gets none. False when some source file had a problem (rescan soon)."""
-        sink = _Sink(self)
-        puts = []
-        for u in units:
-            todo = self._todo(u.selected)
-            if self.ledger.manifest(u.key) is not None and todo:
-                self.target.delete_manifest(u.key)  # changed since its manifest (see unit())
-                self.ledger.manifest_forget(u.key)
-            if todo:
-                log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
-                         forced=u.forced, partial=u.verdict.partial)
-            puts.append(UnitPut(u.key, [LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo],
-                                (lambda _r, u=u: self._manifest_data(u)) if needs_manifest(u) else None))
-        done = put_units(self.target, puts, sink)
-        for u in units:
-            if any(p.path.startswith(u.abspath + os.sep) for p in sink.problems):
-                continue
-            if u.verdict.partial:
-                self._partial(u)
-            if u.key in done.manifests:
-                self._manifest_recorded(u)
-        return not sink.problems
 
     def files(self, units: list[Unit]) -> bool:
         """Single-file units of one root in one batch (one rsync run, one pool of puts)."""
@@ -132,31 +103,17 @@ class Uploader:
 
     def _manifest(self, u: Unit) -> None:
         """Write the folder's manifest (last), once every file is on the target."""
-        data = self._manifest_data(u)
-        if data is None:
-            return
-        self.target.write_manifest(u.key, data)
-        self._manifest_recorded(u)
-
-    def _manifest_data(self, u: Unit) -> bytes | None:
-        """The folder's manifest from the ledger; None when a file is not there yet or the
-        target already holds this very manifest."""
         files = self._listed(u)
         d = self._digest(u)
         if files is None or d is None:
-            return None
+            return
         m = self.ledger.manifest(u.key)
         if m is not None and m.get("digest") == d:
-            return None
+            return
         v = u.verdict
-        return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
+        data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
                         source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
-
-    def _manifest_recorded(self, u: Unit) -> None:
-        """The target holds the folder's manifest now: record it, then keep_last's deletions."""
-        files = self._listed(u) or []
-        d = self._digest(u)
-        v = u.verdict
+        self.target.write_manifest(u.key, data)
         self.ledger.manifest_done(u.key, d, self.clock.time())
         self.ledger.sync()
         log.info("sync_unit_complete" if v.complete else "sync_unit_damaged_manifest", unit=u.label,
@@ -209,31 +166,3 @@ class _Sink:
 
     def cancelled(self) -> bool:
         return self.up.closing.is_set()
-
-
-def group_units(batches: list[list[Unit]], per_batch: int, max_bytes: int = 0) -> list[list[Unit]]:
-    """Consecutive single-folder batches merged, up to per_batch folders and (when a batch holds
-    more than one) max_bytes of their files each, for a target that lands several units in one
-    step (per_batch <= 1: as they are). The byte cap keeps what a crash leaves unrecorded small:
-    files are recorded when their batch's transfer ends."""
-    if per_batch <= 1:
-        return batches
-    out: list[list[Unit]] = []
-    run: list[Unit] = []
-    run_bytes = 0
-    for b in batches:
-        if len(b) == 1 and b[0].kind == "dir":
-            size = sum(s.size for s in b[0].selected)
-            if run and (len(run) >= per_batch or (max_bytes and run_bytes + size > max_bytes)):
-                out.append(run)
-                run, run_bytes = [], 0
-            run.append(b[0])
-            run_bytes += size
-            continue
-        if run:
-            out.append(run)
-            run, run_bytes = [], 0
-        out.append(b)
-    if run:
-        out.append(run)
-    return out

@@ -21,11 +21,13 @@ import hashlib
 import os
 import re
 import secrets
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,11 +85,6 @@ def _pdeathsig() -> None:
 
 
 class RsyncTarget:
-    # the engine hands up to this many ready folders at once (put_units): one rsync run for their
-    # files and one for their manifests, instead of a run or two per folder
-    units_per_batch = 32
-    batch_bytes = 2 << 30  # files are recorded when the run ends: a crash re-checks at most this much
-
     def __init__(self, url: TargetURL, cfg: SyncConfig, work_dir: str | Path):
         self.url = url
         self.cfg = cfg
@@ -100,7 +97,9 @@ class RsyncTarget:
         # our own name for the socket (not ssh's %C) so close() knows which one is ours
         ident = f"{self.remote_host}:{cfg.ssh_port}".encode()
         self.control_path = f"{self.control_dir}/{hashlib.sha1(ident).hexdigest()[:20]}" if self.control_dir else ""
-        self._suspect: set[str] = set()  # keys whose remote content differed: resend by checksum
+        self._suspect: set[str] = set()
+        self._sh: _RemoteShell | None = None
+        self._shell_lock = threading.Lock()  # keys whose remote content differed: resend by checksum
 
     # --- commands -------------------------------------------------------------------------------
     def ssh_argv(self) -> list[str]:
@@ -288,7 +287,30 @@ class RsyncTarget:
 
     # --- manifests, checks, deletes ------------------------------------------------------------
     def write_manifest(self, unit_key: str, data: bytes) -> None:
-        self._push_manifests({unit_key: data})
+        """One manifest through the shell kept open on the host: a round trip and a `mv` there,
+        not an rsync and an ssh process here for each folder (an engine that sends several
+        folders in one put_files writes each one's manifest as its last file is verified)."""
+        dest = self._remote(join_key(unit_key, MANIFEST_NAME))
+        folder = dest.rsplit("/", 1)[0] or "/"
+        tmp = f"{folder}/.{MANIFEST_NAME}.{secrets.token_hex(4)}"
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            self._push_manifests({unit_key: data})
+            return
+        if "\0" in text:
+            self._push_manifests({unit_key: data})
+            return
+        q = shlex.quote
+        self._shell().run(f"{{ [ -d {q(folder)} ] || mkdir -p -- {q(folder)}; }} && printf '%s' {q(text)} > {q(tmp)}"
+                          f" && mv -f -- {q(tmp)} {q(dest)} || {{ rm -f -- {q(tmp)}; false; }}", "manifest upload")
+        self._ready = True
+
+    def _shell(self) -> _RemoteShell:
+        with self._shell_lock:
+            if self._sh is None or not self._sh.alive():
+                self._sh = _RemoteShell([*self.ssh_argv(), self.remote_host, "exec sh"], self.display)
+            return self._sh
 
     def _push_manifests(self, manifests: dict[str, bytes]) -> None:
         """Each unit's manifest, all in one rsync run (each lands whole under its name)."""
@@ -397,6 +419,10 @@ class RsyncTarget:
     def close(self) -> None:
         """Ends the shared SSH connection (if one is up) and removes its socket, and the socket
         folder when it is the state dir's own and empty."""
+        with self._shell_lock:
+            if self._sh is not None:
+                self._sh.close()
+                self._sh = None
         if not self.control_path or not os.path.exists(self.control_path):
             return
         try:
@@ -409,6 +435,67 @@ class RsyncTarget:
         if self.control_dir == str(self.work.parent / "cm"):
             with contextlib.suppress(OSError):
                 os.rmdir(self.control_dir)
+
+
+class _RemoteShell:
+    """`sh` on the host over the shared SSH connection, fed one command at a time: each answers
+    with a marker line carrying its exit status. A timeout or a lost connection ends it (the next
+    call starts a new one) and raises TargetError."""
+
+    def __init__(self, argv: list[str], display: str):
+        self.display = display
+        self._lock = threading.Lock()
+        try:
+            self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      preexec_fn=_pdeathsig, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise TargetError("ssh is not installed") from None
+        self._buf = b""
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def run(self, command: str, what: str, timeout: float = 60) -> None:
+        marker = f"__tsync_{secrets.token_hex(6)}__"
+        with self._lock:
+            assert self.p.stdin is not None and self.p.stdout is not None
+            try:
+                self.p.stdin.write(f"{{ {command}\n}} </dev/null >/dev/null 2>&1; echo {marker}$?\n".encode())
+                self.p.stdin.flush()
+            except OSError:
+                self._fail(what, "the connection closed")
+            deadline = time.monotonic() + timeout
+            fd = self.p.stdout.fileno()
+            while (i := self._buf.find(marker.encode())) < 0 or b"\n" not in self._buf[i:]:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    self._fail(what, f"no answer within {timeout:.0f}s")
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self._fail(what, "the connection closed")
+                self._buf += chunk
+            line, _, self._buf = self._buf[i:].partition(b"\n")
+            rc = line[len(marker):].strip()
+            if rc != b"0":
+                raise TargetError(f"{self.display}: {what} failed on the host (exit {rc.decode(errors='replace')})")
+
+    def _fail(self, what: str, why: str) -> None:
+        err = b""
+        self.close()
+        with contextlib.suppress(OSError, ValueError):
+            assert self.p.stderr is not None
+            err = self.p.stderr.read()
+        raise TargetError(f"{self.display}: {what}: {why}: {_tail(err)}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.p.stdin is not None
+            self.p.stdin.close()
+        try:
+            self.p.wait(5)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(5)
 
 
 def _control_dir(work: Path) -> str:
