@@ -197,3 +197,28 @@ def test_folders_in_one_put_files_take_one_rsync_run_and_manifests_one_shell(ssh
     finally:
         t.close()
     assert not os.path.exists(t.control_path), "the SSH control socket outlived the target"
+
+
+def test_manifest_shell_survives_a_dropped_connection_and_ends_when_idle(sshd_server, tmp_path, monkeypatch):
+    from supervisor.config import SyncConfig
+    from supervisor.sync.targets import rsync as rs
+    from supervisor.syncurl import parse_target
+
+    monkeypatch.setattr(rs, "SHELL_IDLE_S", 0.5)
+    remote = tmp_path / "remote"
+    cfg = SyncConfig(**sshd_server.sync_config(remote))
+    t = rs.RsyncTarget(parse_target(cfg.target), cfg, tmp_path / "st" / "sync" / "tmp")
+    try:
+        t.write_manifest("a", b'{"n": 1}')
+        first = t._sh
+        assert first is not None
+        first.p.kill()  # the connection dropped while idle
+        first.p.wait()
+        t.write_manifest("b/c", b"{\"it's\": \"quoted\\n\"}")
+        assert t._sh is not first
+        assert (remote / "a" / MANIFEST_NAME).read_bytes() == b'{"n": 1}'
+        assert (remote / "b" / "c" / MANIFEST_NAME).read_bytes() == b"{\"it's\": \"quoted\\n\"}"
+        wait_until(lambda: t._sh is None, 10, what="the idle shell closed")
+    finally:
+        t.close()
+    assert not [p for p in remote.rglob(".*") if p.is_file()]

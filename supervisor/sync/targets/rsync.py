@@ -72,6 +72,7 @@ def _cpu_has_aes() -> bool:
 _AES_IN_CPU = _cpu_has_aes()
 VANISHED = 24
 PARTIAL = 23
+SHELL_IDLE_S = 10.0
 
 
 def _pdeathsig() -> None:
@@ -97,9 +98,10 @@ class RsyncTarget:
         # our own name for the socket (not ssh's %C) so close() knows which one is ours
         ident = f"{self.remote_host}:{cfg.ssh_port}".encode()
         self.control_path = f"{self.control_dir}/{hashlib.sha1(ident).hexdigest()[:20]}" if self.control_dir else ""
-        self._suspect: set[str] = set()
+        self._suspect: set[str] = set()  # keys whose remote content differed: resend by checksum
         self._sh: _RemoteShell | None = None
-        self._shell_lock = threading.Lock()  # keys whose remote content differed: resend by checksum
+        self._shell_lock = threading.Lock()
+        self._shell_idle: threading.Timer | None = None
 
     # --- commands -------------------------------------------------------------------------------
     def ssh_argv(self) -> list[str]:
@@ -302,15 +304,31 @@ class RsyncTarget:
             self._push_manifests({unit_key: data})
             return
         q = shlex.quote
-        self._shell().run(f"{{ [ -d {q(folder)} ] || mkdir -p -- {q(folder)}; }} && printf '%s' {q(text)} > {q(tmp)}"
-                          f" && mv -f -- {q(tmp)} {q(dest)} || {{ rm -f -- {q(tmp)}; false; }}", "manifest upload")
+        command = (f"{{ [ -d {q(folder)} ] || mkdir -p -- {q(folder)}; }} && printf '%s' {q(text)} > {q(tmp)}"
+                   f" && mv -f -- {q(tmp)} {q(dest)} || {{ rm -f -- {q(tmp)}; false; }}")
+        try:
+            self._shell().run(command, "manifest upload")
+        except _ShellLost:
+            self._shell().run(command, "manifest upload")  # a connection that died while idle: once more
         self._ready = True
 
     def _shell(self) -> _RemoteShell:
         with self._shell_lock:
             if self._sh is None or not self._sh.alive():
                 self._sh = _RemoteShell([*self.ssh_argv(), self.remote_host, "exec sh"], self.display)
+            # a shell left open keeps the SSH connection up: it ends SHELL_IDLE_S after its last use
+            if self._shell_idle is not None:
+                self._shell_idle.cancel()
+            self._shell_idle = threading.Timer(SHELL_IDLE_S, self._close_shell)
+            self._shell_idle.daemon = True
+            self._shell_idle.start()
             return self._sh
+
+    def _close_shell(self) -> None:
+        with self._shell_lock:
+            sh, self._sh = self._sh, None
+        if sh is not None:
+            sh.close()  # waits for a command in flight
 
     def _push_manifests(self, manifests: dict[str, bytes]) -> None:
         """Each unit's manifest, all in one rsync run (each lands whole under its name)."""
@@ -419,10 +437,9 @@ class RsyncTarget:
     def close(self) -> None:
         """Ends the shared SSH connection (if one is up) and removes its socket, and the socket
         folder when it is the state dir's own and empty."""
-        with self._shell_lock:
-            if self._sh is not None:
-                self._sh.close()
-                self._sh = None
+        if self._shell_idle is not None:
+            self._shell_idle.cancel()
+        self._close_shell()
         if not self.control_path or not os.path.exists(self.control_path):
             return
         try:
@@ -437,6 +454,10 @@ class RsyncTarget:
                 os.rmdir(self.control_dir)
 
 
+class _ShellLost(TargetError):
+    """The shell on the host is gone (connection lost, no answer); a new one may work."""
+
+
 class _RemoteShell:
     """`sh` on the host over the shared SSH connection, fed one command at a time: each answers
     with a marker line carrying its exit status. A timeout or a lost connection ends it (the next
@@ -444,7 +465,7 @@ class _RemoteShell:
 
     def __init__(self, argv: list[str], display: str):
         self.display = display
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         try:
             self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       preexec_fn=_pdeathsig, env={**os.environ, "LC_ALL": "C"})
@@ -485,17 +506,18 @@ class _RemoteShell:
         with contextlib.suppress(OSError, ValueError):
             assert self.p.stderr is not None
             err = self.p.stderr.read()
-        raise TargetError(f"{self.display}: {what}: {why}: {_tail(err)}")
+        raise _ShellLost(f"{self.display}: {what}: {why}: {_tail(err)}")
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            assert self.p.stdin is not None
-            self.p.stdin.close()
-        try:
-            self.p.wait(5)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait(5)
+        with self._lock:
+            with contextlib.suppress(OSError, ValueError):
+                assert self.p.stdin is not None
+                self.p.stdin.close()
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
 
 
 def _control_dir(work: Path) -> str:
