@@ -3,7 +3,8 @@
 # make demo   examples/demo.sh: the tiny trainer under train-supervisord, nothing real touched
 # make test   tests/run.sh: system tools, .venv with the test extra, ruff, the whole suite
 # make lint   ruff only
-# make bench  the benchmarks in tests/bench (not part of the suite)
+# make bench  tests/bench/run.sh: every benchmark in tests/bench with --quick (not part of the suite)
+#             BENCH_ARGS="--rounds 5" for a full run
 # make venv   .venv with the test extra (what `make test` builds)
 # PYTEST_ARGS passes arguments through: make test PYTEST_ARGS="-k alerts -x"
 
@@ -11,6 +12,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+BENCH_ARGS ?= --quick
 
 .PHONY: venv test lint demo bench clean
 
@@ -26,8 +28,8 @@ test:
 demo:
 	@bash examples/demo.sh
 
-bench: venv
-	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+bench:
+	@bash tests/bench/run.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -127,7 +127,8 @@ class ControlServer:
             except (KeyError, PermissionError) as e:
                 log.error("socket_group_failed", group=self.group, error=str(e))
         s.listen(128)
-        s.settimeout(0.5)
+        # accept() blocks without a timeout (a daemon at rest wakes for nothing); close() wakes it
+        s.settimeout(None)
         self._sock = s
         self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
         self._thread.start()

@@ -212,8 +212,8 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_signal)
         self.start()
-        while not self._stop.wait(1.0):
-            pass
+        # no timeout: the signal handler sets the event and wakes this wait (nothing polls at rest)
+        self._stop.wait()
         # a SIGTERM that systemd did not send may be a container host taking the machine: sync first
         if self._stop_signal == signal.SIGTERM and self.spot.on_sigterm():
             self.spot.wait_outcome(self._stop_again)

@@ -121,3 +121,104 @@ def test_strict_host_key_policy_refuses_an_unknown_host(make_engine, hf_writer, 
     r = e.wait_idle(60)
     assert not r.ok and "Host key verification failed" in r.error, r
     assert not (tmp_path / "remote").exists()
+
+
+def test_final_sync_repairs_a_copy_damaged_in_place(make_engine, hf_writer, sshd_server, tmp_path):
+    """Same size and mtime on the host, other bytes: rsync's quick check would call it equal;
+    the content check finds it and the resend compares by checksum."""
+    remote = tmp_path / "remote"
+    for step in (10, 20, 30):
+        hf_writer.checkpoint(step)
+    hf_writer.age(60)
+    e = make_engine({**sshd_server.sync_config(remote), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    victim = remote / "checkpoint-20" / "optimizer.pt"
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[100:110] = bytes(10 * [0xAB]) if data[100:110] != bytes(10 * [0xAB]) else bytes(10)
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = e.final_sync([str(hf_writer.out)], 60)
+    assert r.ok and r.uploaded_files == 1, r
+    for step in (10, 20, 30):
+        assert check_folder(str(remote / f"checkpoint-{step}")) == []
+    assert victim.read_bytes() == (hf_writer.out / "checkpoint-20" / "optimizer.pt").read_bytes()
+
+
+def test_folders_in_one_put_files_take_one_rsync_run_and_manifests_one_shell(sshd_server, hf_writer, tmp_path):
+    """What the engine does when several folders are ready (one put_files, each folder's manifest
+    as its last file is verified): one rsync run for the files, every manifest through the one
+    shell kept open on the host, and the shared connection's socket gone after close."""
+    from supervisor.config import SyncConfig
+    from supervisor.sync.targets import base
+    from supervisor.sync.targets.rsync import RsyncTarget
+    from supervisor.syncurl import parse_target
+
+    remote = tmp_path / "remote"
+    for step in (1, 2, 3):
+        hf_writer.checkpoint(step)
+    cfg = SyncConfig(**{k: v for k, v in sshd_server.sync_config(remote).items()})
+    t = RsyncTarget(parse_target(cfg.target), cfg, tmp_path / "st" / "sync" / "tmp")
+    runs: list[int] = []
+    real_run = t._rsync_files
+    t._rsync_files = lambda src, sub, rels, checksum, during=None: (runs.append(len(rels)),
+                                                                     real_run(src, sub, rels, checksum, during))[1]
+    files = [base.LocalFile(str(p), str(p.relative_to(hf_writer.out)), p.stat().st_size, p.stat().st_mtime_ns)
+             for p in sorted(hf_writer.out.rglob("*")) if p.is_file()]
+    done: dict[str, str] = {}
+    shells = []
+
+    class Sink:
+        def begin(self, f, info): pass
+        def part(self, f, n, etag, checksum, size): pass
+        def problem(self, f, err): raise AssertionError(err)
+        def progress(self, f, n): pass
+        def in_flight(self, key): return None
+        def cancelled(self): return False
+
+        def done(self, f, r):
+            done[f.key] = r.sha256
+            unit = f.key.split("/")[0]
+            if all(g.key in done for g in files if g.key.startswith(unit + "/")):
+                t.write_manifest(unit, json.dumps({"unit": unit}).encode())
+                shells.append(t._sh)
+
+    try:
+        t.put_files(files, Sink())
+        assert runs == [len(files)]
+        assert len(shells) == 3 and shells[0] is shells[1] is shells[2]
+        for step in (1, 2, 3):
+            d = remote / f"checkpoint-{step}"
+            assert json.loads((d / MANIFEST_NAME).read_text()) == {"unit": f"checkpoint-{step}"}
+            assert {n: (d / n).read_bytes() for n in hf_writer.contents[f"checkpoint-{step}"]} == \
+                hf_writer.contents[f"checkpoint-{step}"]
+        assert not [p for p in remote.rglob(".*") if p.is_file()]
+        assert os.path.exists(t.control_path)
+    finally:
+        t.close()
+    assert not os.path.exists(t.control_path), "the SSH control socket outlived the target"
+
+
+def test_manifest_shell_survives_a_dropped_connection_and_ends_when_idle(sshd_server, tmp_path, monkeypatch):
+    from supervisor.config import SyncConfig
+    from supervisor.sync.targets import rsync as rs
+    from supervisor.syncurl import parse_target
+
+    monkeypatch.setattr(rs, "SHELL_IDLE_S", 0.5)
+    remote = tmp_path / "remote"
+    cfg = SyncConfig(**sshd_server.sync_config(remote))
+    t = rs.RsyncTarget(parse_target(cfg.target), cfg, tmp_path / "st" / "sync" / "tmp")
+    try:
+        t.write_manifest("a", b'{"n": 1}')
+        first = t._sh
+        assert first is not None
+        first.p.kill()  # the connection dropped while idle
+        first.p.wait()
+        t.write_manifest("b/c", b"{\"it's\": \"quoted\\n\"}")
+        assert t._sh is not first
+        assert (remote / "a" / MANIFEST_NAME).read_bytes() == b'{"n": 1}'
+        assert (remote / "b" / "c" / MANIFEST_NAME).read_bytes() == b"{\"it's\": \"quoted\\n\"}"
+        wait_until(lambda: t._sh is None, 10, what="the idle shell closed")
+    finally:
+        t.close()
+    assert not [p for p in remote.rglob(".*") if p.is_file()]

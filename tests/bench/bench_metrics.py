@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -46,7 +47,11 @@ def per_poll(fn, n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--polls", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="200 polls a figure")
+    ap.add_argument("--rounds", type=int, default=1, help="measure this many times; each round and the median")
     a = ap.parse_args()
+    if a.quick:
+        a.polls = 200
     tmp = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
     lib = tmp / "lib" / "libnvidia-ml.so.1"
     _compile(lib)
@@ -72,14 +77,23 @@ def main() -> None:
     assert len(st["gpus"]) == 8, st.get("gpu_error")
     text = exposition(st)
     n = a.polls
-    e = per_poll(lambda: exposition(st), n)
-    w = per_poll(lambda: write_textfile(str(textfile), exposition(st)), n)
-    full = per_poll(d.metrics.poll, max(n // 4, 50))
-    status_only = per_poll(d.status, max(n // 4, 50))
+    names = ("exposition", "exposition + textfile write", "Daemon.status() alone",
+             "whole duty: status() + exposition + write")
+    figs = [lambda: exposition(st), lambda: write_textfile(str(textfile), exposition(st)), d.status, d.metrics.poll]
+    counts = [n, n, max(n // 4, 50), max(n // 4, 50)]
+    got: dict[str, list[float]] = {k: [] for k in names}
     print(f"8 GPUs, {len(text.splitlines())} lines / {len(text)} bytes of exposition text")
-    for name, v in (("exposition", e), ("exposition + textfile write", w), ("Daemon.status() alone", status_only),
-                    ("whole duty: status() + exposition + write", full)):
-        print(f"  {name:<44} {v * 1e3:7.3f} ms CPU per poll = {v / POLL_S * 100:.4f}% of one core at 1 poll/{POLL_S:g}s")
+    for rnd in range(a.rounds):
+        k = rnd % len(names)  # rotate which figure runs first
+        for name, fn, cnt in list(zip(names, figs, counts, strict=True))[k:] + list(zip(names, figs, counts,
+                                                                                           strict=True))[:k]:
+            got[name].append(per_poll(fn, cnt))
+        if a.rounds > 1:
+            print(f"round {rnd + 1}: " + "; ".join(f"{nm} {got[nm][-1] * 1e3:.3f} ms" for nm in names))
+    for name in names:
+        v = statistics.median(got[name])
+        print(f"  {name:<44} {v * 1e3:7.3f} ms CPU per poll = {v / POLL_S * 100:.4f}% of one core at 1 poll/{POLL_S:g}s"
+              + (f" (median of {a.rounds})" if a.rounds > 1 else ""))
     d.gpu.close()
 
 

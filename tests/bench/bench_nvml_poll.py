@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -137,14 +138,26 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--polls", type=int, default=2000)
     ap.add_argument("--real", action="store_true", help="use this machine's NVIDIA driver, not the fake")
+    ap.add_argument("--quick", action="store_true", help="5 s windows, 500 polls")
+    ap.add_argument("--rounds", type=int, default=1, help="measure this many times (order rotated); the median")
     args = ap.parse_args()
+    if args.quick:
+        args.seconds, args.polls = 5, 500
+    worsts = []
     with tempfile.TemporaryDirectory() as d:
         m = setup_real(Path(d)) if args.real else setup(Path(d))
         try:
-            results = [tight(m, args.polls), realtime(m, args.seconds), scheduler(m, args.seconds)]
+            for rnd in range(args.rounds):
+                figs = [lambda: tight(m, args.polls), lambda: realtime(m, args.seconds),
+                        lambda: scheduler(m, args.seconds)]
+                k = rnd % len(figs)
+                results = [f() for f in figs[k:] + figs[:k]]
+                worsts.append(max(results))
+                if args.rounds > 1:
+                    print(f"round {rnd + 1}: worst {worsts[-1]:.3f}% of one core")
         finally:
             m.close()
-    worst = max(results)
+    worst = statistics.median(worsts)
     print(f"worst: {worst:.3f}% of one core for {len(m.status()['gpus'])} GPU(s) polled every second "
           f"({'well under' if worst < 0.5 else 'NOT under'} 1%)")
     return 0 if worst < 1.0 else 1

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import struct
 import subprocess
 import sys
@@ -232,6 +233,8 @@ def drive_put_units(target_url: str, out: Path, endpoint: str, token_file: str, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="1 GiB checkpoint, LoRA run of 20 x 50 MiB")
+    ap.add_argument("--quick", action="store_true", help="64 MiB checkpoint, LoRA run of 5 x 4 MiB, 1 round")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds, the tools' order rotated (default 3)")
     ap.add_argument("--keep", default="", help="work in this folder and keep it")
     ap.add_argument("--drive-put-units", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -240,6 +243,9 @@ def main() -> int:
         drive_put_units(url, Path(out), endpoint, tok, Path(state))
         return 0
     size, n_lora, lora_size = (1024 * MiB, 20, 50 * MiB) if args.full else (200 * MiB, 10, 10 * MiB)
+    if args.quick:
+        size, n_lora, lora_size = 64 * MiB, 5, 4 * MiB
+    rounds = args.rounds or (1 if args.quick else 3)
     from tests.fixtures.fake_hub import FakeHub
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-hf-"))
@@ -247,32 +253,53 @@ def main() -> int:
     hub = FakeHub(work / "hub")
     b = Bench(hub, work)
     print(f"loopback Hub {hub.url}; checkpoint {size // MiB} MiB; LoRA run {n_lora} x {lora_size // MiB} MiB; "
-          f"LFS path (HF_HUB_DISABLE_XET=1)")
+          f"LFS path (HF_HUB_DISABLE_XET=1); {rounds} round(s), the tools' order rotated")
+    tools = ["ours", "ours+put_units", "hf-upload", "upload_folder"]
+    rounds_of: dict[str, list[dict[str, dict]]] = {"first": [], "second": [], "lora": []}
 
-    # 1: one checkpoint
-    out = work / "one"
-    cp = checkpoint(out, 1000, size, 5000, peft=False)
-    first, second = {}, {}
-    for tool, argv, repo in [("ours", b.ours("one-ours", out), "alice/one-ours"),
-                             ("ours+put_units", b.ours_put_units("one-pu", out), "alice/one-pu"),
-                             ("hf-upload", b.cli("one-cli", out), "alice/one-cli"),
-                             ("upload_folder", b.api("one-api", cp, cp.name), "alice/one-api")]:
-        first[tool] = b.measure(argv, repo)
-        second[tool] = b.measure(argv, repo)
-    table(f"1a. one checkpoint ({size // MiB} MiB), first upload", first)
-    table("1b. the same again, nothing changed", second)
+    def argv_of(tool: str, name: str, out: Path, cp: Path) -> tuple[list[str], str]:
+        if tool == "ours":
+            return b.ours(f"{name}-ours", out), f"alice/{name}-ours"
+        if tool == "ours+put_units":
+            return b.ours_put_units(f"{name}-pu", out), f"alice/{name}-pu"
+        if tool == "hf-upload":
+            return b.cli(f"{name}-cli", out), f"alice/{name}-cli"
+        return b.api(f"{name}-api", cp, cp.name), f"alice/{name}-api"
 
-    # 2: a LoRA run, checkpoint after checkpoint
-    out = work / "lora"
-    total: dict[str, dict] = {}
-    for i in range(1, n_lora + 1):
-        cp = checkpoint(out, i * 100, lora_size, n_lora * 100, peft=True)
-        for tool, argv, repo in [("ours", b.ours("lora-ours", out), "alice/lora-ours"),
-                                 ("ours+put_units", b.ours_put_units("lora-pu", out), "alice/lora-pu"),
-                                 ("hf-upload", b.cli("lora-cli", out), "alice/lora-cli"),
-                                 ("upload_folder", b.api("lora-api", cp, cp.name), "alice/lora-api")]:
-            total[tool] = add(total.get(tool, {}), b.measure(argv, repo))
-    table(f"2. LoRA run: {n_lora} checkpoints of {lora_size // MiB} MiB, each tool run after each checkpoint", total)
+    for rnd in range(rounds):
+        order = tools[rnd % len(tools):] + tools[:rnd % len(tools)]
+        # 1: one checkpoint
+        out = work / f"one-r{rnd}"
+        cp = checkpoint(out, 1000, size, 5000, peft=False)
+        first: dict[str, dict] = {}
+        second: dict[str, dict] = {}
+        for tool in order:
+            argv, repo = argv_of(tool, f"one-r{rnd}", out, cp)
+            first[tool] = b.measure(argv, repo)
+            second[tool] = b.measure(argv, repo)
+        first = {t: first[t] for t in tools}
+        second = {t: second[t] for t in tools}
+        table(f"round {rnd + 1}: 1a. one checkpoint ({size // MiB} MiB), first upload", first)
+        table(f"round {rnd + 1}: 1b. the same again, nothing changed", second)
+
+        # 2: a LoRA run, checkpoint after checkpoint
+        out = work / f"lora-r{rnd}"
+        total: dict[str, dict] = {}
+        for i in range(1, n_lora + 1):
+            cp = checkpoint(out, i * 100, lora_size, n_lora * 100, peft=True)
+            for tool in order:
+                argv, repo = argv_of(tool, f"lora-r{rnd}", out, cp)
+                total[tool] = add(total.get(tool, {}), b.measure(argv, repo))
+        total = {t: total[t] for t in tools}
+        table(f"round {rnd + 1}: 2. LoRA run: {n_lora} checkpoints of {lora_size // MiB} MiB, each tool run after "
+              "each checkpoint", total)
+        for key, rows in (("first", first), ("second", second), ("lora", total)):
+            rounds_of[key].append(rows)
+    if rounds > 1:
+        for key, title in (("first", "1a. first upload"), ("second", "1b. nothing changed"), ("lora", "2. LoRA run")):
+            rs = rounds_of[key]
+            med = {t: {k: statistics.median(r[t][k] for r in rs) for k in rs[0][t]} for t in tools}
+            table(f"median of {rounds} rounds: {title}", med)
     hub.close()
     if not args.keep:
         import shutil
