@@ -3,8 +3,9 @@ them onto the target, verified, with a manifest written last.
 
 Threads (managed here; the daemon needs no heartbeat from outside):
 - `sync-worker`: the only thread that scans, decides and talks to the target. It wakes on
-  inotify hints, on requests, at the periodic rescan, when a waiting unit may have gone quiet,
-  and when a retry is due (at least every 0.5 s, so an injected FakeClock is noticed).
+  inotify hints, on requests, and sleeps exactly until the next thing that is due (a waiting
+  unit goes quiet, the periodic rescan, a retry, the end of a hint's debounce), at most 0.5 s
+  at a time so an injected FakeClock is noticed.
 - the watchdog observer thread (hints only) and the target's own request pool.
 Public methods only set flags, queue a request or copy a snapshot under a short lock: nothing a
 control-socket handler calls ever waits on the network, except wait_idle/final_sync, which exist
@@ -56,7 +57,10 @@ if TYPE_CHECKING:
 log = get_logger("sync")
 
 LOOP_MAX_WAIT = 0.5      # real seconds: the longest the worker sleeps without looking at the clock
-DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes
+DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes (at most;
+                         # never more than half the quiet period: see _debounce)
+DEBOUNCE_MIN_S = 0.1     # ... and at least this (quiet_period = 0: not a rescan per write)
+READY_MARGIN_S = 0.02    # look again this long after a unit's computed ready time (float rounding)
 FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout for the worker's answer
 
 
@@ -261,12 +265,38 @@ class SyncEngine:
                     except Exception:  # noqa: BLE001 - not even a broken logger may end the worker
                         pass
                     self._closing.wait(1.0)
-                self._wake.wait(LOOP_MAX_WAIT)
+                self._wake.wait(self._sleep_for())
                 self._wake.clear()
         finally:
             self._answer_all("sync engine stopped")
             if self.ledger is not None:
                 self.ledger.close()
+
+    @property
+    def _debounce(self) -> float:
+        """A burst of hints (a file being written) causes one rescan per this many seconds. The
+        quiet clock starts at a file's mtime, not at the rescan (scan.observe), so the debounce
+        delays nothing as long as the rescan comes before the quiet period is over."""
+        return min(DEBOUNCE_S, max(DEBOUNCE_MIN_S, self.cfg.quiet_period / 2))
+
+    def _sleep_for(self) -> float:
+        """Real seconds the worker may sleep: until the soonest of a unit's ready time, the
+        periodic rescan, the next retry and the end of the debounce; at most LOOP_MAX_WAIT, so
+        a FakeClock that jumps is noticed. Distances on the injected clock are slept in real
+        seconds: with the system clock that is exact, and a FakeClock is re-read every pass."""
+        now = self.clock.monotonic()
+        with self._lock:
+            if self._requested:
+                return 0.0
+            t = min(LOOP_MAX_WAIT, self._next_rescan - now)
+            if self._next_ready is not None:
+                t = min(t, self._next_ready - now)
+            retry = self.health.backoff.retry_in(now)
+            if retry is not None:
+                t = min(t, retry)
+            if self._dirty:
+                t = min(t, self._dirty_at + self._debounce - self._realtime())
+        return max(0.0, t)
 
     def _iteration(self) -> None:
         if self.ledger is None:
@@ -278,7 +308,7 @@ class SyncEngine:
         now = self.clock.monotonic()
         with self._lock:
             due = (self._requested or bool(self._finals.tickets()) or now >= self._next_rescan
-                   or (self._dirty and self._realtime() - self._dirty_at >= DEBOUNCE_S)
+                   or (self._dirty and self._realtime() - self._dirty_at >= self._debounce)
                    or (self._next_ready is not None and now >= self._next_ready)
                    or self.health.backoff.due(now))
             in_backoff = self.health.backoff.waiting(now)
@@ -316,13 +346,13 @@ class SyncEngine:
             self._watcher.forget_missing()
             self._watcher.ensure([r.path for r in roots])
         units = self.scanner.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
-                                  self.ledger.manifests_under)
+                                  self.ledger.manifests_under, self._up.held if self._up else None)
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
-            self._next_ready = now + ready + 0.05 if ready is not None else None
+            self._next_ready = now + ready + READY_MARGIN_S if ready is not None else None
             self._refresh_pending()
             self._move(SyncState.IDLE)
             self.stats["scans"] += 1

@@ -33,24 +33,33 @@ class Scanner:
         self.keep_last = keep_last
         self.once = once
         self.seen: dict[tuple[str, str], sc.Seen] = {}
-        self._scanned: set[str] = set()
+        self._scanned: dict[str, float] = {}  # root path -> monotonic time of its last scan
         self.header_reads = 0
 
     def scan(self, roots: list[sc.Root], forced: list[str], wall: float, mono: float,
-             remote_units: Callable[[str], list[str]]) -> dict[sc.UnitKey, sc.Unit]:
+             remote_units: Callable[[str], list[str]],
+             held: Callable[[sc.Unit], bool] | None = None) -> dict[sc.UnitKey, sc.Unit]:
         """The units under `roots` now, judged. `forced`: folders a final sync asks for (no quiet
-        period); `remote_units(prefix)`: the unit keys the target holds complete (for keep_last)."""
+        period); `remote_units(prefix)`: the unit keys the target holds complete (for keep_last);
+        `held(unit)`: the ledger says the target holds the unit exactly as it is here (every
+        file's size, mtime and inode, and its complete manifest): such a unit is complete without
+        being judged again, and none of its files is opened."""
         units: dict[sc.UnitKey, sc.Unit] = {}
         alive: set[tuple[str, str]] = set()
         for root in roots:
             raw = self.walk(root, sc.nested_roots(root, roots))
-            sc.observe(self.seen, root, raw, root.path not in self._scanned, wall, mono, self.quiet)
-            self._scanned.add(root.path)
+            since = self._scanned.get(root.path)
+            sc.observe(self.seen, root, raw, since is None, wall, mono, self.quiet, since)
+            self._scanned[root.path] = mono
             alive.update((root.path, rel) for rel in raw)
             units.update(sc.group(root, raw, self.seen, self.policy))
         for k in [k for k in self.seen if k not in alive]:
             del self.seen[k]
         for u in units.values():
+            if u.selected and held is not None and held(u):
+                u.forced = sc.overlaps(u.abspath, forced)
+                u.verdict = Verdict(True, "complete")
+                continue
             u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
             if (u.verdict.complete or u.forced) and self._check_whole(u):
                 u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
@@ -88,14 +97,14 @@ class Scanner:
         u.files = sc.with_whole(u, whole)
         return changed or any(f.whole is False for f in u.files)
 
-    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int]]:
-        """rel -> (size, mtime_ns) for regular files; symlinks are never followed, caches,
+    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int, int]]:
+        """rel -> (size, mtime_ns, inode) for regular files; symlinks are never followed, caches,
         folders no glob can reach and the folders in `skip` (other roots) are never entered."""
-        out: dict[str, tuple[int, int]] = {}
+        out: dict[str, tuple[int, int, int]] = {}
         if not os.path.isdir(root.path):
             if os.path.isfile(root.path) and not os.path.islink(root.path):
                 st = os.stat(root.path)
-                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns)
+                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns, st.st_ino)
             return out
         if any(sc.within(root.path, r) for r in self.policy.excluded_roots):
             self.once.warning(f"root-in-cache:{root.path}", "sync_watch_folder_is_a_cache", folder=root.path)
@@ -131,7 +140,7 @@ class Scanner:
                     self.once.warning(f"stat:{e.path}", "sync_file_unreadable", path=e.path,
                                       error=err.strerror or str(err))
                     continue
-                out[rel] = (st.st_size, st.st_mtime_ns)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
         return out
 
 

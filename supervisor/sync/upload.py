@@ -43,6 +43,21 @@ class Uploader:
             return m is not None and m.get("digest") == self._digest(u)
         return True
 
+    def held(self, u: Unit) -> bool:
+        """The target holds the unit exactly as it is here: every selected file in this version
+        (size, mtime and inode as sent) and, for a folder, its complete manifest of these files.
+        Decided from the ledger alone: the scan then judges nothing and opens no file."""
+        files = []
+        for s in u.selected:
+            e = self.ledger.current(s.key, s.size, s.mtime_ns, s.ino)
+            if e is None:
+                return False
+            files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
+        if u.kind != "dir":
+            return True
+        m = self.ledger.manifest(u.key)
+        return m is not None and m.get("digest") == mf.digest(files)
+
     def _listed(self, u: Unit) -> list[mf.ManifestFile] | None:
         files = []
         for s in u.selected:
@@ -76,7 +91,7 @@ class Uploader:
         if todo:
             log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
                      forced=u.forced, partial=u.verdict.partial)
-            self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
+            self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo], sink)
         if sink.problems:
             if not os.path.exists(u.abspath):
                 log.info("sync_unit_vanished", unit=u.label, note="rotated away locally before it was whole "
@@ -98,7 +113,7 @@ class Uploader:
             return True
         log.info("sync_files_upload", files=len(todo), bytes=sum(s.size for s in todo), root=units[0].root.path)
         sink = _Sink(self)
-        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
+        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo], sink)
         return not sink.problems
 
     def _manifest(self, u: Unit) -> None:
@@ -148,7 +163,7 @@ class _Sink:
 
     def done(self, f: LocalFile, result: Uploaded) -> None:
         self.up.ledger.done(f.key, Entry(f.size, f.mtime_ns, result.sha256, result.etag, f.path,
-                                         self.up.clock.time()))
+                                         self.up.clock.time(), f.ino))
         self.up.board.uploaded(result.sent)
 
     def problem(self, f: LocalFile, err: SourceProblem) -> None:
