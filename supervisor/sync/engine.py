@@ -381,12 +381,12 @@ class SyncEngine:
                 if self.health.failing:
                     self.health.recovered(contacted=False)  # nothing left that could fail
             return None
-        for batch in sc.batches(work):
+        for batch in sc.together(sc.batches(work)):
             if self._closing.is_set():
                 return "closing"
             self._move(SyncState.UPLOADING)
             try:
-                whole = up.unit(batch[0]) if len(batch) == 1 else up.files(batch)
+                whole = up.send(batch)
             except TargetError as e:
                 self._failed(str(e))
                 return str(e)

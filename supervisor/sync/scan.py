@@ -253,6 +253,24 @@ def batches(work: list[Unit]) -> list[list[Unit]]:
     return sorted(out, key=lambda b: min(max((s.mtime_ns for s in u.selected), default=0) for u in b))
 
 
+TOGETHER_MAX_UNITS = 64
+
+
+def together(batches: list[list[Unit]], max_units: int = TOGETHER_MAX_UNITS) -> list[list[Unit]]:
+    """Consecutive folder batches joined (in their order, up to max_units), so the target
+    streams one folder's files right after the previous one's instead of pausing at each
+    folder's end (each folder still gets its own manifest, after its own files)."""
+    out: list[list[Unit]] = []
+    for b in batches:
+        prev = out[-1] if out else None
+        if (prev is not None and len(b) == 1 and b[0].kind == "dir" and all(u.kind == "dir" for u in prev)
+                and len(prev) < max_units):
+            prev.append(b[0])
+        else:
+            out.append(list(b))
+    return out
+
+
 def settling(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> bool:
     """Is some unit about to become complete by itself (its writer just went quiet, or a folder
     just appeared)? `sync --wait` waits for those; not for ones that need their writer to come

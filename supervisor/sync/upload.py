@@ -31,6 +31,7 @@ class Uploader:
         self.hostname = hostname
         self.keep_last = keep_last
         self.closing = closing
+        self._finishing = threading.Lock()
 
     # --- what the target holds ------------------------------------------------------------------
     def synced(self, u: Unit) -> bool:
@@ -78,33 +79,59 @@ class Uploader:
         return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
 
     # --- sending --------------------------------------------------------------------------------
+    def send(self, batch: list[Unit]) -> bool:
+        """One batch of scan.batches / scan.together; False when a source file had a problem."""
+        if len(batch) > 1 and all(u.kind == "file" for u in batch):
+            return self.files(batch)
+        return self.units(batch)
+
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
         problem (rescan soon)."""
-        todo = self._todo(u.selected)
-        if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
-            # the folder changed since its manifest: it is not complete on the target until the
-            # new files and a new manifest are there
-            self.target.delete_manifest(u.key)
-            self.ledger.manifest_forget(u.key)
-        sink = _Sink(self)
-        if todo:
-            log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
-                     forced=u.forced, partial=u.verdict.partial)
-            self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo], sink)
-        if sink.problems:
-            if not os.path.exists(u.abspath):
+        return self.units([u])
+
+    def units(self, units: list[Unit]) -> bool:
+        """Upload folder units (or single-file units) as one stream of files, unit after unit
+        with no pause between them; each unit's manifest is written the moment its last file
+        is on the target (from the target's thread), so the first unit is complete long before
+        the last. False when a source file had a problem (rescan soon)."""
+        plan: list[tuple[Unit, list[Selected]]] = []
+        for u in units:
+            todo = self._todo(u.selected)
+            if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
+                # the folder changed since its manifest: it is not complete on the target until
+                # the new files and a new manifest are there
+                self.target.delete_manifest(u.key)
+                self.ledger.manifest_forget(u.key)
+            if todo:
+                log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
+                         forced=u.forced, partial=u.verdict.partial)
+            plan.append((u, sorted(todo, key=lambda s: -s.size)))  # the largest first: no long tail
+        sink = _UnitsSink(self, plan)
+        for u, todo in plan:
+            if not todo:
+                self._finish(u)
+        files = [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for _u, todo in plan for s in todo]
+        if files:
+            self.target.put_files(files, sink)
+        for u, _todo in plan:
+            if u.label in sink.failed and not os.path.exists(u.abspath):
                 log.info("sync_unit_vanished", unit=u.label, note="rotated away locally before it was whole "
                          "on the target; no manifest written")
-            return False
-        if u.verdict.partial:
-            self.board.add_partial(u.label)
-            log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason, damaged=list(u.verdict.damaged),
-                        note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
-                        else "uploaded without a manifest")
-        if needs_manifest(u):
-            self._manifest(u)
-        return True
+        return not sink.problems
+
+    def _finish(self, u: Unit) -> None:
+        """Every file of the unit is on the target: its manifest now (serialised: the target's
+        threads may finish several units at once)."""
+        with self._finishing:
+            if u.verdict.partial:
+                self.board.add_partial(u.label)
+                log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason,
+                            damaged=list(u.verdict.damaged),
+                            note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
+                            else "uploaded without a manifest")
+            if needs_manifest(u):
+                self._manifest(u)
 
     def files(self, units: list[Unit]) -> bool:
         """Single-file units of one root in one batch (one rsync run, one pool of puts)."""
@@ -181,3 +208,37 @@ class _Sink:
 
     def cancelled(self) -> bool:
         return self.up.closing.is_set()
+
+
+class _UnitsSink(_Sink):
+    """A _Sink that knows which unit each file belongs to, and finishes a unit (its manifest)
+    as soon as the target reported its last file done."""
+
+    def __init__(self, up: Uploader, plan: list[tuple[Unit, list[Selected]]]):
+        super().__init__(up)
+        self._lock = threading.Lock()
+        self._unit_of: dict[str, Unit] = {}
+        self._left: dict[str, int] = {}
+        self.failed: set[str] = set()
+        for u, todo in plan:
+            self._left[u.label] = len(todo)
+            for s in todo:
+                self._unit_of[s.key] = u
+
+    def done(self, f: LocalFile, result: Uploaded) -> None:
+        super().done(f, result)
+        u = self._unit_of.get(f.key)
+        if u is None:
+            return
+        with self._lock:
+            self._left[u.label] -= 1
+            last = self._left[u.label] == 0 and u.label not in self.failed
+        if last:
+            self.up._finish(u)
+
+    def problem(self, f: LocalFile, err: SourceProblem) -> None:
+        with self._lock:
+            super().problem(f, err)
+            u = self._unit_of.get(f.key)
+            if u is not None:
+                self.failed.add(u.label)

@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 from urllib.parse import urlparse
 
@@ -144,7 +144,10 @@ class S3Target:
             kw["endpoint_url"] = ep
         if not self.cfg.region and not session.region_name:
             kw["region_name"] = "us-east-1"
-        return session.client("s3", **kw)
+        client = session.client("s3", **kw)
+        client.meta.events.register("before-sign.s3.PutObject", _no_expect_for_small_bodies)
+        client.meta.events.register("before-sign.s3.UploadPart", _no_expect_for_small_bodies)
+        return client
 
     def _key(self, k: str) -> str:
         return join_key(self.prefix, k)
@@ -167,23 +170,33 @@ class S3Target:
 
     # --- uploads -------------------------------------------------------------------------------
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:
-        """All files at once: several large files are in flight together (their parts share the
-        request pool with the small files), and each file is reported as soon as it is done."""
+        """Files in the caller's order, several in flight at once (a window of 2 x concurrency):
+        large ones go in parts that share the request pool with the small files, and each file
+        is reported (to the ledger) the moment the store has it, so a crash re-sends nothing
+        that was finished. The window keeps the order: the caller's first folder completes
+        first instead of all of them at the end."""
         self.client()
         assert self._pool is not None and self._files is not None
-        futs: list[tuple[LocalFile, Future]] = []
-        for f in sorted(files, key=lambda f: -f.size):
-            if f.size > self.single_put_max:
-                futs.append((f, self._files.submit(self._report, self._put_large, f, sink)))
-            else:
-                futs.append((f, self._pool.submit(self._report, self._put_small, f, sink)))
+        queue = list(reversed(files))
+        running: set[Future] = set()
+        window = max(2, 2 * self.cfg.concurrency)
         failure: TargetError | None = None
-        for _f, fut in futs:
-            try:
-                fut.result()
-            except TargetError as e:
-                if failure is None or isinstance(failure, _Abandoned):
-                    failure = e
+        while queue or running:
+            while queue and len(running) < window and failure is None and not sink.cancelled():
+                f = queue.pop()
+                if f.size > self.single_put_max:
+                    running.add(self._files.submit(self._report, self._put_large, f, sink))
+                else:
+                    running.add(self._pool.submit(self._report, self._put_small, f, sink))
+            if not running:
+                break
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                try:
+                    fut.result()
+                except TargetError as e:
+                    if failure is None or isinstance(failure, _Abandoned):
+                        failure = e
         if failure:
             raise failure
 
@@ -262,7 +275,9 @@ class S3Target:
             if prior and info.get("mode") == "mp":
                 same = (prior.get("size") == f.size and prior.get("mtime_ns") == f.mtime_ns
                         and info.get("part_size") == psize)
-                if same:
+                if not info.get("upload_id"):
+                    self._abort_unrecorded(key)  # the crash came between create and its record
+                elif same:
                     upload_id, have, finished = self._resume(key, info["upload_id"], prior, nparts, f.size)
                     if finished is not None:
                         log.info("s3_adopted", key=key, why="completed before a crash")
@@ -271,6 +286,9 @@ class S3Target:
                 else:
                     self._abort(key, info.get("upload_id"))
             if upload_id is None:
+                # recorded before the create: after a crash in between, the upload it made is
+                # found by its key and aborted, not left behind on the store
+                sink.begin(f, {"mode": "mp", "upload_id": "", "part_size": psize})
                 extra = {"ChecksumAlgorithm": "CRC32"} if self.crc else {}
                 resp = self._call("create_multipart_upload", Bucket=self.bucket, Key=key, **extra)
                 upload_id = resp["UploadId"]
@@ -387,6 +405,17 @@ class S3Target:
             if not marker:
                 return out
 
+    def _abort_unrecorded(self, key: str) -> None:
+        """Abort the multipart uploads of exactly `key` (one was created, its id never recorded)."""
+        try:
+            resp = self._call("list_multipart_uploads", Bucket=self.bucket, Prefix=key)
+        except (_NotFound, TargetError) as e:
+            log.debug("s3_list_uploads_failed", key=key, error=str(e))
+            return
+        for u in resp.get("Uploads") or []:
+            if u.get("Key") == key:
+                self._abort(key, u.get("UploadId"))
+
     def _abort(self, key: str, upload_id: str | None) -> None:
         if not upload_id:
             return
@@ -498,6 +527,15 @@ class S3Target:
                 except Exception:  # noqa: BLE001 - closing must not raise
                     pass
                 self._client = None
+
+
+def _no_expect_for_small_bodies(request: Any, **_kw: Any) -> None:
+    """botocore asks for `100-continue` on every PUT: a round trip per file or part before the
+    body goes out, for nothing (a refused body of a few MiB costs less than that wait on every
+    accepted one). Bodies above 16 MiB keep it."""
+    body = request.body
+    if isinstance(body, (bytes, bytearray)) and len(body) <= 16 * 1024 * 1024 and "Expect" in request.headers:
+        del request.headers["Expect"]
 
 
 class _NotFound(Exception):
