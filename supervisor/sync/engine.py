@@ -201,6 +201,20 @@ class SyncEngine:
         with self._lock:
             t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
         self.request_sync()
+        return self._idle_answer(t, timeout_s)
+
+    def once(self, timeout_s: float) -> FinalSyncResult:
+        """A one-shot run (`python -m supervisor.sync --once`): start without inotify and answer
+        as wait_idle does, after the first pass (wait_idle, called after start, may find that
+        pass already begun and wait for a second one)."""
+        if not self.enabled:
+            return FinalSyncResult(ok=True, target="")
+        with self._lock:
+            t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
+        self.start(watch=False)
+        return self._idle_answer(t, timeout_s)
+
+    def _idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
         r = self._idle_waits.wait(t, timeout_s)
         if r is not None:
             return r
