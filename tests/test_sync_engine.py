@@ -409,3 +409,30 @@ def test_checkpoint_reaches_the_target_a_quiet_period_after_its_last_write(make_
     assert all(o >= -0.01 for o in overheads), f"uploaded before the quiet period was over: {overheads}"
     assert sorted(overheads)[1] <= 0.2, f"overhead past quiet+transfer: {overheads} (transfers {transfers})"
     assert max(overheads) <= 0.6, f"overhead past quiet+transfer: {overheads} (transfers {transfers})"
+
+
+def test_large_json_is_parsed_once_per_content_and_a_synced_unit_never_again(make_engine, hf_writer, tmp_path,
+                                                                              monkeypatch):
+    """Issue 16: the same 9 MiB tokenizer.json in every checkpoint must not be parsed per
+    checkpoint, nor per pass, nor again after a restart once its unit is on the target."""
+    import supervisor.sync.scanner as scanner_mod
+
+    parsed: list[int] = []
+    real = scanner_mod.json_whole
+    monkeypatch.setattr(scanner_mod, "json_whole", lambda data: parsed.append(len(data)) or real(data))
+    tok = json.dumps({"model": {"vocab": {f"tok{i}": i for i in range(20000)}}}).encode()
+    assert len(tok) > scanner_mod.JSON_BY_CONTENT_MIN
+    for step in (1, 2, 3):
+        (hf_writer.checkpoint(step) / "tokenizer.json").write_bytes(tok)
+    hf_writer.age(60)
+    cfg = {"target": str(tmp_path / "remote"), "watch": [str(hf_writer.out)]}
+    e = make_engine(cfg)
+    assert e.wait_idle(60).ok
+    assert all((tmp_path / "remote" / f"checkpoint-{s}" / MANIFEST_NAME).exists() for s in (1, 2, 3))
+    assert parsed.count(len(tok)) == 1
+    assert e.wait_idle(30).ok and parsed.count(len(tok)) == 1
+    e.close()
+    parsed.clear()
+    e2 = make_engine(cfg)  # a restart (or the next `--once`): judged from the ledger alone
+    assert e2.wait_idle(30).ok
+    assert parsed == [] and e2.stats["header_reads"] == 0 and e2.stats["files_uploaded"] == 0

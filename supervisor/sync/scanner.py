@@ -4,6 +4,7 @@ Every decision is in scan.py, complete.py, policy.py and retention.py."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 
@@ -35,6 +36,8 @@ class Scanner:
         self.seen: dict[tuple[str, str], sc.Seen] = {}
         self._scanned: dict[str, float] = {}  # root path -> monotonic time of its last scan
         self.header_reads = 0
+        # large JSON files by content: the same tokenizer.json in every checkpoint is parsed once
+        self._json_whole: dict[tuple[int, bytes], bool] = {}
 
     def scan(self, roots: list[sc.Root], forced: list[str], wall: float, mono: float,
              remote_units: Callable[[str], list[str]],
@@ -89,7 +92,7 @@ class Scanner:
             if seen is None:
                 continue
             if seen.whole_for != (s.size, s.mtime_ns):
-                seen.whole = read_whole(s.path, checkable(s.rel), s.size)
+                seen.whole = read_whole(s.path, checkable(s.rel), s.size, self._json_whole)
                 seen.whole_for = (s.size, s.mtime_ns)
                 self.header_reads += 1
                 changed = True
@@ -144,8 +147,14 @@ class Scanner:
         return out
 
 
-def read_whole(path: str, kind: str | None, size: int) -> bool | None:
-    """Read just enough of the file to tell whether its format says it is whole."""
+JSON_BY_CONTENT_MIN = 64 * 1024   # larger JSON files are remembered by content (sha256: 1 ms per MiB,
+JSON_BY_CONTENT_MAX = 256         # parsing: 25 ms per MiB); at most this many contents
+
+
+def read_whole(path: str, kind: str | None, size: int,
+               json_cache: dict[tuple[int, bytes], bool] | None = None) -> bool | None:
+    """Read just enough of the file to tell whether its format says it is whole. `json_cache`:
+    answers for large JSON files by (size, sha256 of the bytes), filled as they are parsed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -163,7 +172,17 @@ def read_whole(path: str, kind: str | None, size: int) -> bool | None:
             n = min(size, ZIP_TAIL)
             return zip_whole(os.pread(fd, n, size - n))
         if kind == "json" and size <= MAX_JSON_CHECK:
-            return json_whole(os.pread(fd, size, 0))
+            data = os.pread(fd, size, 0)
+            if json_cache is None or size < JSON_BY_CONTENT_MIN:
+                return json_whole(data)
+            ck = (size, hashlib.sha256(data).digest())
+            whole = json_cache.get(ck)
+            if whole is None:
+                whole = json_whole(data)
+                if len(json_cache) >= JSON_BY_CONTENT_MAX:
+                    json_cache.pop(next(iter(json_cache)))
+                json_cache[ck] = whole
+            return whole
         return None
     except OSError:
         return None
