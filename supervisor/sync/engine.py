@@ -360,7 +360,7 @@ class SyncEngine:
             self._watcher.forget_missing()
             self._watcher.ensure([r.path for r in roots])
         units = self.scanner.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
-                                  self.ledger.manifests_under, self._up.held if self._up else None)
+                                  self.ledger.manifests_under, self._held)
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
@@ -372,6 +372,15 @@ class SyncEngine:
             self.stats["scans"] += 1
             self.stats["header_reads"] = self.scanner.header_reads
         return pass_id
+
+    def _held(self, u: sc.Unit) -> bool:
+        """Uploader.held; a unit that is not makes the target get ready while the scan goes on."""
+        if self._up is not None and self._up.held(u):
+            return True
+        prepare = getattr(self.target, "prepare", None)
+        if callable(prepare):
+            prepare()
+        return False
 
     def _refresh_pending(self) -> None:
         assert self.ledger is not None

@@ -99,6 +99,7 @@ class S3Target:
         self._pool: ThreadPoolExecutor | None = None
         self._files: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._preparing = False
 
     # --- plumbing -------------------------------------------------------------------------------
     def client(self) -> Any:
@@ -109,6 +110,21 @@ class S3Target:
                 # large files: one thread each to create, hash and complete; parts go to _pool
                 self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
             return self._client
+
+    def prepare(self) -> None:
+        """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
+        second) while the scan still runs; the first request then finds it ready."""
+        with self._lock:
+            if self._client is not None or self._preparing:
+                return
+            self._preparing = True
+        threading.Thread(target=self._prepare, name="s3-prepare", daemon=True).start()
+
+    def _prepare(self) -> None:
+        try:
+            self.client()
+        except Exception as e:  # noqa: BLE001 - the first real request reports it
+            log.debug("s3_prepare_failed", error=str(e))
 
     def _make_client(self) -> Any:
         import boto3
@@ -352,12 +368,15 @@ class S3Target:
     def _verify_complete(self, key: str, size: int, checks: list[str], echoed: str | None, etag: str) -> None:
         if self.crc:
             want = composite_crc32(checks)
-            if echoed is not None and echoed.split()[0] != want:
-                raise TargetError(f"S3 complete {key}: store reports checksum {echoed}, expected {want}")
+            if echoed is not None:
+                if echoed.split()[0] != want:
+                    raise TargetError(f"S3 complete {key}: store reports checksum {echoed}, expected {want}")
+                return  # the store's checksum of the whole names exactly our parts, sizes included
         else:
             want = multipart_etag(checks)
             if etag != want:
                 raise TargetError(f"S3 complete {key}: ETag {etag}, expected {want}")
+            return  # likewise: the multipart ETag is made of our parts' MD5s
         h = self._call("head_object", Bucket=self.bucket, Key=key)
         if int(h.get("ContentLength", -1)) != size:
             raise TargetError(f"S3 {key}: store holds {h.get('ContentLength')} bytes, expected {size}")
