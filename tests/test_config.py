@@ -269,7 +269,7 @@ def test_spec_example_parses():
 def test_empty_file_is_all_defaults():
     cfg = C.parse("")
     assert cfg.email is None and cfg.idle.warn_after == 7200 and cfg.stop.action == "poweroff"
-    assert cfg.training.session == "train" and cfg.sync.part_size == 64 * 1024 * 1024
+    assert cfg.training.session == "train" and cfg.sync.part_size == 8 * 1024 * 1024
 
 
 @pytest.mark.parametrize(("text", "attr", "value"), [

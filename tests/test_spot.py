@@ -151,9 +151,9 @@ def test_notice_alerts_uncapped_signals_the_training_and_sends_the_newest_first(
         # the hourly cap is spent: the notice must get through anyway
         rig.alerts.event("filler", "other", Severity.WARNING, "filler", "uses the hour's one mail")
         wait_until(lambda: rig.mailer.subjects() == ["spotbox: filler"], 10, what="the filler mail")
-        for step in (100, 200):
-            write_checkpoint(rig.out, step, 1 * MiB)
-        write_checkpoint(rig.out, 300, 8 * MiB)   # the newest complete one when the notice comes
+        for step, age in ((100, 1200), (200, 600)):
+            write_checkpoint(rig.out, step, 1 * MiB, age_s=age)
+        write_checkpoint(rig.out, 300, 8 * MiB, age_s=60)   # the newest complete one when the notice comes
         rig.engine.request_sync()
         wait_until(lambda: rig.engine.holdings(), 10, what="a scan")
         rig.guard.poll()

@@ -95,7 +95,12 @@ def _journal_has(proc, op: str, key_part: str, n: int = 1) -> bool:
 
 
 @pytest.mark.slow
-def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, s3_server, s3_prefix):
+@pytest.mark.parametrize(("concurrency", "part_mib"), [(2, 5), (16, 8)], ids=["2x5M", "16x8M"])
+def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, s3_server, s3_prefix,
+                                                          concurrency, part_mib):
+    """Killed three times (mid multipart, between files, among the small files): every file
+    the store held at a kill is never sent again, and the rest goes up once (plus what was in
+    flight). 16x8M is the default parallel path: many files and parts in flight together."""
     cp = hf_writer.out / "checkpoint-9"
     cp.mkdir(parents=True)
     files = {"model.safetensors": safetensors_bytes({"w": 24 * MiB}, 9),
@@ -107,7 +112,8 @@ def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, 
         (cp / n).write_bytes(d)
     hf_writer.age(60)
     total = sum(len(d) for d in files.values())
-    proc = sync_proc({**s3_server.sync_config(s3_prefix, part_size="5M", concurrency=2, bandwidth_limit="12M"),
+    proc = sync_proc({**s3_server.sync_config(s3_prefix, part_size=f"{part_mib}M", concurrency=concurrency,
+                                              bandwidth_limit="12M"),
                       "watch": [str(hf_writer.out)]})
     received0 = s3_server.received_bytes()
     finished_at_kill: dict[str, tuple] = {}
@@ -136,7 +142,7 @@ def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, 
         assert s3_server.chunk_times(f"{s3_prefix}/{key}") == times, f"{key} was sent again after it was finished"
     # what the server received: everything once, plus at most what was in flight at each kill
     received = s3_server.received_bytes() - received0
-    in_flight_allowance = 3 * (2 * 5 * MiB + 64 * 1024)
+    in_flight_allowance = 3 * (concurrency * part_mib * MiB + 64 * 1024)
     assert total <= received <= total + in_flight_allowance + 64 * 1024, (received, total)
     journal = proc.journal()
     done_keys = [r["k"] for r in journal if r.get("op") == "done"]

@@ -271,6 +271,13 @@ def test_batches_folders_alone_files_of_a_root_together_in_chunks():
     assert got[0] == [d1] and got[-1] == [d2]
 
 
+def test_together_joins_consecutive_folders_in_order_and_keeps_file_batches_apart():
+    d = [_unit(f"checkpoint-{i}") for i in range(5)]
+    f = [_unit(f"f{i}", files=("x",), kind="file") for i in range(3)]
+    got = sc.together([[d[0]], [d[1]], f[:2], [d[2]], [d[3]], [d[4]], [f[2]]], max_units=2)
+    assert got == [[d[0], d[1]], f[:2], [d[2], d[3]], [d[4]], [f[2]]]
+
+
 def test_settling_only_for_units_about_to_complete_by_themselves():
     soon, never, part = _unit("checkpoint-1"), _unit("checkpoint-2"), _unit("checkpoint-3")
     soon.verdict = Verdict(False, "writer active", 3.0)

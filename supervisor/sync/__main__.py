@@ -61,8 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     if engine.enabled and engine.ledger is None:
         sys.stderr.write(f"{engine.status()['last_error']}\n")
         return 3
-    engine.start(watch=args.serve)
+    if not args.once:
+        engine.start(watch=args.serve)
     try:
+        if args.once:
+            r = engine.once(args.timeout)
+            sys.stdout.write(json.dumps(dataclasses.asdict(r)) + "\n")
+            if not r.ok:
+                sys.stderr.write(f"sync failed: {r.error}\n")
+            return 0 if r.ok else 1
         if args.serve:
             stop = threading.Event()
             for s in (signal.SIGTERM, signal.SIGINT):
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             while not stop.wait(1.0):
                 pass
             return 0
-        r = engine.wait_idle(args.timeout) if args.once else engine.final_sync(args.final, args.timeout)
+        r = engine.final_sync(args.final, args.timeout)
         sys.stdout.write(json.dumps(dataclasses.asdict(r)) + "\n")
         if not r.ok:
             sys.stderr.write(f"sync failed: {r.error}\n")

@@ -3,8 +3,9 @@ them onto the target, verified, with a manifest written last.
 
 Threads (managed here; the daemon needs no heartbeat from outside):
 - `sync-worker`: the only thread that scans, decides and talks to the target. It wakes on
-  inotify hints, on requests, at the periodic rescan, when a waiting unit may have gone quiet,
-  and when a retry is due (at least every 0.5 s, so an injected FakeClock is noticed).
+  inotify hints, on requests, and sleeps exactly until the next thing that is due (a waiting
+  unit goes quiet, the periodic rescan, a retry, the end of a hint's debounce), at most 0.5 s
+  at a time so an injected FakeClock is noticed.
 - the watchdog observer thread (hints only) and the target's own request pool.
 Public methods only set flags, queue a request or copy a snapshot under a short lock: nothing a
 control-socket handler calls ever waits on the network, except wait_idle/final_sync, which exist
@@ -56,7 +57,10 @@ if TYPE_CHECKING:
 log = get_logger("sync")
 
 LOOP_MAX_WAIT = 0.5      # real seconds: the longest the worker sleeps without looking at the clock
-DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes
+DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes (at most;
+                         # never more than half the quiet period: see _debounce)
+DEBOUNCE_MIN_S = 0.1     # ... and at least this (quiet_period = 0: not a rescan per write)
+READY_MARGIN_S = 0.02    # look again this long after a unit's computed ready time (float rounding)
 FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout for the worker's answer
 EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (a marker still required)
 
@@ -227,6 +231,20 @@ class SyncEngine:
         with self._lock:
             t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
         self.request_sync()
+        return self._idle_answer(t, timeout_s)
+
+    def once(self, timeout_s: float) -> FinalSyncResult:
+        """A one-shot run (`python -m supervisor.sync --once`): start without inotify and answer
+        as wait_idle does, after the first pass (wait_idle, called after start, may find that
+        pass already begun and wait for a second one)."""
+        if not self.enabled:
+            return FinalSyncResult(ok=True, target="")
+        with self._lock:
+            t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
+        self.start(watch=False)
+        return self._idle_answer(t, timeout_s)
+
+    def _idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
         r = self._idle_waits.wait(t, timeout_s)
         if r is not None:
             return r
@@ -293,12 +311,38 @@ class SyncEngine:
                     except Exception:  # noqa: BLE001 - not even a broken logger may end the worker
                         pass
                     self._closing.wait(1.0)
-                self._wake.wait(LOOP_MAX_WAIT)
+                self._wake.wait(self._sleep_for())
                 self._wake.clear()
         finally:
             self._answer_all("sync engine stopped")
             if self.ledger is not None:
                 self.ledger.close()
+
+    @property
+    def _debounce(self) -> float:
+        """A burst of hints (a file being written) causes one rescan per this many seconds. The
+        quiet clock starts at a file's mtime, not at the rescan (scan.observe), so the debounce
+        delays nothing as long as the rescan comes before the quiet period is over."""
+        return min(DEBOUNCE_S, max(DEBOUNCE_MIN_S, self.cfg.quiet_period / 2))
+
+    def _sleep_for(self) -> float:
+        """Real seconds the worker may sleep: until the soonest of a unit's ready time, the
+        periodic rescan, the next retry and the end of the debounce; at most LOOP_MAX_WAIT, so
+        a FakeClock that jumps is noticed. Distances on the injected clock are slept in real
+        seconds: with the system clock that is exact, and a FakeClock is re-read every pass."""
+        now = self.clock.monotonic()
+        with self._lock:
+            if self._requested:
+                return 0.0
+            t = min(LOOP_MAX_WAIT, self._next_rescan - now)
+            if self._next_ready is not None:
+                t = min(t, self._next_ready - now)
+            retry = self.health.backoff.retry_in(now)
+            if retry is not None:
+                t = min(t, retry)
+            if self._dirty:
+                t = min(t, self._dirty_at + self._debounce - self._realtime())
+        return max(0.0, t)
 
     def _iteration(self) -> None:
         if self.ledger is None:
@@ -310,7 +354,7 @@ class SyncEngine:
         now = self.clock.monotonic()
         with self._lock:
             due = (self._requested or bool(self._finals.tickets()) or now >= self._next_rescan
-                   or (self._dirty and self._realtime() - self._dirty_at >= DEBOUNCE_S)
+                   or (self._dirty and self._realtime() - self._dirty_at >= self._debounce)
                    or (self._next_ready is not None and now >= self._next_ready)
                    or self.health.backoff.due(now))
             due = due or (self._emergency and self.health.failing)
@@ -352,18 +396,27 @@ class SyncEngine:
             self._watcher.forget_missing()
             self._watcher.ensure([r.path for r in roots])
         units = self.scanner.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
-                                  self.ledger.manifests_under)
+                                  self.ledger.manifests_under, self._held)
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
-            self._next_ready = now + ready + 0.05 if ready is not None else None
+            self._next_ready = now + ready + READY_MARGIN_S if ready is not None else None
             self._refresh_pending()
             self._move(SyncState.IDLE)
             self.stats["scans"] += 1
             self.stats["header_reads"] = self.scanner.header_reads
         return pass_id
+
+    def _held(self, u: sc.Unit) -> bool:
+        """Uploader.held; a unit that is not makes the target get ready while the scan goes on."""
+        if self._up is not None and self._up.held(u):
+            return True
+        prepare = getattr(self.target, "prepare", None)
+        if callable(prepare):
+            prepare()
+        return False
 
     def _refresh_pending(self) -> None:
         assert self.ledger is not None
@@ -387,8 +440,9 @@ class SyncEngine:
                 if self.health.failing:
                     self.health.recovered(contacted=False)  # nothing left that could fail
             return None
-        # sc.batches, folders merged where the target lands them together
-        for i, batch in enumerate(up.batches(work)):
+        # newest first; folders one after another in one step (a commit, or one stream of files),
+        # except under a spot notice: one folder at a time, looking again after each
+        for i, batch in enumerate(up.batches(work, together=not self._emergency)):
             if self._closing.is_set():
                 return "closing"
             if i and self._emergency:

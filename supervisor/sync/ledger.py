@@ -40,13 +40,16 @@ class Entry:
     etag: str = ""      # the target's own fingerprint (S3 ETag / checksum), for later checks
     src: str = ""
     at: float = 0.0
+    ino: int = 0        # the source file's inode when it was sent (0: not recorded, older ledgers)
 
     def pack(self) -> list:
-        return [self.size, self.mtime_ns, self.sha256, self.etag, self.src, self.at]
+        v = [self.size, self.mtime_ns, self.sha256, self.etag, self.src, self.at]
+        return [*v, self.ino] if self.ino else v
 
     @staticmethod
     def unpack(v: list) -> Entry:
-        return Entry(int(v[0]), int(v[1]), str(v[2]), str(v[3]), str(v[4]), float(v[5]))
+        return Entry(int(v[0]), int(v[1]), str(v[2]), str(v[3]), str(v[4]), float(v[5]),
+                     int(v[6]) if len(v) > 6 else 0)
 
 
 class LedgerBusy(Exception):
@@ -98,11 +101,14 @@ class Ledger:
         with self._lock:
             return self.files.get(key)
 
-    def current(self, key: str, size: int, mtime_ns: int) -> Entry | None:
-        """The entry when the target holds exactly this version of the file."""
+    def current(self, key: str, size: int, mtime_ns: int, ino: int = 0) -> Entry | None:
+        """The entry when the target holds exactly this version of the file (`ino`, when given
+        and recorded, must match too: a file replaced by a copy with the same size and mtime)."""
         with self._lock:
             e = self.files.get(key)
-            return e if e is not None and e.size == size and e.mtime_ns == mtime_ns else None
+            if e is None or e.size != size or e.mtime_ns != mtime_ns:
+                return None
+            return e if not (ino and e.ino and ino != e.ino) else None
 
     def in_flight(self, key: str) -> dict | None:
         with self._lock:

@@ -38,7 +38,8 @@ class Seen:
     mtime_ns: int
     stable_since: float | None     # monotonic time this (size, mtime) was first seen; None: settled
     whole: bool | None = None      # the format check's answer ...
-    whole_for: tuple[int, int] | None = None  # ... for this (size, mtime_ns)
+    whole_for: tuple[int, int] | None = None  # ... for this (size, mtime_ns) (and `ino`)
+    ino: int = 0                   # 0: unknown
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Selected:
     size: int
     mtime_ns: int
     rrel: str     # relative to the root
+    ino: int = 0  # 0: unknown
 
 
 @dataclass
@@ -127,28 +129,39 @@ def _path_tag(path: str) -> str:
 
 # --- grouping --------------------------------------------------------------------------------------
 
-def observe(seen: dict[tuple[str, str], Seen], root: Root, raw: dict[str, tuple[int, int]], first: bool,
-            wall: float, mono: float, quiet: float) -> None:
-    """Update what is remembered of each file under `root` (`raw`: rel -> (size, mtime_ns)). A file
-    already quiet when the root is first scanned (a daemon restart) counts as settled at once."""
-    for rel, (size, mtime_ns) in raw.items():
+def observe(seen: dict[tuple[str, str], Seen], root: Root, raw: dict[str, tuple[int, ...]], first: bool,
+            wall: float, mono: float, quiet: float, since: float | None = None) -> None:
+    """Update what is remembered of each file under `root` (`raw`: rel -> (size, mtime_ns[, inode])).
+    A file already quiet when the root is first scanned (a daemon restart) counts as settled at once.
+
+    The quiet clock of a new or changed version starts at its mtime, not when this scan happens
+    to see it (a scan may come a while after the last write), but never before `since`, the
+    monotonic time of the root's previous scan: the version was not there then, so however the
+    wall clock was stepped, it cannot be quiet for longer than that."""
+    for rel, v in raw.items():
+        size, mtime_ns = v[0], v[1]
+        ino = v[2] if len(v) > 2 else 0
         sk = (root.path, rel)
         s = seen.get(sk)
+        start = mono if since is None else min(mono, max(since, mono - max(0.0, wall - mtime_ns / 1e9)))
         if s is None:
             settled = first and wall - mtime_ns / 1e9 >= quiet
-            seen[sk] = Seen(size, mtime_ns, None if settled else mono)
-        elif (s.size, s.mtime_ns) != (size, mtime_ns):
-            s.size, s.mtime_ns, s.stable_since = size, mtime_ns, mono
+            seen[sk] = Seen(size, mtime_ns, None if settled else start, ino=ino)
+        elif (s.size, s.mtime_ns, s.ino) != (size, mtime_ns, ino):
+            if s.ino != ino:
+                s.whole_for = None  # another file at the path: its format check is its own
+            s.size, s.mtime_ns, s.ino, s.stable_since = size, mtime_ns, ino, start
 
 
-def group(root: Root, raw: dict[str, tuple[int, int]], seen: dict[tuple[str, str], Seen],
+def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str], Seen],
           policy: Policy) -> dict[UnitKey, Unit]:
     """The units under one root: every selected file in its unit, plus the unselected files that
     share a unit folder (any activity in a checkpoint folder counts)."""
     units: dict[UnitKey, Unit] = {}
     adapter_dirs = {rel.rsplit("/", 1)[0] if "/" in rel else "" for rel in raw
                     if rel.rsplit("/", 1)[-1] == ADAPTER_MARKER and policy.selects(rel)}
-    for rel, (size, mtime_ns) in raw.items():
+    for rel, v in raw.items():
+        size, mtime_ns = v[0], v[1]
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         # an adapter folder goes up whole (README, tokenizer); the watched folder itself
         # only with what the globs select, or a growing train.log would hold it back
@@ -176,7 +189,7 @@ def group(root: Root, raw: dict[str, tuple[int, int]], seen: dict[tuple[str, str
         u.files.append(FileObs(inner, size, mtime_ns / 1e9, stable_since, whole))
         if selected:
             u.selected.append(Selected(os.path.join(root.path, rel), join_key(root.prefix, rel), inner,
-                                       size, mtime_ns, rel))
+                                       size, mtime_ns, rel, v[2] if len(v) > 2 else 0))
     return units
 
 
@@ -244,6 +257,24 @@ def batches(work: list[Unit]) -> list[list[Unit]]:
         for i in range(0, len(grp), 500):
             out.append(grp[i:i + 500])
     return sorted(out, key=lambda b: max(_newest(u) for u in b), reverse=True)
+
+
+TOGETHER_MAX_UNITS = 64
+
+
+def together(batches: list[list[Unit]], max_units: int = TOGETHER_MAX_UNITS) -> list[list[Unit]]:
+    """Consecutive folder batches joined (in their order, up to max_units), so the target
+    streams one folder's files right after the previous one's instead of pausing at each
+    folder's end (each folder still gets its own manifest, after its own files)."""
+    out: list[list[Unit]] = []
+    for b in batches:
+        prev = out[-1] if out else None
+        if (prev is not None and len(b) == 1 and b[0].kind == "dir" and all(u.kind == "dir" for u in prev)
+                and len(prev) < max_units):
+            prev.append(b[0])
+        else:
+            out.append(list(b))
+    return out
 
 
 def settling(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> bool:

@@ -4,6 +4,7 @@ Every decision is in scan.py, complete.py, policy.py and retention.py."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 
@@ -33,24 +34,35 @@ class Scanner:
         self.keep_last = keep_last
         self.once = once
         self.seen: dict[tuple[str, str], sc.Seen] = {}
-        self._scanned: set[str] = set()
+        self._scanned: dict[str, float] = {}  # root path -> monotonic time of its last scan
         self.header_reads = 0
+        # large JSON files by content: the same tokenizer.json in every checkpoint is parsed once
+        self._json_whole: dict[tuple[int, bytes], bool] = {}
 
     def scan(self, roots: list[sc.Root], forced: list[str], wall: float, mono: float,
-             remote_units: Callable[[str], list[str]]) -> dict[sc.UnitKey, sc.Unit]:
+             remote_units: Callable[[str], list[str]],
+             held: Callable[[sc.Unit], bool] | None = None) -> dict[sc.UnitKey, sc.Unit]:
         """The units under `roots` now, judged. `forced`: folders a final sync asks for (no quiet
-        period); `remote_units(prefix)`: the unit keys the target holds complete (for keep_last)."""
+        period); `remote_units(prefix)`: the unit keys the target holds complete (for keep_last);
+        `held(unit)`: the ledger says the target holds the unit exactly as it is here (every
+        file's size, mtime and inode, and its complete manifest): such a unit is complete without
+        being judged again, and none of its files is opened."""
         units: dict[sc.UnitKey, sc.Unit] = {}
         alive: set[tuple[str, str]] = set()
         for root in roots:
             raw = self.walk(root, sc.nested_roots(root, roots))
-            sc.observe(self.seen, root, raw, root.path not in self._scanned, wall, mono, self.quiet)
-            self._scanned.add(root.path)
+            since = self._scanned.get(root.path)
+            sc.observe(self.seen, root, raw, since is None, wall, mono, self.quiet, since)
+            self._scanned[root.path] = mono
             alive.update((root.path, rel) for rel in raw)
             units.update(sc.group(root, raw, self.seen, self.policy))
         for k in [k for k in self.seen if k not in alive]:
             del self.seen[k]
         for u in units.values():
+            if u.selected and held is not None and held(u):
+                u.forced = sc.overlaps(u.abspath, forced)
+                u.verdict = Verdict(True, "complete")
+                continue
             u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
             if (u.verdict.complete or u.forced) and self._check_whole(u):
                 u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
@@ -80,7 +92,7 @@ class Scanner:
             if seen is None:
                 continue
             if seen.whole_for != (s.size, s.mtime_ns):
-                seen.whole = read_whole(s.path, checkable(s.rel), s.size)
+                seen.whole = read_whole(s.path, checkable(s.rel), s.size, self._json_whole)
                 seen.whole_for = (s.size, s.mtime_ns)
                 self.header_reads += 1
                 changed = True
@@ -88,14 +100,14 @@ class Scanner:
         u.files = sc.with_whole(u, whole)
         return changed or any(f.whole is False for f in u.files)
 
-    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int]]:
-        """rel -> (size, mtime_ns) for regular files; symlinks are never followed, caches,
+    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int, int]]:
+        """rel -> (size, mtime_ns, inode) for regular files; symlinks are never followed, caches,
         folders no glob can reach and the folders in `skip` (other roots) are never entered."""
-        out: dict[str, tuple[int, int]] = {}
+        out: dict[str, tuple[int, int, int]] = {}
         if not os.path.isdir(root.path):
             if os.path.isfile(root.path) and not os.path.islink(root.path):
                 st = os.stat(root.path)
-                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns)
+                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns, st.st_ino)
             return out
         if any(sc.within(root.path, r) for r in self.policy.excluded_roots):
             self.once.warning(f"root-in-cache:{root.path}", "sync_watch_folder_is_a_cache", folder=root.path)
@@ -131,12 +143,18 @@ class Scanner:
                     self.once.warning(f"stat:{e.path}", "sync_file_unreadable", path=e.path,
                                       error=err.strerror or str(err))
                     continue
-                out[rel] = (st.st_size, st.st_mtime_ns)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
         return out
 
 
-def read_whole(path: str, kind: str | None, size: int) -> bool | None:
-    """Read just enough of the file to tell whether its format says it is whole."""
+JSON_BY_CONTENT_MIN = 64 * 1024   # larger JSON files are remembered by content (sha256: 1 ms per MiB,
+JSON_BY_CONTENT_MAX = 256         # parsing: 25 ms per MiB); at most this many contents
+
+
+def read_whole(path: str, kind: str | None, size: int,
+               json_cache: dict[tuple[int, bytes], bool] | None = None) -> bool | None:
+    """Read just enough of the file to tell whether its format says it is whole. `json_cache`:
+    answers for large JSON files by (size, sha256 of the bytes), filled as they are parsed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -154,7 +172,17 @@ def read_whole(path: str, kind: str | None, size: int) -> bool | None:
             n = min(size, ZIP_TAIL)
             return zip_whole(os.pread(fd, n, size - n))
         if kind == "json" and size <= MAX_JSON_CHECK:
-            return json_whole(os.pread(fd, size, 0))
+            data = os.pread(fd, size, 0)
+            if json_cache is None or size < JSON_BY_CONTENT_MIN:
+                return json_whole(data)
+            ck = (size, hashlib.sha256(data).digest())
+            whole = json_cache.get(ck)
+            if whole is None:
+                whole = json_whole(data)
+                if len(json_cache) >= JSON_BY_CONTENT_MAX:
+                    json_cache.pop(next(iter(json_cache)))
+                json_cache[ck] = whole
+            return whole
         return None
     except OSError:
         return None

@@ -20,6 +20,7 @@ from . import retention
 from ._log import get_logger
 from .ledger import Entry, Ledger
 from .scan import Selected, Unit, batches, files_synced, needs_manifest
+from .scan import together as together_
 from .status import Board
 from .targets.base import LocalFile, SourceProblem, Target, UnitPut, Uploaded, put_units
 
@@ -39,8 +40,10 @@ class Uploader:
         self.hostname = hostname
         self.keep_last = keep_last
         self.closing = closing
-        # folders go up whole, manifest in the same step (the Hub's commits), not file by file
-        self.whole_units = callable(getattr(target, "put_units", None))
+        # folders go up whole, manifest in the same step (the Hub's commits), not file by file; a
+        # target only says so when that step is atomic (rsync's put_units is two runs: it streams)
+        self.whole_units = bool(getattr(target, "lands_units", False))
+        self._finishing = threading.Lock()
 
     # --- what the target holds ------------------------------------------------------------------
     def synced(self, u: Unit) -> bool:
@@ -52,6 +55,21 @@ class Uploader:
             m = self.ledger.manifest(u.key)
             return m is not None and m.get("digest") == self._digest(u)
         return True
+
+    def held(self, u: Unit) -> bool:
+        """The target holds the unit exactly as it is here: every selected file in this version
+        (size, mtime and inode as sent) and, for a folder, its complete manifest of these files.
+        Decided from the ledger alone: the scan then judges nothing and opens no file."""
+        files = []
+        for s in u.selected:
+            e = self.ledger.current(s.key, s.size, s.mtime_ns, s.ino)
+            if e is None:
+                return False
+            files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
+        if u.kind != "dir":
+            return True
+        m = self.ledger.manifest(u.key)
+        return m is not None and m.get("digest") == mf.digest(files)
 
     def _listed(self, u: Unit) -> list[mf.ManifestFile] | None:
         files = []
@@ -73,13 +91,16 @@ class Uploader:
         return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
 
     # --- sending --------------------------------------------------------------------------------
-    def batches(self, work: list[Unit]) -> list[list[Unit]]:
-        """The pass's work in sending order (scan.batches); for a target that lands whole units,
-        folders that follow each other go in one batch (one commit), within UNITS_PER_PUT and
-        BYTES_PER_PUT."""
+    def batches(self, work: list[Unit], together: bool = True) -> list[list[Unit]]:
+        """The pass's work in sending order (scan.batches, newest first). Folders that follow each
+        other go in one batch: for a target that lands whole units, one commit (within
+        UNITS_PER_PUT and BYTES_PER_PUT); for the others, one stream of files (scan.together).
+        together=False (a spot notice): one folder at a time, so the newest is whole first."""
         plain = batches(work)
-        if not self.whole_units:
+        if not together:
             return plain
+        if not self.whole_units:
+            return together_(plain)
         out: list[list[Unit]] = []
         size = 0
         for b in plain:
@@ -96,10 +117,12 @@ class Uploader:
     def send(self, batch: list[Unit]) -> bool:
         """One batch of batches(); False when a source file had a problem (rescan soon)."""
         if batch[0].kind == "dir" and self.whole_units:
-            return self.units(batch)
-        return self.unit(batch[0]) if len(batch) == 1 else self.files(batch)
+            return self.commit_units(batch)
+        if len(batch) > 1 and all(u.kind == "file" for u in batch):
+            return self.files(batch)
+        return self.units(batch)
 
-    def units(self, batch: list[Unit]) -> bool:
+    def commit_units(self, batch: list[Unit]) -> bool:
         """Folders landed together: their new files and their manifests in one step (one Hub
         commit), so a folder on the target is complete by construction. A folder with a problem
         file gets no manifest and waits for the next scan."""
@@ -116,7 +139,8 @@ class Uploader:
                          forced=u.forced, partial=u.verdict.partial)
             builder = self._builder(u) if needs_manifest(u) else None
             plans[u.key] = u
-            puts.append(UnitPut(u.key, [LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], builder))
+            puts.append(UnitPut(u.key, [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo],
+                                builder))
         sink = _Sink(self)
         res = put_units(self.target, puts, sink)
         for key in res.manifests:
@@ -166,30 +190,50 @@ class Uploader:
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
         problem (rescan soon)."""
-        todo = self._todo(u.selected)
-        if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
-            # the folder changed since its manifest: it is not complete on the target until the
-            # new files and a new manifest are there
-            self.target.delete_manifest(u.key)
-            self.ledger.manifest_forget(u.key)
-        sink = _Sink(self)
-        if todo:
-            log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
-                     forced=u.forced, partial=u.verdict.partial)
-            self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
-        if sink.problems:
-            if not os.path.exists(u.abspath):
+        return self.units([u])
+
+    def units(self, units: list[Unit]) -> bool:
+        """Upload folder units (or single-file units) as one stream of files, unit after unit
+        with no pause between them; each unit's manifest is written the moment its last file
+        is on the target (from the target's thread), so the first unit is complete long before
+        the last. False when a source file had a problem (rescan soon)."""
+        plan: list[tuple[Unit, list[Selected]]] = []
+        for u in units:
+            todo = self._todo(u.selected)
+            if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
+                # the folder changed since its manifest: it is not complete on the target until
+                # the new files and a new manifest are there
+                self.target.delete_manifest(u.key)
+                self.ledger.manifest_forget(u.key)
+            if todo:
+                log.info("sync_unit_upload", unit=u.label, files=len(todo), bytes=sum(s.size for s in todo),
+                         forced=u.forced, partial=u.verdict.partial)
+            plan.append((u, sorted(todo, key=lambda s: -s.size)))  # the largest first: no long tail
+        sink = _UnitsSink(self, plan)
+        for u, todo in plan:
+            if not todo:
+                self._finish(u)
+        files = [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for _u, todo in plan for s in todo]
+        if files:
+            self.target.put_files(files, sink)
+        for u, _todo in plan:
+            if u.label in sink.failed and not os.path.exists(u.abspath):
                 log.info("sync_unit_vanished", unit=u.label, note="rotated away locally before it was whole "
                          "on the target; no manifest written")
-            return False
-        if u.verdict.partial:
-            self.board.add_partial(u.label)
-            log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason, damaged=list(u.verdict.damaged),
-                        note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
-                        else "uploaded without a manifest")
-        if needs_manifest(u):
-            self._manifest(u)
-        return True
+        return not sink.problems
+
+    def _finish(self, u: Unit) -> None:
+        """Every file of the unit is on the target: its manifest now (serialised: the target's
+        threads may finish several units at once)."""
+        with self._finishing:
+            if u.verdict.partial:
+                self.board.add_partial(u.label)
+                log.warning("sync_unit_partial", unit=u.label, reason=u.verdict.reason,
+                            damaged=list(u.verdict.damaged),
+                            note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
+                            else "uploaded without a manifest")
+            if needs_manifest(u):
+                self._manifest(u)
 
     def files(self, units: list[Unit]) -> bool:
         """Single-file units of one root in one batch (one rsync run, one pool of puts)."""
@@ -198,7 +242,7 @@ class Uploader:
             return True
         log.info("sync_files_upload", files=len(todo), bytes=sum(s.size for s in todo), root=units[0].root.path)
         sink = _Sink(self)
-        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns) for s in todo], sink)
+        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo], sink)
         return not sink.problems
 
     def _manifest(self, u: Unit) -> None:
@@ -248,7 +292,7 @@ class _Sink:
 
     def done(self, f: LocalFile, result: Uploaded) -> None:
         self.up.ledger.done(f.key, Entry(f.size, f.mtime_ns, result.sha256, result.etag, f.path,
-                                         self.up.clock.time()))
+                                         self.up.clock.time(), f.ino))
         self.up.board.uploaded(result.sent)
 
     def problem(self, f: LocalFile, err: SourceProblem) -> None:
@@ -266,3 +310,37 @@ class _Sink:
 
     def cancelled(self) -> bool:
         return self.up.closing.is_set()
+
+
+class _UnitsSink(_Sink):
+    """A _Sink that knows which unit each file belongs to, and finishes a unit (its manifest)
+    as soon as the target reported its last file done."""
+
+    def __init__(self, up: Uploader, plan: list[tuple[Unit, list[Selected]]]):
+        super().__init__(up)
+        self._lock = threading.Lock()
+        self._unit_of: dict[str, Unit] = {}
+        self._left: dict[str, int] = {}
+        self.failed: set[str] = set()
+        for u, todo in plan:
+            self._left[u.label] = len(todo)
+            for s in todo:
+                self._unit_of[s.key] = u
+
+    def done(self, f: LocalFile, result: Uploaded) -> None:
+        super().done(f, result)
+        u = self._unit_of.get(f.key)
+        if u is None:
+            return
+        with self._lock:
+            self._left[u.label] -= 1
+            last = self._left[u.label] == 0 and u.label not in self.failed
+        if last:
+            self.up._finish(u)
+
+    def problem(self, f: LocalFile, err: SourceProblem) -> None:
+        with self._lock:
+            super().problem(f, err)
+            u = self._unit_of.get(f.key)
+            if u is not None:
+                self.failed.add(u.label)

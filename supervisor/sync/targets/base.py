@@ -55,6 +55,7 @@ class LocalFile:
     key: str         # where it goes, relative to the target's base
     size: int
     mtime_ns: int
+    ino: int = 0     # the inode judged (0: unknown); another inode at the path is another file
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,8 @@ def check_unchanged(fd: int, f: LocalFile) -> None:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise SourceProblem("unreadable", f.path, "not a regular file")
-    if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
-        raise SourceProblem("changed", f.path, f"size {st.st_size} mtime_ns {st.st_mtime_ns}")
+    if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns or (f.ino and st.st_ino != f.ino):
+        raise SourceProblem("changed", f.path, f"size {st.st_size} mtime_ns {st.st_mtime_ns} inode {st.st_ino}")
 
 
 def pread_exact(fd: int, f: LocalFile, n: int, offset: int) -> bytes:

@@ -45,6 +45,8 @@ STATE_MAX = 32 << 20            # trainer_state.json read for commit messages on
 class HfTarget:
     """The Target (and its optional put_units and describe) for one hf:// URL."""
 
+    lands_units = True  # put_units is one commit: a unit's files and manifest appear together or not at all
+
     def __init__(self, url: TargetURL, cfg: SyncConfig, tmp_dir: str | Path,
                  env: dict[str, str] | None = None):
         self.repo = HubRepo(url, cfg, tmp_dir, dict(os.environ if env is None else env))

@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 from urllib.parse import urlparse
 
@@ -99,6 +99,7 @@ class S3Target:
         self._pool: ThreadPoolExecutor | None = None
         self._files: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._preparing = False
 
     # --- plumbing -------------------------------------------------------------------------------
     def client(self) -> Any:
@@ -109,6 +110,21 @@ class S3Target:
                 # large files: one thread each to create, hash and complete; parts go to _pool
                 self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
             return self._client
+
+    def prepare(self) -> None:
+        """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
+        second) while the scan still runs; the first request then finds it ready."""
+        with self._lock:
+            if self._client is not None or self._preparing:
+                return
+            self._preparing = True
+        threading.Thread(target=self._prepare, name="s3-prepare", daemon=True).start()
+
+    def _prepare(self) -> None:
+        try:
+            self.client()
+        except Exception as e:  # noqa: BLE001 - the first real request reports it
+            log.debug("s3_prepare_failed", error=str(e))
 
     def _make_client(self) -> Any:
         import boto3
@@ -144,7 +160,10 @@ class S3Target:
             kw["endpoint_url"] = ep
         if not self.cfg.region and not session.region_name:
             kw["region_name"] = "us-east-1"
-        return session.client("s3", **kw)
+        client = session.client("s3", **kw)
+        client.meta.events.register("before-sign.s3.PutObject", _no_expect_for_small_bodies)
+        client.meta.events.register("before-sign.s3.UploadPart", _no_expect_for_small_bodies)
+        return client
 
     def _key(self, k: str) -> str:
         return join_key(self.prefix, k)
@@ -167,23 +186,33 @@ class S3Target:
 
     # --- uploads -------------------------------------------------------------------------------
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:
-        """All files at once: several large files are in flight together (their parts share the
-        request pool with the small files), and each file is reported as soon as it is done."""
+        """Files in the caller's order, several in flight at once (a window of 2 x concurrency):
+        large ones go in parts that share the request pool with the small files, and each file
+        is reported (to the ledger) the moment the store has it, so a crash re-sends nothing
+        that was finished. The window keeps the order: the caller's first folder completes
+        first instead of all of them at the end."""
         self.client()
         assert self._pool is not None and self._files is not None
-        futs: list[tuple[LocalFile, Future]] = []
-        for f in sorted(files, key=lambda f: -f.size):
-            if f.size > self.single_put_max:
-                futs.append((f, self._files.submit(self._report, self._put_large, f, sink)))
-            else:
-                futs.append((f, self._pool.submit(self._report, self._put_small, f, sink)))
+        queue = list(reversed(files))
+        running: set[Future] = set()
+        window = max(2, 2 * self.cfg.concurrency)
         failure: TargetError | None = None
-        for _f, fut in futs:
-            try:
-                fut.result()
-            except TargetError as e:
-                if failure is None or isinstance(failure, _Abandoned):
-                    failure = e
+        while queue or running:
+            while queue and len(running) < window and failure is None and not sink.cancelled():
+                f = queue.pop()
+                if f.size > self.single_put_max:
+                    running.add(self._files.submit(self._report, self._put_large, f, sink))
+                else:
+                    running.add(self._pool.submit(self._report, self._put_small, f, sink))
+            if not running:
+                break
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                try:
+                    fut.result()
+                except TargetError as e:
+                    if failure is None or isinstance(failure, _Abandoned):
+                        failure = e
         if failure:
             raise failure
 
@@ -262,7 +291,9 @@ class S3Target:
             if prior and info.get("mode") == "mp":
                 same = (prior.get("size") == f.size and prior.get("mtime_ns") == f.mtime_ns
                         and info.get("part_size") == psize)
-                if same:
+                if not info.get("upload_id"):
+                    self._abort_unrecorded(key)  # the crash came between create and its record
+                elif same:
                     upload_id, have, finished = self._resume(key, info["upload_id"], prior, nparts, f.size)
                     if finished is not None:
                         log.info("s3_adopted", key=key, why="completed before a crash")
@@ -271,6 +302,9 @@ class S3Target:
                 else:
                     self._abort(key, info.get("upload_id"))
             if upload_id is None:
+                # recorded before the create: after a crash in between, the upload it made is
+                # found by its key and aborted, not left behind on the store
+                sink.begin(f, {"mode": "mp", "upload_id": "", "part_size": psize})
                 extra = {"ChecksumAlgorithm": "CRC32"} if self.crc else {}
                 resp = self._call("create_multipart_upload", Bucket=self.bucket, Key=key, **extra)
                 upload_id = resp["UploadId"]
@@ -334,12 +368,15 @@ class S3Target:
     def _verify_complete(self, key: str, size: int, checks: list[str], echoed: str | None, etag: str) -> None:
         if self.crc:
             want = composite_crc32(checks)
-            if echoed is not None and echoed.split()[0] != want:
-                raise TargetError(f"S3 complete {key}: store reports checksum {echoed}, expected {want}")
+            if echoed is not None:
+                if echoed.split()[0] != want:
+                    raise TargetError(f"S3 complete {key}: store reports checksum {echoed}, expected {want}")
+                return  # the store's checksum of the whole names exactly our parts, sizes included
         else:
             want = multipart_etag(checks)
             if etag != want:
                 raise TargetError(f"S3 complete {key}: ETag {etag}, expected {want}")
+            return  # likewise: the multipart ETag is made of our parts' MD5s
         h = self._call("head_object", Bucket=self.bucket, Key=key)
         if int(h.get("ContentLength", -1)) != size:
             raise TargetError(f"S3 {key}: store holds {h.get('ContentLength')} bytes, expected {size}")
@@ -386,6 +423,17 @@ class S3Target:
             marker = int(resp.get("NextPartNumberMarker") or 0)
             if not marker:
                 return out
+
+    def _abort_unrecorded(self, key: str) -> None:
+        """Abort the multipart uploads of exactly `key` (one was created, its id never recorded)."""
+        try:
+            resp = self._call("list_multipart_uploads", Bucket=self.bucket, Prefix=key)
+        except (_NotFound, TargetError) as e:
+            log.debug("s3_list_uploads_failed", key=key, error=str(e))
+            return
+        for u in resp.get("Uploads") or []:
+            if u.get("Key") == key:
+                self._abort(key, u.get("UploadId"))
 
     def _abort(self, key: str, upload_id: str | None) -> None:
         if not upload_id:
@@ -498,6 +546,15 @@ class S3Target:
                 except Exception:  # noqa: BLE001 - closing must not raise
                     pass
                 self._client = None
+
+
+def _no_expect_for_small_bodies(request: Any, **_kw: Any) -> None:
+    """botocore asks for `100-continue` on every PUT: a round trip per file or part before the
+    body goes out, for nothing (a refused body of a few MiB costs less than that wait on every
+    accepted one). Bodies above 16 MiB keep it."""
+    body = request.body
+    if isinstance(body, (bytes, bytearray)) and len(body) <= 16 * 1024 * 1024 and "Expect" in request.headers:
+        del request.headers["Expect"]
 
 
 class _NotFound(Exception):
