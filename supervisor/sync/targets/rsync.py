@@ -436,20 +436,20 @@ class RsyncTarget:
 
     def close(self) -> None:
         """Ends the shared SSH connection (if one is up) and removes its socket, and the socket
-        folder when it is the state dir's own and empty."""
+        folder when empty (the /tmp fallback too: nothing of ours stays behind; another target
+        using it keeps it, as its socket is in it, and makes it again should it be gone)."""
         if self._shell_idle is not None:
             self._shell_idle.cancel()
         self._close_shell()
-        if not self.control_path or not os.path.exists(self.control_path):
-            return
-        try:
-            subprocess.run([*self.ssh_argv(), "-O", "exit", self.remote_host], capture_output=True, timeout=10,
-                           stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        with contextlib.suppress(OSError):
-            os.unlink(self.control_path)
-        if self.control_dir == str(self.work.parent / "cm"):
+        if self.control_path and os.path.exists(self.control_path):
+            try:
+                subprocess.run([*self.ssh_argv(), "-O", "exit", self.remote_host], capture_output=True, timeout=10,
+                               stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            with contextlib.suppress(OSError):
+                os.unlink(self.control_path)
+        if self.control_dir:
             with contextlib.suppress(OSError):
                 os.rmdir(self.control_dir)
 
