@@ -27,7 +27,7 @@ from .clock import boot_id
 from .context import Context
 from .interfaces import TrainingInfo
 from .mails import training as words
-from .proc import start_time
+from .proc import ExitWatch, start_time
 from .runner import ExitRecord, RunSpec
 from .statefile import atomic_write, set_aside
 from .states import TRAINING_ALIVE, TrainingState, check_training_move
@@ -110,6 +110,7 @@ class Training:
         self.on_start = on_start
         self.on_end = on_end
         self._lock = threading.RLock()
+        self._runner = ExitWatch()  # the runner, asked every second
         self.doc = self._load()
 
     # --- persistence ------------------------------------------------------------------------
@@ -228,11 +229,7 @@ class Training:
                     hint="a session with the training's name exists but was not started by us")
 
     def _runner_alive(self) -> bool:
-        ctime = start_time(self.doc.runner_pid, zombie_is_gone=True)
-        want = self.doc.runner_ctime
-        if ctime is None:
-            return False
-        return want is None or abs(ctime - want) < 1.0
+        return self._runner.alive(self.doc.runner_pid, self.doc.runner_ctime)
 
     def start(self, command: str | None = None, adhoc: bool = False) -> dict:
         with self._lock:
@@ -356,7 +353,7 @@ class Training:
             self._safe(self.on_end, ended)
 
     def _exit_recorded(self) -> bool:
-        return bool(self.doc.run_dir) and (Path(self.doc.run_dir) / "exit.json").exists()
+        return bool(self.doc.run_dir) and os.path.exists(os.path.join(self.doc.run_dir, "exit.json"))
 
     def _child_pid(self) -> int | None:
         if not self.doc.run_dir:
