@@ -15,6 +15,7 @@ import datetime as dt
 import glob
 import json
 import os
+import stat
 import subprocess
 import urllib.error
 import urllib.request
@@ -280,8 +281,16 @@ def probe_ssh(count_tunnels: bool = False) -> Probe:
 # --- tmux ----------------------------------------------------------------------------------------
 def probe_tmux(socket: str, session: str, binary: str = "tmux") -> Probe:
     """Clients attached to the training's tmux session: someone is watching it."""
-    if not socket or not os.path.exists(socket):
+    if not socket:
         return False, "tmux: no training session"
+    try:
+        mode = os.stat(socket).st_mode
+    except OSError:
+        return False, "tmux: no training session"
+    if not mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH):
+        # the tmux server marks its socket executable while any client is attached (and clears it
+        # when the last one leaves): no mark, nobody attached, and no tmux client started to ask
+        return False, f"tmux: nobody attached to {session}"
     try:
         cp = subprocess.run([binary, "-S", socket, "list-clients", "-t", f"={session}", "-F", "#{client_tty}"],
                             capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)

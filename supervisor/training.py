@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -111,6 +112,7 @@ class Training:
         self.on_end = on_end
         self._lock = threading.RLock()
         self._runner = ExitWatch()  # the runner, asked every second
+        self._pids_memo: tuple[int, float, float, frozenset[int]] | None = None
         self.doc = self._load()
 
     # --- persistence ------------------------------------------------------------------------
@@ -177,15 +179,26 @@ class Training:
         }
 
     def pids(self) -> set[int]:
+        """The runner and every process under it. Its callers (the idle guard's CPU probe, the stall
+        watch, GPU attribution) fall due at the same instant: one answer serves them all for a second
+        (psutil reads every /proc/PID/stat of the machine to find children)."""
         with self._lock:
             rp = self.doc.runner_pid
             if self.state not in TRAINING_ALIVE or not rp or not self._runner_alive():
                 return set()
-        try:
-            p = psutil.Process(rp)
-            return {rp} | {c.pid for c in p.children(recursive=True)}
-        except psutil.Error:
-            return set()
+            # fresh after a second by the real clock and by the injected one (a test moving a
+            # FakeClock sees every change at once)
+            real, now = time.monotonic(), self.ctx.clock.monotonic()
+            memo = self._pids_memo
+            if memo is not None and memo[0] == rp and 0 <= real - memo[1] < 1.0 and 0 <= now - memo[2] < 1.0:
+                return set(memo[3])
+            try:
+                p = psutil.Process(rp)
+                found = {rp} | {c.pid for c in p.children(recursive=True)}
+            except psutil.Error:
+                return set()
+            self._pids_memo = (rp, real, now, frozenset(found))
+            return found
 
     # --- lifecycle --------------------------------------------------------------------------
     def adopt(self) -> None:
