@@ -383,11 +383,11 @@ def _int(v: Any, name: str, lo: int, hi: int) -> int:
 
 
 def _libc() -> Any:
+    """The C library this process runs on (its own symbols: no find_library, which runs ldconfig)."""
     import ctypes
-    import ctypes.util
 
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(None)
     except OSError:
         return None
 

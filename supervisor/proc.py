@@ -71,6 +71,9 @@ class ExitWatch:
             return None
         return fd
 
+    def __del__(self) -> None:
+        self.close()
+
     def close(self) -> None:
         if self._fd is not None:
             try:
@@ -78,3 +81,30 @@ class ExitWatch:
             except OSError:
                 pass
         self._fd, self._key = None, None
+
+
+def descendants(pid: int) -> set[int] | None:
+    """Every process under `pid` (children, theirs, ...), from /proc/PID/task/TID/children: a few
+    reads per process of the tree, where psutil's children() reads the stat file of every process
+    on the machine. None where the kernel has no such file (CONFIG_PROC_CHILDREN off): ask psutil."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return None
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue  # gone meanwhile
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for k in kids:
+                if k not in out and k != pid:
+                    out.add(k)
+                    todo.append(k)
+    return out

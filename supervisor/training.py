@@ -28,7 +28,7 @@ from .clock import boot_id
 from .context import Context
 from .interfaces import TrainingInfo
 from .mails import training as words
-from .proc import ExitWatch, start_time
+from .proc import ExitWatch, descendants, start_time
 from .runner import ExitRecord, RunSpec
 from .statefile import atomic_write, set_aside
 from .states import TRAINING_ALIVE, TrainingState, check_training_move
@@ -181,7 +181,7 @@ class Training:
     def pids(self) -> set[int]:
         """The runner and every process under it. Its callers (the idle guard's CPU probe, the stall
         watch, GPU attribution) fall due at the same instant: one answer serves them all for a second
-        (psutil reads every /proc/PID/stat of the machine to find children)."""
+        (a walk down /proc)."""
         with self._lock:
             rp = self.doc.runner_pid
             if self.state not in TRAINING_ALIVE or not rp or not self._runner_alive():
@@ -192,11 +192,13 @@ class Training:
             memo = self._pids_memo
             if memo is not None and memo[0] == rp and 0 <= real - memo[1] < 1.0 and 0 <= now - memo[2] < 1.0:
                 return set(memo[3])
-            try:
-                p = psutil.Process(rp)
-                found = {rp} | {c.pid for c in p.children(recursive=True)}
-            except psutil.Error:
-                return set()
+            kids = descendants(rp)
+            if kids is None:
+                try:
+                    kids = {c.pid for c in psutil.Process(rp).children(recursive=True)}
+                except psutil.Error:
+                    return set()
+            found = {rp} | kids
             self._pids_memo = (rp, real, now, frozenset(found))
             return found
 
