@@ -402,10 +402,14 @@ def _few_arenas() -> None:
 
 def _settle_memory() -> None:
     """Once started: hand the heap the imports and the first scan left free back to the system
-    (glibc keeps it otherwise), so the daemon at rest holds only what it uses."""
+    (glibc keeps it otherwise), so the daemon at rest holds only what it uses, and spare the
+    collector what stays."""
     import gc
 
     gc.collect()
+    # what is alive now (modules, config, the daemon's objects) lives as long as the process: the
+    # collector need not walk it again on every full collection
+    gc.freeze()
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
