@@ -15,6 +15,7 @@ import datetime as dt
 import glob
 import json
 import os
+import stat
 import subprocess
 import urllib.error
 import urllib.request
@@ -141,7 +142,7 @@ def ssh_sessions(count_tunnels: bool = False) -> list[dict]:
         found[key] = {"user": _username(pid), "tty": "", "host": "", "pid": pid, "kind": "session",
                       "command": info["name"]}
         servers[key] = server
-    peers = _peers() if servers or count_tunnels else {}
+    peers = _peers(procs) if servers or count_tunnels else {}
     for key, server in servers.items():
         found[key]["host"] = _peer_of(server, procs, peers)
     if count_tunnels:
@@ -234,16 +235,22 @@ def _server_ancestor(pid: int, procs: dict[int, dict]) -> int | None:
     return None
 
 
-def _peers() -> dict[int, str]:
-    """pid -> remote address of its first established TCP connection."""
+def _peers(procs: dict[int, dict]) -> dict[int, str]:
+    """SSH server pid -> remote address of its first established TCP connection. Only the SSH
+    servers' own sockets are looked at (all that is asked of this map): psutil.net_connections()
+    would list every fd of every process on the machine, a training's thousands included."""
     out: dict[int, str] = {}
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return out
-    for c in conns:
-        if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.pid and c.pid not in out:
-            out[c.pid] = c.raddr.ip
+    for pid, info in procs.items():
+        if info["name"] not in SSH_SERVERS:
+            continue
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_ESTABLISHED and c.raddr:
+                out[pid] = c.raddr.ip
+                break
     return out
 
 
@@ -280,8 +287,16 @@ def probe_ssh(count_tunnels: bool = False) -> Probe:
 # --- tmux ----------------------------------------------------------------------------------------
 def probe_tmux(socket: str, session: str, binary: str = "tmux") -> Probe:
     """Clients attached to the training's tmux session: someone is watching it."""
-    if not socket or not os.path.exists(socket):
+    if not socket:
         return False, "tmux: no training session"
+    try:
+        mode = os.stat(socket).st_mode
+    except OSError:
+        return False, "tmux: no training session"
+    if not mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH):
+        # the tmux server marks its socket executable while any client is attached (and clears it
+        # when the last one leaves): no mark, nobody attached, and no tmux client started to ask
+        return False, f"tmux: nobody attached to {session}"
     try:
         cp = subprocess.run([binary, "-S", socket, "list-clients", "-t", f"={session}", "-F", "#{client_tty}"],
                             capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
@@ -457,6 +472,21 @@ class OutputProbe:
         return False, f"training: no log output for {_ago(age)}"
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """(start time since boot, user + system CPU seconds) of `pid` from one read of /proc/PID/stat
+    (psutil's Process + cpu_times read it twice, and /proc/stat for the boot time); None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        rest = raw[raw.rfind(b")") + 2:].split()  # state ppid ... utime(14) stime(15) ... starttime(22)
+        return int(rest[19]) / _TICKS, (int(rest[11]) + int(rest[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class CpuProbe:
     """The training's process tree used at least `threshold` % of one core since the last poll: a
     process waiting on nothing uses none, a tokenizer or a data pipeline at work uses a core or more."""
@@ -469,12 +499,8 @@ class CpuProbe:
     def probe(self, pids: Iterable[int], now_mono: float, threshold: float) -> Probe:
         cur: dict[int, tuple[float, float]] = {}
         for pid in pids:
-            try:
-                p = psutil.Process(pid)
-                t = p.cpu_times()
-                cur[pid] = (p.create_time(), t.user + t.system)
-            except (psutil.Error, ValueError):
-                continue
+            if (got := _cpu_seconds(pid)) is not None:
+                cur[pid] = got
         prev, prev_mono = self._prev, self._prev_mono
         self._prev, self._prev_mono = cur, now_mono
         self.figure = ""

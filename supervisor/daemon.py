@@ -129,8 +129,10 @@ class Daemon:
             except Exception:  # noqa: BLE001 - one failing duty must never stop the others
                 log.exception("duty_failed", duty=duty.name)
 
+        # every duty starts at the same instant, so duties whose periods divide one another fall due
+        # together and the scheduler wakes once for all of them (once a second at rest, not 4 times)
         self.scheduler.add_job(run, "interval", seconds=max(seconds, 0.2), id=duty.name, name=duty.name,
-                               next_run_time=_soon())
+                               next_run_time=self._first_run)
 
     def _on_training_start(self, info: TrainingInfo) -> None:
         self.follower.switch(info.log_path, start_at_end=True)
@@ -173,6 +175,14 @@ class Daemon:
             log.warning("two_stoppers", orchestrator=found["name"], evidence=found["evidence"])
         self.orchestrator = found
 
+    def _each_second(self) -> None:
+        """The training's state, then the guard's early poll (cheap: it polls only when a threshold is
+        reached or a run started/ended): one scheduler wakeup a second for both."""
+        try:
+            self.training.poll()
+        finally:
+            self.guard.poll_if_due()
+
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
@@ -194,6 +204,7 @@ class Daemon:
         if self._metrics_on():
             self.metrics.start()
         if schedule:
+            self._first_run = _soon()
             for duty in DUTIES:
                 self._every(duty)
             self.scheduler.start()
@@ -212,6 +223,7 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_signal)
         self.start()
+        _settle_memory()
         # no timeout: the signal handler sets the event and wakes this wait (nothing polls at rest)
         self._stop.wait()
         # a SIGTERM that systemd did not send may be a container host taking the machine: sync first
@@ -345,15 +357,13 @@ class Duty:
 
 # Every periodic duty of the daemon, in one place (as SkyPilot's skylet declares its EVENTS).
 DUTIES: tuple[Duty, ...] = (
-    Duty("training", lambda c: 1.0, lambda d: d.training.poll()),
+    Duty("training", lambda c: 1.0, lambda d: d._each_second()),
     Duty("gpu", lambda c: c.gpu.poll_interval, lambda d: d.gpu.poll()),
     Duty("log", lambda c: 2.0, lambda d: d.follower.poll(d.clock.time())),
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
-    # cheap: polls the guard early when a threshold is reached or a run started/ended
-    Duty("idle-due", lambda c: 1.0, lambda d: d.guard.poll_if_due()),
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed
@@ -370,6 +380,39 @@ def _int(v: Any, name: str, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}')
     return v
+
+
+def _libc() -> Any:
+    """The C library this process runs on (its own symbols: no find_library, which runs ldconfig)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def _few_arenas() -> None:
+    """glibc gives each thread that allocates its own malloc arena; a dozen mostly idle threads
+    hold a MiB or more that way. Two are plenty for a daemon that waits (M_ARENA_MAX is -8)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-8, 2)
+
+
+def _settle_memory() -> None:
+    """Once started: hand the heap the imports and the first scan left free back to the system
+    (glibc keeps it otherwise), so the daemon at rest holds only what it uses, and spare the
+    collector what stays."""
+    import gc
+
+    gc.collect()
+    # what is alive now (modules, config, the daemon's objects) lives as long as the process: the
+    # collector need not walk it again on every full collection
+    gc.freeze()
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def _soon():
@@ -392,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"  {p}\n")
         return 2
     configure(cfg.log_level)
+    _few_arenas()
     try:
         d = Daemon(cfg)
     except Exception as e:  # noqa: BLE001 - report clearly instead of a traceback in the journal

@@ -18,7 +18,6 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import structlog
@@ -242,6 +241,9 @@ class MetricsServer:
     def __init__(self, host: str, port: int, get_text: Callable[[], str]):
         self.get_text = get_text
         outer = self
+
+        # here, not at the top: http.server costs ~1 MiB a daemon without a listener never uses
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "train-supervisor"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import select
+
 import psutil
 
 
@@ -26,3 +29,82 @@ def is_same(pid: int | None, started: float | None, tolerance: float = 0.05) -> 
         return False
     now = start_time(pid)
     return now is not None and abs(now - started) <= tolerance
+
+
+class ExitWatch:
+    """Whether one process, named by (pid, start time), is still alive, asked every second: through
+    a pidfd (one poll(2), where start_time reads /proc three times), which names that process and
+    can never meet a reused PID. Without pidfds (kernel < 5.3, a seccomp filter) or without a start
+    time, start_time is asked each time. An exited process nobody has reaped yet counts as gone."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, float] | None = None
+        self._fd: int | None = None
+
+    def alive(self, pid: int | None, started: float | None, tolerance: float = 1.0) -> bool:
+        if not pid:
+            return False
+        if started is None:
+            return start_time(pid, zombie_is_gone=True) is not None
+        if self._key != (pid, started):
+            self.close()
+            self._key = (pid, started)
+            self._fd = self._open(pid, started, tolerance)
+        if self._fd is not None:
+            try:
+                return not select.select([self._fd], [], [], 0)[0]  # readable once it has exited
+            except (OSError, ValueError):
+                self._fd = None  # asked the slow way from now on
+        now = start_time(pid, zombie_is_gone=True)
+        return now is not None and abs(now - started) < tolerance
+
+    @staticmethod
+    def _open(pid: int, started: float, tolerance: float) -> int | None:
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return None
+        # checked after opening: the fd then holds the process whose start time matched
+        now = start_time(pid, zombie_is_gone=True)
+        if now is None or abs(now - started) >= tolerance:
+            os.close(fd)
+            return None
+        return fd
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd, self._key = None, None
+
+
+def descendants(pid: int) -> set[int] | None:
+    """Every process under `pid` (children, theirs, ...), from /proc/PID/task/TID/children: a few
+    reads per process of the tree, where psutil's children() reads the stat file of every process
+    on the machine. None where the kernel has no such file (CONFIG_PROC_CHILDREN off): ask psutil."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return None
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue  # gone meanwhile
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for k in kids:
+                if k not in out and k != pid:
+                    out.add(k)
+                    todo.append(k)
+    return out

@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from .clock import boot_id
 from .context import Context
 from .interfaces import TrainingInfo
 from .mails import training as words
-from .proc import start_time
+from .proc import ExitWatch, descendants, start_time
 from .runner import ExitRecord, RunSpec
 from .statefile import atomic_write, set_aside
 from .states import TRAINING_ALIVE, TrainingState, check_training_move
@@ -110,6 +111,8 @@ class Training:
         self.on_start = on_start
         self.on_end = on_end
         self._lock = threading.RLock()
+        self._runner = ExitWatch()  # the runner, asked every second
+        self._pids_memo: tuple[int, float, float, frozenset[int]] | None = None
         self.doc = self._load()
 
     # --- persistence ------------------------------------------------------------------------
@@ -176,15 +179,28 @@ class Training:
         }
 
     def pids(self) -> set[int]:
+        """The runner and every process under it. Its callers (the idle guard's CPU probe, the stall
+        watch, GPU attribution) fall due at the same instant: one answer serves them all for a second
+        (a walk down /proc)."""
         with self._lock:
             rp = self.doc.runner_pid
             if self.state not in TRAINING_ALIVE or not rp or not self._runner_alive():
                 return set()
-        try:
-            p = psutil.Process(rp)
-            return {rp} | {c.pid for c in p.children(recursive=True)}
-        except psutil.Error:
-            return set()
+            # fresh after a second by the real clock and by the injected one (a test moving a
+            # FakeClock sees every change at once)
+            real, now = time.monotonic(), self.ctx.clock.monotonic()
+            memo = self._pids_memo
+            if memo is not None and memo[0] == rp and 0 <= real - memo[1] < 1.0 and 0 <= now - memo[2] < 1.0:
+                return set(memo[3])
+            kids = descendants(rp)
+            if kids is None:
+                try:
+                    kids = {c.pid for c in psutil.Process(rp).children(recursive=True)}
+                except psutil.Error:
+                    return set()
+            found = {rp} | kids
+            self._pids_memo = (rp, real, now, frozenset(found))
+            return found
 
     # --- lifecycle --------------------------------------------------------------------------
     def adopt(self) -> None:
@@ -228,11 +244,7 @@ class Training:
                     hint="a session with the training's name exists but was not started by us")
 
     def _runner_alive(self) -> bool:
-        ctime = start_time(self.doc.runner_pid, zombie_is_gone=True)
-        want = self.doc.runner_ctime
-        if ctime is None:
-            return False
-        return want is None or abs(ctime - want) < 1.0
+        return self._runner.alive(self.doc.runner_pid, self.doc.runner_ctime)
 
     def start(self, command: str | None = None, adhoc: bool = False) -> dict:
         with self._lock:
@@ -356,7 +368,7 @@ class Training:
             self._safe(self.on_end, ended)
 
     def _exit_recorded(self) -> bool:
-        return bool(self.doc.run_dir) and (Path(self.doc.run_dir) / "exit.json").exists()
+        return bool(self.doc.run_dir) and os.path.exists(os.path.join(self.doc.run_dir, "exit.json"))
 
     def _child_pid(self) -> int | None:
         if not self.doc.run_dir:

@@ -575,7 +575,7 @@ def test_a_failed_run_awaiting_its_restart_is_not_a_finish(h):
 def test_announced_stop_time_is_when_the_stop_happens(h):
     """Issue 12.6, the demo's clock: the run ends between polls; the mail's "stopping at" is the end
     plus the grace, status counts idle seconds between polls, and the 1 s due-check (the daemon's
-    idle-due duty) stops at that second, not at the next 30 s poll."""
+    1 s "training" duty) stops at that second, not at the next 30 s poll."""
     h.restart({"training": {"on_finish": "stop"}})
     h.training.state, h.training.run_id = T.RUNNING, 7
     h.gpu.util = 90.0

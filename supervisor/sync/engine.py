@@ -5,7 +5,7 @@ Threads (managed here; the daemon needs no heartbeat from outside):
 - `sync-worker`: the only thread that scans, decides and talks to the target. It wakes on
   inotify hints, on requests, and sleeps exactly until the next thing that is due (a waiting
   unit goes quiet, the periodic rescan, a retry, the end of a hint's debounce), at most 0.5 s
-  at a time so an injected FakeClock is noticed.
+  at a time when the clock is injected, so a FakeClock is noticed (5 s with the system clock).
 - the watchdog observer thread (hints only) and the target's own request pool.
 Public methods only set flags, queue a request or copy a snapshot under a short lock: nothing a
 control-socket handler calls ever waits on the network, except wait_idle/final_sync, which exist
@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..clock import SystemClock
 from ..config import SyncConfig
 from ..durations import format_duration
 from ..interfaces import FinalSyncResult
@@ -56,7 +57,10 @@ if TYPE_CHECKING:
 
 log = get_logger("sync")
 
-LOOP_MAX_WAIT = 0.5      # real seconds: the longest the worker sleeps without looking at the clock
+LOOP_MAX_WAIT = 0.5      # real seconds: the longest the worker sleeps without looking at an injected clock
+# with the system clock every due time is slept to exactly; this cap only bounds a due time missed
+# (it costs 0.2 wakeups a second at rest, not 2)
+REAL_MAX_WAIT = 5.0
 DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes (at most;
                          # never more than half the quiet period: see _debounce)
 DEBOUNCE_MIN_S = 0.1     # ... and at least this (quiet_period = 0: not a rescan per write)
@@ -327,19 +331,26 @@ class SyncEngine:
 
     def _sleep_for(self) -> float:
         """Real seconds the worker may sleep: until the soonest of a unit's ready time, the
-        periodic rescan, the next retry and the end of the debounce; at most LOOP_MAX_WAIT, so
-        a FakeClock that jumps is noticed. Distances on the injected clock are slept in real
+        periodic rescan, the next retry, the end of the debounce, a final sync's deadline and the
+        sync-failing alert; at most LOOP_MAX_WAIT with an injected clock, so a FakeClock that jumps
+        is noticed, REAL_MAX_WAIT with the system clock. Distances on the injected clock are slept in real
         seconds: with the system clock that is exact, and a FakeClock is re-read every pass."""
         now = self.clock.monotonic()
         with self._lock:
             if self._requested:
                 return 0.0
-            t = min(LOOP_MAX_WAIT, self._next_rescan - now)
+            cap = REAL_MAX_WAIT if isinstance(self.clock, SystemClock) else LOOP_MAX_WAIT
+            t = min(cap, self._next_rescan - now)
             if self._next_ready is not None:
                 t = min(t, self._next_ready - now)
             retry = self.health.backoff.retry_in(now)
             if retry is not None:
                 t = min(t, retry)
+            for ticket in self._finals.tickets():
+                t = min(t, ticket.spec.deadline - now)
+            failing_for = self.health.backoff.failing_for(now)
+            if failing_for is not None and not self.health.fired:
+                t = min(t, self.health.alert_after - failing_for)
             if self._dirty:
                 t = min(t, self._dirty_at + self._debounce - self._realtime())
         return max(0.0, t)
