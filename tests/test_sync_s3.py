@@ -64,6 +64,22 @@ def test_md5_mode_for_stores_that_reject_new_checksums(make_engine, hf_writer, s
     assert objs["model.safetensors"]["etag"] == f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
 
 
+@pytest.mark.parametrize("mode", ["when_supported", "when_required"])
+def test_file_under_the_multipart_threshold_goes_in_one_streamed_put(make_engine, hf_writer, s3_server, s3_prefix,
+                                                                     mode):
+    """18 MiB is above the in-memory limit and under the default multipart_threshold: one PUT,
+    streamed from the file, checked by the store (CRC32 or Content-MD5) and in the manifest."""
+    hf_writer.checkpoint(4, model_bytes=18 * MiB)
+    hf_writer.age(60)
+    e = make_engine({**s3_server.sync_config(s3_prefix, request_checksum_calculation=mode, bandwidth_limit="64M"),
+                     "watch": [str(hf_writer.out)], "include": ["checkpoint-*/**"]})
+    assert e.wait_idle(60).ok
+    files = hf_writer.contents["checkpoint-4"]
+    objs = assert_remote_matches(s3_server, s3_prefix, "checkpoint-4", files)
+    assert objs["model.safetensors"]["etag"] == hashlib.md5(files["model.safetensors"]).hexdigest()
+    assert s3_server.uploads(s3_prefix) == []
+
+
 def test_wrong_credentials_fail_clearly_without_leaking(make_engine, hf_writer, s3_server, s3_prefix, tmp_path):
     creds = tmp_path / "creds"
     creds.write_text("[default]\naws_access_key_id = tsupervisor\naws_secret_access_key = WRONG-SECRET-123\n")
