@@ -95,6 +95,7 @@ class SyncConfig:
     rescan_interval: float = _k("duration", 60.0, min=0.1)
     concurrency: int = _k("int", 16, min=1, max=64)
     part_size: int = _k("size", 8 * 1024 * 1024, min=5 * 1024 * 1024)
+    multipart_threshold: int = _k("size", 64 * 1024 * 1024, min=5 * 1024 * 1024, max=5 * 1024 ** 3)
     bandwidth_limit: int = _k("size", 0)
     keep_last: int = _k("int", 0, min=0)
     ssh_key: str = _k("path", "")

@@ -33,7 +33,7 @@ def test_checkpoint_and_adapter_to_s3(make_engine, hf_writer, s3_server, s3_pref
     hf_writer.checkpoint(50, model_bytes=18 * MiB)  # above the single-PUT limit: multipart
     hf_writer.adapter("lora")
     hf_writer.age(60)
-    e = make_engine({**s3_server.sync_config(s3_prefix, part_size="5M", concurrency=4),
+    e = make_engine({**s3_server.sync_config(s3_prefix, part_size="5M", multipart_threshold="16M", concurrency=4),
                      "watch": [str(hf_writer.out)]})
     r = e.wait_idle(60)
     assert r.ok, r
@@ -52,7 +52,7 @@ def test_checkpoint_and_adapter_to_s3(make_engine, hf_writer, s3_server, s3_pref
 def test_md5_mode_for_stores_that_reject_new_checksums(make_engine, hf_writer, s3_server, s3_prefix):
     hf_writer.checkpoint(1, model_bytes=18 * MiB)
     hf_writer.age(60)
-    e = make_engine({**s3_server.sync_config(s3_prefix, part_size="5M",
+    e = make_engine({**s3_server.sync_config(s3_prefix, part_size="5M", multipart_threshold="5M",
                                              request_checksum_calculation="when_required"),
                      "watch": [str(hf_writer.out)], "include": ["checkpoint-*/**"]})
     assert e.wait_idle(60).ok
@@ -62,6 +62,22 @@ def test_md5_mode_for_stores_that_reject_new_checksums(make_engine, hf_writer, s
     model, ps = files["model.safetensors"], 5 * MiB
     md5s = [hashlib.md5(model[i:i + ps]).digest() for i in range(0, len(model), ps)]
     assert objs["model.safetensors"]["etag"] == f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
+
+
+@pytest.mark.parametrize("mode", ["when_supported", "when_required"])
+def test_file_under_the_multipart_threshold_goes_in_one_streamed_put(make_engine, hf_writer, s3_server, s3_prefix,
+                                                                     mode):
+    """18 MiB is above the in-memory limit and under the default multipart_threshold: one PUT,
+    streamed from the file, checked by the store (CRC32 or Content-MD5) and in the manifest."""
+    hf_writer.checkpoint(4, model_bytes=18 * MiB)
+    hf_writer.age(60)
+    e = make_engine({**s3_server.sync_config(s3_prefix, request_checksum_calculation=mode, bandwidth_limit="64M"),
+                     "watch": [str(hf_writer.out)], "include": ["checkpoint-*/**"]})
+    assert e.wait_idle(60).ok
+    files = hf_writer.contents["checkpoint-4"]
+    objs = assert_remote_matches(s3_server, s3_prefix, "checkpoint-4", files)
+    assert objs["model.safetensors"]["etag"] == hashlib.md5(files["model.safetensors"]).hexdigest()
+    assert s3_server.uploads(s3_prefix) == []
 
 
 def test_wrong_credentials_fail_clearly_without_leaking(make_engine, hf_writer, s3_server, s3_prefix, tmp_path):
@@ -94,13 +110,48 @@ def _journal_has(proc, op: str, key_part: str, n: int = 1) -> bool:
     return sum(1 for r in proc.journal() if r.get("op") == op and key_part in r.get("k", "")) >= n
 
 
+def _read_so_far(proc) -> int:
+    """Bytes the sync process has read so far (/proc/PID/io rchar: its files, as a streamed PUT
+    reads them while it sends)."""
+    try:
+        text = open(f"/proc/{proc.proc.pid}/io").read()
+    except OSError:
+        return 0
+    return int(text.split("rchar:", 1)[1].split()[0])
+
+
+class _MidSinglePut:
+    """True once both large files have begun as single PUTs (each checksummed, which reads it
+    whole, before its begin is journalled) and then 6 MiB more were read: their bodies going out
+    together, neither finished."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.base: int | None = None
+
+    def __call__(self) -> bool:
+        j = self.proc.journal()
+        begun = {r["k"].rsplit("/", 1)[1] for r in j if r.get("op") == "begin" and r.get("i", {}).get("mode") == "put"}
+        if any(r.get("op") == "done" and "model.safetensors" in r["k"] for r in j):
+            raise AssertionError("the model finished before the kill: raise the test's size or lower its bandwidth")
+        if self.base is None:
+            if {"model.safetensors", "optimizer.pt"} <= begun:
+                self.base = _read_so_far(self.proc)
+            return False
+        return _read_so_far(self.proc) - self.base >= 6 * MiB
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("concurrency", "part_mib"), [(2, 5), (16, 8)], ids=["2x5M", "16x8M"])
+@pytest.mark.parametrize(("concurrency", "part_mib", "threshold_mib"), [(2, 5, 5), (16, 8, 8), (16, 8, 64)],
+                         ids=["2x5M", "16x8M", "16x64M-put"])
 def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, s3_server, s3_prefix,
-                                                          concurrency, part_mib):
-    """Killed three times (mid multipart, between files, among the small files): every file
-    the store held at a kill is never sent again, and the rest goes up once (plus what was in
-    flight). 16x8M is the default parallel path: many files and parts in flight together."""
+                                                          concurrency, part_mib, threshold_mib):
+    """Killed three times (mid upload of the model, between files, among the small files): every
+    file the store held at a kill is never sent again, and the rest goes up once (plus what was in
+    flight). 16x8M is the parallel multipart path: many files and parts in flight together;
+    16x64M-put the default for files of this size: each large file in one streamed PUT, killed
+    in the middle of one."""
+    multipart = threshold_mib < 24
     cp = hf_writer.out / "checkpoint-9"
     cp.mkdir(parents=True)
     files = {"model.safetensors": safetensors_bytes({"w": 24 * MiB}, 9),
@@ -113,7 +164,7 @@ def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, 
     hf_writer.age(60)
     total = sum(len(d) for d in files.values())
     proc = sync_proc({**s3_server.sync_config(s3_prefix, part_size=f"{part_mib}M", concurrency=concurrency,
-                                              bandwidth_limit="12M"),
+                                              multipart_threshold=f"{threshold_mib}M", bandwidth_limit="12M"),
                       "watch": [str(hf_writer.out)]})
     received0 = s3_server.received_bytes()
     finished_at_kill: dict[str, tuple] = {}
@@ -125,11 +176,18 @@ def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, 
         for key in s3_server.objects(s3_prefix):  # objects exist only once complete
             finished_at_kill.setdefault(key, s3_server.chunk_times(f"{s3_prefix}/{key}"))
 
-    # 1: in the middle of a multipart upload
-    kill_when(lambda: _journal_has(proc, "part", "model.safetensors", 2), "two parts of the model")
-    # 2: the model done, the optimizer half way
-    kill_when(lambda: _journal_has(proc, "done", "model.safetensors") and _journal_has(proc, "part", "optimizer.pt", 2),
-              "model done, optimizer under way")
+    if multipart:
+        # 1: in the middle of a multipart upload
+        kill_when(lambda: _journal_has(proc, "part", "model.safetensors", 2), "two parts of the model")
+        # 2: the model done, the optimizer half way
+        kill_when(lambda: _journal_has(proc, "done", "model.safetensors")
+                  and _journal_has(proc, "part", "optimizer.pt", 2), "model done, optimizer under way")
+    else:
+        # 1: in the middle of the model's single PUT
+        kill_when(_MidSinglePut(proc), "the model's PUT under way")
+        assert "model.safetensors" not in finished_at_kill
+        # 2: the model done (the optimizer, sent alongside it, done or nearly)
+        kill_when(lambda: _journal_has(proc, "done", "model.safetensors"), "model done")
     # 3: among the small files
     kill_when(lambda: sum(1 for r in proc.journal() if r.get("op") == "done") >= 12, "a dozen files done")
     proc.start()
@@ -142,7 +200,8 @@ def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, 
         assert s3_server.chunk_times(f"{s3_prefix}/{key}") == times, f"{key} was sent again after it was finished"
     # what the server received: everything once, plus at most what was in flight at each kill
     received = s3_server.received_bytes() - received0
-    in_flight_allowance = 3 * (concurrency * part_mib * MiB + 64 * 1024)
+    in_flight = concurrency * part_mib * MiB if multipart else 48 * MiB
+    in_flight_allowance = 3 * (in_flight + 64 * 1024)
     assert total <= received <= total + in_flight_allowance + 64 * 1024, (received, total)
     journal = proc.journal()
     done_keys = [r["k"] for r in journal if r.get("op") == "done"]
@@ -150,7 +209,10 @@ def test_kill9_mid_upload_resumes_and_sends_nothing_twice(sync_proc, hf_writer, 
     for i, r in enumerate(journal):
         if r.get("op") == "done":
             assert not any(x.get("op") == "begin" and x.get("k") == r["k"] for x in journal[i + 1:]), r["k"]
-    assert "s3_resume" in proc.log_text()
+    begun = {r["i"].get("mode") for r in journal if r.get("op") == "begin" and "model" in r["k"]}
+    assert begun == ({"mp"} if multipart else {"put"}), begun
+    if multipart:
+        assert "s3_resume" in proc.log_text()
 
 
 @pytest.mark.slow
@@ -159,7 +221,8 @@ def test_server_down_for_a_minute_alerts_once_then_resolves(make_engine, hf_writ
     clock = FakeClock(start=time.time())
     hf_writer.checkpoint(3, model_bytes=20 * MiB)
     hf_writer.age(60)
-    e = make_engine({**s3_server.sync_config(s3_prefix, part_size="5M", concurrency=2, bandwidth_limit="8M"),
+    e = make_engine({**s3_server.sync_config(s3_prefix, part_size="5M", multipart_threshold="5M", concurrency=2,
+                                             bandwidth_limit="8M"),
                      "watch": [str(hf_writer.out)], "fail_alert_after": "1m", "retry_max_backoff": "20s"},
                     clock=clock, mailer="smtp",
                     email={"to": ["owner@example.com"], "smtp_host": "127.0.0.1", "smtp_port": smtp_server.port,
