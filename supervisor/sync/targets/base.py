@@ -14,6 +14,7 @@ in one step (the Hub: one commit), and `describe` adds facts for status.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import threading
@@ -157,6 +158,19 @@ def pread_exact(fd: int, f: LocalFile, n: int, offset: int) -> bytes:
     if len(data) != n:
         raise SourceProblem("changed", f.path, f"short read at {offset}")
     return data
+
+
+def sha256_fd(fd: int, f: LocalFile, chunk: int = 8 << 20) -> str:
+    """The sha256 of an open source file, read in pieces, checked unchanged at the end (the
+    checksum recorded at upload must be of the version that went up)."""
+    h = hashlib.sha256()
+    off = 0
+    while off < f.size:
+        data = pread_exact(fd, f, min(chunk, f.size - off), off)
+        h.update(data)
+        off += len(data)
+    check_unchanged(fd, f)
+    return h.hexdigest()
 
 
 class TokenBucket:

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._log import get_logger
-from .base import LocalFile, SourceProblem, TargetError, UploadSink, check_unchanged, open_source, pread_exact
+from .base import (
+    LocalFile,
+    SourceProblem,
+    TargetError,
+    UploadSink,
+    check_unchanged,
+    open_source,
+    pread_exact,
+    sha256_fd,
+)
 from .hf_repo import HubRepo
 from .hf_rules import git_blob_id
 
@@ -175,14 +184,7 @@ def read_whole(f: LocalFile) -> bytes:
 def hash_file(f: LocalFile) -> str:
     fd = open_source(f)
     try:
-        h = hashlib.sha256()
-        off = 0
-        while off < f.size:
-            chunk = pread_exact(fd, f, min(HASH_CHUNK, f.size - off), off)
-            h.update(chunk)
-            off += len(chunk)
-        check_unchanged(fd, f)
-        return h.hexdigest()
+        return sha256_fd(fd, f, HASH_CHUNK)
     finally:
         os.close(fd)
 

@@ -48,6 +48,7 @@ from .base import (
     join_key,
     open_source,
     pread_exact,
+    sha256_fd,
 )
 
 log = get_logger("sync.s3")
@@ -389,14 +390,7 @@ class S3Target:
             os.close(fd)
 
     def _hash_only(self, fd: int, f: LocalFile, sink: UploadSink) -> str:
-        h = hashlib.sha256()
-        off = 0
-        while off < f.size:
-            chunk = pread_exact(fd, f, min(HASH_CHUNK, f.size - off), off)
-            h.update(chunk)
-            off += len(chunk)
-        check_unchanged(fd, f)
-        return h.hexdigest()
+        return sha256_fd(fd, f, HASH_CHUNK)
 
     def _verify_complete(self, key: str, size: int, checks: list[str], echoed: str | None, etag: str) -> None:
         if self.crc:
