@@ -348,3 +348,28 @@ def test_blocked_names_quiet_units_with_a_file_failing_its_check():
         "/w/out/checkpoint-6: model.safetensors does not hold the bytes its safetensors header promises (cut short, "
         "damaged or an unknown format); not uploaded until its writer saves it whole"]
     assert sc.blocked([js], lambda u: True) == []
+
+
+def test_under_a_notice_older_units_wait_for_a_newer_checkpoint_seconds_from_ready():
+    """bench_spot found it: four checkpoints written back to back, the older ones past their quiet
+    period first, went up before the newest (1 GiB) one that was two seconds from ready."""
+    old1, old2 = _unit("checkpoint-100", mtime=1), _unit("checkpoint-200", mtime=2)
+    for u in (old1, old2):
+        u.verdict = Verdict(True, "complete")
+    newest = _unit("checkpoint-300", files=("model.safetensors", "trainer_state.json"), mtime=3)
+    newest.verdict = Verdict(False, "writer active (quiet in 1s)", 1.2)
+    work = sc.work([old1, old2, newest], lambda u: False)
+    assert work == [old2, old1]
+    assert sc.hold_for_newer([old1, old2, newest], work, lambda u: False, "trainer_state.json", 2.0) == []
+    # still being written (no marker yet), or further than `within` from ready: holds nothing
+    writing = _unit("checkpoint-300", files=("model.safetensors",), mtime=3)
+    writing.verdict = Verdict(False, "writer active (quiet in 1s)", 1.2)
+    assert sc.hold_for_newer([old1, old2, writing], work, lambda u: False, "trainer_state.json", 2.0) == work
+    newest.verdict = Verdict(False, "writer active (quiet in 9s)", 9.0)
+    assert sc.hold_for_newer([old1, old2, newest], work, lambda u: False, "trainer_state.json", 2.0) == work
+    # a newer one waiting only holds the older ones, not one newer still
+    newest.verdict = Verdict(False, "writer active (quiet in 1s)", 1.2)
+    newer = _unit("checkpoint-400", mtime=4)
+    newer.verdict = Verdict(True, "complete")
+    assert sc.hold_for_newer([old1, old2, newest, newer], [newer, old2, old1], lambda u: False,
+                             "trainer_state.json", 2.0) == [newer]

@@ -446,6 +446,8 @@ class SyncEngine:
         with self._lock:
             units = list(self._units.values())
         work = sc.work(units, up.synced)
+        if self._emergency:
+            work = sc.hold_for_newer(units, work, up.synced, self.cfg.complete_marker, EMERGENCY_QUIET_S)
         if not work:
             with self._lock:
                 if self.health.failing:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..durations import format_duration
-from .complete import FileObs, Verdict, damage_words, judge
+from .complete import FileObs, Verdict, damage_words, judge, needs_marker
 from .policy import ADAPTER_MARKER, Policy
 from .targets.base import join_key
 
@@ -238,6 +238,24 @@ def work(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[Unit]:
     out = [u for u in units if u.selected and (u.verdict.complete or u.verdict.partial) and not synced(u)]
     out.sort(key=_newest, reverse=True)
     return out
+
+
+def hold_for_newer(units: Iterable[Unit], work: list[Unit], synced: Callable[[Unit], bool], marker: str,
+                   within: float) -> list[Unit]:
+    """Under a spot notice: the work without the units older than a checkpoint whose writer has
+    finished (its marker, written last, is there) and that only waits out a quiet period ending
+    within `within` seconds. Sending an older one first would hold the link for seconds while the
+    one that matters most is moments from ready; anything still being written holds nothing."""
+    cut = None
+    for u in units:
+        v = u.verdict
+        if (u.kind == "dir" and u.selected and not v.complete and not v.partial and v.ready_in is not None
+                and v.ready_in <= within and needs_marker(u.rel, marker)
+                and any(f.rel == marker for f in u.files) and not synced(u)):
+            cut = max(cut or 0, _newest(u))
+    if cut is None:
+        return work
+    return [u for u in work if _newest(u) > cut]
 
 
 def _newest(u: Unit) -> int:

@@ -1,6 +1,7 @@
 """Benchmark: from a spot notice to the newest checkpoint complete on the target.
 
     python tests/bench/bench_spot.py [--newest-mib 1024] [--older 3] [--older-mib 256] [--provider ec2]
+                                     [--rounds 1] [--quick]
 
 A loopback EC2 metadata service (IMDSv2) shows a spot instance-action; SeaweedFS on loopback is the
 S3 target. Before the notice the output folder holds `--older` older checkpoints and the newest one
@@ -29,12 +30,26 @@ from tests.fixtures.spot import MiB, make_rig, notice_to_newest, write_checkpoin
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--newest-mib", type=int, default=1024)
+    ap.add_argument("--newest-mib", type=int, default=None, help="default 1024; quick 256")
     ap.add_argument("--older", type=int, default=3)
-    ap.add_argument("--older-mib", type=int, default=256)
+    ap.add_argument("--older-mib", type=int, default=None, help="default 256; quick 64")
     ap.add_argument("--provider", default="ec2", choices=("ec2", "gcp", "azure"))
+    ap.add_argument("--rounds", type=int, default=1, help="repeat, each on a fresh store; the median is printed")
+    ap.add_argument("--quick", action="store_true", help="smaller checkpoints")
     ap.add_argument("--keep", help="keep the work folder here")
     args = ap.parse_args()
+    args.newest_mib = args.newest_mib or (256 if args.quick else 1024)
+    args.older_mib = args.older_mib or (64 if args.quick else 256)
+    times = [one_round(args) for _ in range(max(1, args.rounds))]
+    if len(times) > 1:
+        import statistics
+
+        print(f"notice -> newest complete: rounds {', '.join(f'{t:.1f}s' for t in times)}; "
+              f"median {statistics.median(times):.1f}s (goal: within EC2's 120 s)")
+    return 0
+
+
+def one_round(args: argparse.Namespace) -> float:
     base = Path(args.keep or tempfile.mkdtemp(prefix="bench-spot-"))
     s3 = SeaweedS3(base / "seaweedfs")
     s3.start()
@@ -70,6 +85,7 @@ def main() -> int:
         rec = rig.guard.record
         print(f"outcome {rec.outcome} {time.monotonic() - t0 + got['notice_to_newest_s']:.1f}s after the notice: "
               f"made it {rec.made_it}; not {rec.not_made}")
+        return got["notice_to_newest_s"]
     finally:
         if rig is not None:
             rig.close()
@@ -77,7 +93,6 @@ def main() -> int:
         s3.stop()
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
