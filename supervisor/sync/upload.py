@@ -60,21 +60,18 @@ class Uploader:
         """The target holds the unit exactly as it is here: every selected file in this version
         (size, mtime and inode as sent) and, for a folder, its complete manifest of these files.
         Decided from the ledger alone: the scan then judges nothing and opens no file."""
-        files = []
-        for s in u.selected:
-            e = self.ledger.current(s.key, s.size, s.mtime_ns, s.ino)
-            if e is None:
-                return False
-            files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
-        if u.kind != "dir":
-            return True
+        files = self._listed(u, same_inode=True)
+        if files is None or u.kind != "dir":
+            return files is not None
         m = self.ledger.manifest(u.key)
         return m is not None and m.get("digest") == mf.digest(files)
 
-    def _listed(self, u: Unit) -> list[mf.ManifestFile] | None:
+    def _listed(self, u: Unit, same_inode: bool = False) -> list[mf.ManifestFile] | None:
+        """The unit's files as the ledger records them on the target; None when one is not there
+        in this version."""
         files = []
         for s in u.selected:
-            e = self.ledger.current(s.key, s.size, s.mtime_ns)
+            e = self.ledger.current(s.key, s.size, s.mtime_ns, s.ino if same_inode else 0)
             if e is None:
                 return None
             files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
