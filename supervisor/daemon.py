@@ -286,7 +286,7 @@ class Daemon:
             "ping": lambda a: {"pong": True, "version": __version__},
             "status": lambda a: self.status(),
             "start": lambda a: self._guarded(self.training.start),
-            "stop": lambda a: self._guarded(self.training.stop),
+            "stop": lambda a: self._guarded(self.training.stop, starts=False),
             "restart": lambda a: self._guarded(self.training.restart),
             "run": self._h_run,
             "sync": self._h_sync,
@@ -296,12 +296,14 @@ class Daemon:
         }
 
     @staticmethod
-    def _guarded(fn: Callable[[], Any]) -> Any:
+    def _guarded(fn: Callable[[], Any], starts: bool = True) -> Any:
         try:
             return fn()
         except TrainingError as e:
             raise RequestError(str(e)) from None
         except OSError as e:
+            if not starts:
+                raise  # "nothing was started" is only the starts' to say; a stop's OSError is a bug
             # a full disk is the owner's to fix, not a bug: say which file and why (the run's spec is
             # written before tmux is asked for anything, so nothing was started)
             why = str(e) if isinstance(e, StateWriteError) else f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")
