@@ -560,7 +560,7 @@ def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastPr
 
 
 def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Thresholds, conf: GuardConfig,
-              now: float, now_mono: float | None = None) -> dict:
+              now: float, now_mono: float) -> dict:
     """The `idle` and `stop` blocks of status --json."""
     proj = idle.projection(m, th, now)
     stop_at = proj["stop_at"]
@@ -572,8 +572,7 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
             "state": m.state.value,
             "mode": m.mode,
             "idle_since": m.idle_since if m.state != I.ACTIVE else None,
-            "idle_for_s": idle.idle_for(m, th, now_mono) if now_mono is not None else
-            (m.idle_s if m.state != I.ACTIVE else 0.0),
+            "idle_for_s": idle.idle_for(m, th, now_mono),
             "warn_at": proj["warn_at"],
             "stop_at": stop_at,
             "reasons": list(m.reasons),
