@@ -210,6 +210,7 @@ class SpotGuard:
             rec.outcome, rec.outcome_at = result, now
         log.warning("preemption_outcome", outcome=result, newest=rec.newest, newest_on_target=rec.newest_on_target,
                     made_it=len(rec.made_it), not_made=len(rec.not_made))
+        self._save(rec)  # the outcome is on disk before the mail: the next boot must not have to guess
         m = words.outcome(rec.noticed_at, rec.deadline, result, now, rec.newest, rec.newest_on_target,
                           rec.made_it, rec.not_made, self.sync.display)
         self.ctx.alerts.event(f"preemption_outcome:{int(rec.noticed_at)}", "preemption_outcome",

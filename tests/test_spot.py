@@ -177,6 +177,9 @@ def test_notice_alerts_uncapped_signals_the_training_and_sends_the_newest_first(
             assert t300 <= min(s3_server.chunk_times(f"{s3_prefix}/{old}/model.safetensors")), old
         wait_until(lambda: any("newest checkpoint checkpoint-500 is off the machine" in s
                                for s in rig.mailer.subjects()), 10, what="the outcome mail")
+        # the record is saved again once the mail is handed over (told): wait for that write
+        wait_until(lambda: json.loads((rig.state / "preemption.json").read_text()).get("told"), 10,
+                   what="the record saved as told")
         saved = json.loads((rig.state / "preemption.json").read_text())
         assert saved["provider"] == provider and saved["outcome"] == "synced" and saved["told"]
         assert rig.guard.status()["notice"]["newest"] == "checkpoint-500"
