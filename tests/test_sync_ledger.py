@@ -165,3 +165,36 @@ def test_journal_lines_are_json_objects(tmp_path):
     lg = Ledger(tmp_path, "t")
     assert lg.get("weird \"key\"\n/ü") == e(1)
     lg.close()
+
+
+def test_twin_finds_another_key_with_the_same_content_after_any_change(tmp_path):
+    """twin(): the key a server-side copy may come from. Only a key whose recorded content is
+    exactly this (sha256 and size), never the key being uploaded, and nothing once forgotten or
+    replaced; the same after a reopen (journal replay) and after compaction (snapshot)."""
+    lg = Ledger(tmp_path, "s3://b/p@aws")
+    tok = Entry(size=300_000, mtime_ns=1, sha256="a" * 64, etag="0" * 32, src="/w/1/tokenizer.json", at=1.0)
+    lg.done("checkpoint-1/tokenizer.json", tok)
+    assert lg.twin("a" * 64, 300_000, besides="checkpoint-2/tokenizer.json") == ("checkpoint-1/tokenizer.json", tok)
+    assert lg.twin("a" * 64, 300_000, besides="checkpoint-1/tokenizer.json") is None  # itself
+    assert lg.twin("a" * 64, 299_999, besides="x") is None  # same hash, other size: not the same content
+    assert lg.twin("b" * 64, 300_000, besides="x") is None
+    lg.done("checkpoint-2/tokenizer.json", tok)
+    assert lg.twin("a" * 64, 300_000, besides="x")[0] == "checkpoint-2/tokenizer.json"  # the newest holder
+    lg.forget("checkpoint-1/tokenizer.json")  # keep_last deleted the oldest
+    assert lg.twin("a" * 64, 300_000, besides="x")[0] == "checkpoint-2/tokenizer.json"
+    lg.done("checkpoint-1/tokenizer.json", tok)
+    lg.forget("checkpoint-1/tokenizer.json")  # the newest holder gone: the other one still is
+    assert lg.twin("a" * 64, 300_000, besides="x")[0] == "checkpoint-2/tokenizer.json"
+    lg.forget("checkpoint-2/tokenizer.json")
+    assert lg.twin("a" * 64, 300_000, besides="x") is None
+    lg.done("checkpoint-1/tokenizer.json", tok)
+    lg.done("checkpoint-1/tokenizer.json", Entry(300_000, 2, "c" * 64, "1" * 32, "/w/1/tokenizer.json", 2.0))
+    assert lg.twin("a" * 64, 300_000, besides="x") is None  # the only holder now has other bytes
+    assert lg.twin("c" * 64, 300_000, besides="x")[0] == "checkpoint-1/tokenizer.json"
+    lg.close()
+    for step in ("reopened", "compacted"):
+        lg = Ledger(tmp_path, "s3://b/p@aws")
+        assert lg.twin("c" * 64, 300_000, besides="x")[0] == "checkpoint-1/tokenizer.json", step
+        assert lg.twin("a" * 64, 300_000, besides="x") is None, step
+        lg.compact()
+        lg.close()

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # stdout: the result
 
     _log.on_first_use = setup_logging
+    _log.min_level = _log.LEVELS.get(str(args.log_level or cfg.log_level).lower(), 0)
     clock = SystemClock()
     alerts = None  # a one-shot run is over long before `fail_alert_after`: its failure is its exit status
     if args.serve:

@@ -10,6 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 on_first_use: Callable[[], None] | None = None  # __main__ sets this to configure logging
+# __main__ sets this from the config too: until structlog is loaded, a call below it is dropped
+# here (a one-shot run at "warning" then never imports structlog for its info lines)
+min_level = 0
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "exception": 40, "critical": 50}
+
+
+def _drop(*_a: Any, **_k: Any) -> None:
+    return None
 
 
 class LazyLogger:
@@ -19,6 +27,8 @@ class LazyLogger:
 
     def __getattr__(self, item: str) -> Any:
         if self._log is None:
+            if LEVELS.get(item, 100) < min_level:
+                return _drop
             global on_first_use
             hook, on_first_use = on_first_use, None
             if hook is not None:

@@ -85,6 +85,7 @@ class Ledger:
         self.files: dict[str, Entry] = {}
         self.inflight: dict[str, dict] = {}
         self.manifests: dict[str, dict] = {}
+        self._content: dict[tuple[str, int], str] | None = None  # (sha256, size) -> key; built on first twin()
         self.gen = 0
         self.skipped_lines = 0
         self._lines = 0
@@ -114,6 +115,18 @@ class Ledger:
         with self._lock:
             v = self.inflight.get(key)
             return json.loads(json.dumps(v)) if v is not None else None
+
+    def twin(self, sha256: str, size: int, besides: str) -> tuple[str, Entry] | None:
+        """A key other than `besides` whose verified content on the target has this sha256 and
+        size (the same tokenizer.json in every checkpoint), with its entry; None if there is none."""
+        with self._lock:
+            if self._content is None:
+                self._content = {(e.sha256, e.size): k for k, e in self.files.items() if e.sha256}
+            k = self._content.get((sha256, size))
+            if k is None or k == besides:
+                return None
+            e = self.files.get(k)
+            return (k, e) if e is not None and e.sha256 == sha256 and e.size == size else None
 
     def manifest(self, unit_key: str) -> dict | None:
         with self._lock:
@@ -225,10 +238,20 @@ class Ledger:
             self.files[rec["k"]] = e
             self._bytes += e.size
             self.inflight.pop(rec["k"], None)
+            if self._content is not None and e.sha256:
+                self._content[(e.sha256, e.size)] = rec["k"]
         elif op == "forget":
             old = self.files.pop(rec["k"], None)
             if old is not None:
                 self._bytes -= old.size
+                ck = (old.sha256, old.size)
+                if self._content is not None and self._content.get(ck) == rec["k"]:
+                    # the newest holder is gone (rare: keep_last deletes the oldest): any other one
+                    other = next((k for k, e in self.files.items() if (e.sha256, e.size) == ck), None)
+                    if other is None:
+                        del self._content[ck]
+                    else:
+                        self._content[ck] = other
             self.inflight.pop(rec["k"], None)
         elif op == "man":
             m = {"digest": rec["d"], "at": float(rec.get("at", 0))}

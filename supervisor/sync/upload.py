@@ -305,6 +305,10 @@ class _Sink:
     def in_flight(self, key: str) -> dict | None:
         return self.up.ledger.in_flight(key)
 
+    def twin(self, f: LocalFile, sha256: str) -> tuple[str, str] | None:
+        t = self.up.ledger.twin(sha256, f.size, besides=f.key)
+        return (t[0], t[1].etag) if t is not None else None
+
     def cancelled(self) -> bool:
         return self.up.closing.is_set()
 

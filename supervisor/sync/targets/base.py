@@ -85,6 +85,11 @@ class UploadSink(Protocol):
     def in_flight(self, key: str) -> dict | None:
         """What the ledger knows of an interrupted upload of key (begin info and parts)."""
 
+    def twin(self, f: LocalFile, sha256: str) -> tuple[str, str] | None:
+        """Another key the target verifiably holds with exactly f's content (this sha256, f's
+        size), and the fingerprint (ETag) recorded for it; None when there is none. Optional:
+        a target that can copy on the server side asks, others never do."""
+
     def cancelled(self) -> bool:
         """Stop soon (the engine is closing)."""
 

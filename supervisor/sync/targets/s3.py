@@ -25,6 +25,7 @@ import base64
 import hashlib
 import math
 import os
+import re
 import struct
 import threading
 import zlib
@@ -56,6 +57,8 @@ log = get_logger("sync.s3")
 MAX_PARTS = 10000
 HASH_CHUNK = 8 << 20
 BUFFER_MAX = 8 << 20  # a single PUT up to this is read into memory whole; above, streamed
+COPY_MIN = 256 << 10  # below this a copy request saves too little over the PUT it replaces
+_MD5_HEX = re.compile(r"[0-9a-f]{32}")
 _AUTH_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                "ExpiredToken", "AuthorizationHeaderMalformed"}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -104,7 +107,9 @@ class S3Target:
         self._pool: ThreadPoolExecutor | None = None
         self._files: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._prep_lock = threading.Lock()
         self._preparing = False
+        self._copies = True  # server-side copies of content the target holds; off once refused
 
     # --- plumbing -------------------------------------------------------------------------------
     def client(self) -> Any:
@@ -119,7 +124,9 @@ class S3Target:
     def prepare(self) -> None:
         """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
         second) while the scan still runs; the first request then finds it ready."""
-        with self._lock:
+        # not self._lock: client() holds it while the client is built, and the scan calling
+        # this for every unit must not wait for that
+        with self._prep_lock:
             if self._client is not None or self._preparing:
                 return
             self._preparing = True
@@ -263,6 +270,10 @@ class S3Target:
             if held is not None:
                 log.info("s3_adopted", key=key, why="finished before a crash")
                 return Uploaded(sha or self._hash_only(fd, f, sink), held, 0)
+        if sha is not None and f.size >= COPY_MIN and self._copies:
+            copied = self._copy_twin(f, key, sha, cs, sink)
+            if copied is not None:
+                return copied
         sink.begin(f, {"mode": "put"})
         if self.limiter and isinstance(body, bytes):
             self.limiter.take(len(body))  # a _FileBody takes its share as it is read
@@ -282,6 +293,45 @@ class S3Target:
         sink.progress(f, f.size)
         assert sha is not None
         return Uploaded(sha, etag, f.size)
+
+    def _copy_twin(self, f: LocalFile, key: str, sha: str, cs: str, sink: UploadSink) -> Uploaded | None:
+        """The target already holds these exact bytes under another key (the same tokenizer.json
+        in every checkpoint): a server-side copy sends none of them. Accepted only when the
+        store's own fingerprint of the copy proves the content: the CRC32 it computed equal to
+        ours, or (a store that returns none) its MD5 ETag equal to the one it gave the source
+        when the source was verified, whose sha256 is this file's. No twin, a copy refused (a
+        key allowed PutObject but not GetObject), a source gone, a fingerprint that differs:
+        the caller PUTs the bytes instead."""
+        twin = getattr(sink, "twin", None)
+        found = twin(f, sha) if twin is not None else None
+        if found is None:
+            return None
+        src, src_etag = found
+        if not self.crc:
+            want = base64.b64decode(cs).hex()  # the MD5 of our bytes
+        elif _MD5_HEX.fullmatch(src_etag):
+            want = src_etag
+        else:
+            return None  # a multipart or encrypted source's ETag is no MD5: it would prove nothing
+        sink.begin(f, {"mode": "copy"})
+        extra = {"ChecksumAlgorithm": "CRC32"} if self.crc else {}
+        try:
+            resp = self._call("copy_object", Bucket=self.bucket, Key=key,
+                              CopySource={"Bucket": self.bucket, "Key": self._key(src)}, **extra)
+        except _NotFound:
+            return None  # keep_last (or someone) deleted the source meanwhile
+        except TargetError as e:
+            self._copies = False
+            log.info("s3_copy_refused", key=key, error=str(e), note="sending the bytes; no more copies this run")
+            return None
+        res = resp.get("CopyObjectResult") or {}
+        etag, crc = _etag(res.get("ETag")), res.get("ChecksumCRC32")
+        if (crc == cs) if (self.crc and crc) else (etag == want):
+            sink.progress(f, 0)
+            return Uploaded(sha, etag, 0)
+        log.warning("s3_copy_mismatch", key=key, source=src, etag=etag, expected=want, checksum=crc,
+                    note="sending the bytes instead")
+        return None
 
     def _checksum_file(self, fd: int, f: LocalFile) -> str:
         """The request checksum of a whole file, read in HASH_CHUNK pieces."""
