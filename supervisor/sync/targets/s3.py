@@ -191,8 +191,10 @@ class S3Target:
             if code in ("NoSuchUpload", "NoSuchKey", "404", "NotFound"):
                 raise _NotFound(code) from None
             msg = err.get("Message", "") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-            hint = " (check the credentials and the bucket's permissions)" if code in _AUTH_CODES else ""
-            raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}{hint}".strip()) from None
+            if code in _AUTH_CODES:
+                raise _Refused(f"S3 {op} {kw.get('Key', '')}: {code}: {msg} (check the credentials and the "
+                               "bucket's permissions)".strip()) from None
+            raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}".strip()) from None
         except BotoCoreError as e:
             raise TargetError(f"S3 {op}: {e}") from None
 
@@ -320,9 +322,12 @@ class S3Target:
                               CopySource={"Bucket": self.bucket, "Key": self._key(src)}, **extra)
         except _NotFound:
             return None  # keep_last (or someone) deleted the source meanwhile
-        except TargetError as e:
-            self._copies = False
+        except _Refused as e:
+            self._copies = False  # a permission does not come back by itself: not tried again this run
             log.info("s3_copy_refused", key=key, error=str(e), note="sending the bytes; no more copies this run")
+            return None
+        except TargetError as e:
+            log.info("s3_copy_failed", key=key, error=str(e), note="sending the bytes")
             return None
         res = resp.get("CopyObjectResult") or {}
         etag, crc = _etag(res.get("ETag")), res.get("ChecksumCRC32")
@@ -686,6 +691,10 @@ class _FileBody:
             self.seek(self._hashed)
             self.read(HASH_CHUNK)
         return self._h.hexdigest()
+
+
+class _Refused(TargetError):
+    """The store refused the request for its credentials or permissions (403 and the like)."""
 
 
 class _NotFound(Exception):
