@@ -187,6 +187,12 @@ def test_twin_finds_another_key_with_the_same_content_after_any_change(tmp_path)
     assert lg.twin("a" * 64, 300_000, besides="x")[0] == "checkpoint-2/tokenizer.json"
     lg.forget("checkpoint-2/tokenizer.json")
     assert lg.twin("a" * 64, 300_000, besides="x") is None
+    lg.done("checkpoint-3/tokenizer.json", tok)
+    lg.done("checkpoint-4/tokenizer.json", tok)
+    lg.done("checkpoint-4/tokenizer.json", Entry(300_000, 3, "d" * 64, "2" * 32, "/w/4/tokenizer.json", 3.0))
+    assert lg.twin("a" * 64, 300_000, besides="x")[0] == "checkpoint-3/tokenizer.json"  # the newest got new bytes
+    lg.forget("checkpoint-3/tokenizer.json")
+    lg.forget("checkpoint-4/tokenizer.json")
     lg.done("checkpoint-1/tokenizer.json", tok)
     lg.done("checkpoint-1/tokenizer.json", Entry(300_000, 2, "c" * 64, "1" * 32, "/w/1/tokenizer.json", 2.0))
     assert lg.twin("a" * 64, 300_000, besides="x") is None  # the only holder now has other bytes

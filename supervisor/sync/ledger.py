@@ -233,9 +233,10 @@ class Ledger:
         elif op == "done":
             e = Entry.unpack(rec["e"])
             old = self.files.get(rec["k"])
+            self.files[rec["k"]] = e
             if old is not None:
                 self._bytes -= old.size
-            self.files[rec["k"]] = e
+                self._unindex(rec["k"], old)
             self._bytes += e.size
             self.inflight.pop(rec["k"], None)
             if self._content is not None and e.sha256:
@@ -244,14 +245,7 @@ class Ledger:
             old = self.files.pop(rec["k"], None)
             if old is not None:
                 self._bytes -= old.size
-                ck = (old.sha256, old.size)
-                if self._content is not None and self._content.get(ck) == rec["k"]:
-                    # the newest holder is gone (rare: keep_last deletes the oldest): any other one
-                    other = next((k for k, e in self.files.items() if (e.sha256, e.size) == ck), None)
-                    if other is None:
-                        del self._content[ck]
-                    else:
-                        self._content[ck] = other
+                self._unindex(rec["k"], old)
             self.inflight.pop(rec["k"], None)
         elif op == "man":
             m = {"digest": rec["d"], "at": float(rec.get("at", 0))}
@@ -264,6 +258,19 @@ class Ledger:
             pass
         else:
             raise ValueError(f"unknown ledger op {op!r}")
+
+    def _unindex(self, key: str, old: Entry) -> None:
+        """`key` no longer holds old's content (forgotten, or replaced by another version): when it
+        was that content's holder in the twin index, another holder takes its place, if any (rare:
+        keep_last deletes the oldest, and the index names the newest)."""
+        ck = (old.sha256, old.size)
+        if self._content is None or self._content.get(ck) != key:
+            return
+        other = next((k for k, e in self.files.items() if k != key and (e.sha256, e.size) == ck), None)
+        if other is None:
+            del self._content[ck]
+        else:
+            self._content[ck] = other
 
     def _append(self, rec: dict) -> None:
         line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()

@@ -332,8 +332,7 @@ class S3Target:
         res = resp.get("CopyObjectResult") or {}
         etag, crc = _etag(res.get("ETag")), res.get("ChecksumCRC32")
         if (crc == cs) if (self.crc and crc) else (etag == want):
-            sink.progress(f, 0)
-            return Uploaded(sha, etag, 0)
+            return Uploaded(sha, etag, 0)  # no bytes went out: no progress to report
         log.warning("s3_copy_mismatch", key=key, source=src, etag=etag, expected=want, checksum=crc,
                     note="sending the bytes instead")
         return None
