@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Config, ConfigError, load, parse
-from .control import ClientError, RequestError, request
-from .render import render_alerts, render_status
+from supervisor.config import Config, ConfigError, load, parse
+from supervisor.control import ClientError, RequestError, request
+from supervisor.render import render_alerts, render_status
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -52,7 +52,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_status_hosts(args: argparse.Namespace) -> int:
     """Many machines: `status --json` on each over ssh, one line per machine. Exit 0 when every
     machine answered, 4 when any did not."""
-    from .fleet import Host, parse_hosts_file, query_hosts, render_hosts
+    from supervisor.fleet.hosts import Host, parse_hosts_file, query_hosts, render_hosts
 
     hosts = [Host(h) if not args.remote_command else Host(h, args.remote_command) for h in args.host or []]
     if args.hosts_file:
@@ -80,7 +80,7 @@ def cmd_status_hosts(args: argparse.Namespace) -> int:
 def cmd_idle_check(args: argparse.Namespace) -> int:
     """For SkyPilot, dstack or any scheduler: exit 0 idle (and for how long), 1 active; any other
     exit (2 no verdict, 4 daemon unreachable, ...) must be treated as active."""
-    from .fleet import VerdictError, idle_verdict, verdict_text
+    from supervisor.fleet.hosts import VerdictError, idle_verdict, verdict_text
 
     try:
         v = idle_verdict(_req(args, "status"))
@@ -249,7 +249,7 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from .config import resolve_path
+    from supervisor.config import resolve_path
 
     path = args.path or resolve_path(args.config)
     try:
@@ -280,7 +280,7 @@ def _channel_problems(cfg: Config) -> list[str]:
     an unreadable urls_file (Apprise is imported only when URLs are configured)."""
     if not (cfg.notify.urls or cfg.notify.urls_file):
         return []
-    from .channels import build_channels
+    from supervisor.wiring import build_channels
 
     _, problems = build_channels(cfg)
     return problems

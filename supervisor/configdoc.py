@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from . import config as C
+from supervisor import config as C
 
 KEY_LINE = re.compile(r"^#?([a-z0-9_]+) = (.+)$")
 SECTION_LINE = re.compile(r"^#?\[([a-z_]+)\]$")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .alerts import Alerts
-from .clock import Clock
-from .config import Config
-from .statefile import StateStore
+from supervisor.clock import Clock
+from supervisor.config import Config
+from supervisor.statefile import StateStore
+
+if TYPE_CHECKING:  # the notify wing sits above the core: a type only, never an import at run time
+    from supervisor.notify.alerts import Alerts
 
 
 @dataclass

@@ -29,7 +29,8 @@ from typing import Any
 
 import structlog
 
-from .redact import redact, redact_obj
+from supervisor.interfaces import RequestError
+from supervisor.redact import redact, redact_obj
 
 log = structlog.get_logger("control")
 
@@ -38,10 +39,6 @@ READ_TIMEOUT = 5.0
 MAX_CONNECTIONS = 32
 
 Handler = Callable[[dict], Any]
-
-
-class RequestError(Exception):
-    """A request that is understood but cannot be done; its message goes back to the client."""
 
 
 @dataclass(frozen=True)

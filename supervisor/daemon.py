@@ -23,19 +23,19 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from . import __version__
-from .alerts import Alerts
-from .clock import Clock, SystemClock
-from .config import Config, ConfigError, load
-from .context import Context
-from .control import ControlServer, RequestError
-from .durations import parse_duration
-from .interfaces import TrainingInfo
-from .logging_setup import configure
-from .notify import notify, watchdog_interval
-from .statefile import Reserve, StateStore, StateWriteError, secure_state_dir
-from .states import TRAINING_ALIVE, TrainingState
-from .training import Training, TrainingError, command_line
+from supervisor import __version__
+from supervisor.clock import Clock, SystemClock
+from supervisor.config import Config, ConfigError, load
+from supervisor.context import Context
+from supervisor.control import ControlServer, RequestError
+from supervisor.durations import parse_duration
+from supervisor.interfaces import TrainingInfo
+from supervisor.logging_setup import configure
+from supervisor.notify.alerts import Alerts
+from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
+from supervisor.states import TRAINING_ALIVE, TrainingState
+from supervisor.systemd_notify import notify, watchdog_interval
+from supervisor.training.job import Training, TrainingError, command_line
 
 log = structlog.get_logger("daemon")
 
@@ -58,9 +58,9 @@ class Daemon:
         # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
         self.reserve = Reserve(cfg.state_dir).register()
         self.reserve.arm()
-        from .channels import build_channels
-        from .metrics import MetricsDuty
-        from .webhook import facts_for
+        from supervisor.fleet.metrics import MetricsDuty
+        from supervisor.notify.webhook import facts_for
+        from supervisor.wiring import build_channels
 
         hostname = cfg.hostname or socket.gethostname()
         self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time)
@@ -71,12 +71,12 @@ class Daemon:
         self.ctx = Context(cfg, self.clock, self.store, self.alerts)
         self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end)
 
-        from .gpu import GpuMonitor
-        from .hostcheck import HostCheck
-        from .logfollow import LogFollower
-        from .oom import OomDetector
-        from .sync.engine import SyncEngine
-        from .tracker import ProgressTracker
+        from supervisor.gpu.hostcheck import HostCheck
+        from supervisor.gpu.monitor import GpuMonitor
+        from supervisor.gpu.oom import OomDetector
+        from supervisor.progress.tracker import ProgressTracker
+        from supervisor.sync.engine import SyncEngine
+        from supervisor.training.logfollow import LogFollower
 
         self.gpu = GpuMonitor(self.ctx, training=self.training, keep_window_s=cfg.idle.gpu_window)
         self.sync = SyncEngine.from_config(cfg, self.clock, self.alerts)
@@ -89,13 +89,13 @@ class Daemon:
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         self.hostcheck = HostCheck(self.ctx, disk_paths)
 
-        from .guard import IdleGuard
-        from .stallwatch import StallWatch
+        from supervisor.idle.guard import IdleGuard
+        from supervisor.progress.stallwatch import StallWatch
 
         self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
         self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
 
-        from .spot_run import SpotGuard
+        from supervisor.spot.guard import SpotGuard
 
         self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
 
@@ -168,7 +168,7 @@ class Daemon:
         return box.get("st") or self.metrics.last_status
 
     def _scan_orchestrator(self) -> None:
-        from .orchestrator import scan
+        from supervisor.idle.orchestrator import scan
 
         found = scan(self.cfg.training.env)
         if found and found != self.orchestrator:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .states import TrainingState
+from supervisor.states import TrainingState
 
 
 @dataclass(frozen=True)
 class TrainingInfo:
-    """A snapshot of the training job (from supervisor.training)."""
+    """A snapshot of the training job (from supervisor.training.job)."""
 
     state: TrainingState
     pid: int | None = None            # the job's shell inside tmux (host PID)
@@ -89,3 +89,8 @@ class LineListener(Protocol):
     def reset(self, now: float) -> None:
         """A new run started (or the log was truncated): forget per-run state."""
         ...
+
+
+class RequestError(Exception):
+    """A control-socket request that is understood but cannot be done; its message goes back to the
+    client. Here, not in control.py, so a wing that answers a request never imports the server."""

@@ -7,7 +7,7 @@ import sys
 
 import structlog
 
-from .redact import redact_obj
+from supervisor.redact import redact_obj
 
 
 def _redact(logger: object, method: str, event: dict) -> dict:

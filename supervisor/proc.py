@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+from collections.abc import Iterable
 
 import psutil
 
@@ -108,3 +109,50 @@ def descendants(pid: int) -> set[int] | None:
                     out.add(k)
                     todo.append(k)
     return out
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """(start time since boot, user + system CPU seconds) of `pid` from one read of /proc/PID/stat
+    (psutil's Process + cpu_times read it twice, and /proc/stat for the boot time); None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        rest = raw[raw.rfind(b")") + 2:].split()  # state ppid ... utime(14) stime(15) ... starttime(22)
+        return int(rest[19]) / _TICKS, (int(rest[11]) + int(rest[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class CpuProbe:
+    """The training's process tree used at least `threshold` % of one core since the last poll: a
+    process waiting on nothing uses none, a tokenizer or a data pipeline at work uses a core or more."""
+
+    def __init__(self) -> None:
+        self._prev: dict[int, tuple[float, float]] = {}
+        self._prev_mono: float | None = None
+        self.figure = ""
+
+    def probe(self, pids: Iterable[int], now_mono: float, threshold: float) -> tuple[bool, str]:
+        cur: dict[int, tuple[float, float]] = {}
+        for pid in pids:
+            if (got := _cpu_seconds(pid)) is not None:
+                cur[pid] = got
+        prev, prev_mono = self._prev, self._prev_mono
+        self._prev, self._prev_mono = cur, now_mono
+        self.figure = ""
+        if prev_mono is None or now_mono - prev_mono <= 0:
+            return False, "training cpu: measuring"
+        used = 0.0
+        for pid, (ctime, total) in cur.items():
+            before = prev.get(pid)
+            # a process new since the last poll is skipped: its earlier CPU time is not from now
+            if before is not None and abs(before[0] - ctime) < 1.0:
+                used += max(0.0, total - before[1])
+        pct = 100.0 * used / (now_mono - prev_mono)
+        self.figure = f"CPU {pct:.0f}%"
+        if pct >= threshold:
+            return True, f"training cpu: {pct:.0f}% of a core"
+        return False, f"training cpu: {pct:.0f}% of a core (below {threshold:g}%)"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .durations import format_bytes, format_duration, format_hms
-from .mails import describe_exit
-from .mails.progress import money, steps_rate
-from .timefmt import clock as _clock
-from .timefmt import hm, stamp
+from supervisor.durations import format_bytes, format_duration, format_hms
+from supervisor.notify.mails import describe_exit
+from supervisor.notify.mails.progress import money, steps_rate
+from supervisor.timefmt import clock as _clock
+from supervisor.timefmt import hm, stamp
 
 
 def training_line(st: dict) -> str:

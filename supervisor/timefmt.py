@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .durations import format_duration
+from supervisor.durations import format_duration
 
 
 def _local(t: float) -> dt.datetime:

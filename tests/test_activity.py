@@ -13,8 +13,16 @@ import uuid
 import pytest
 import structlog
 
-from supervisor import activity
-from supervisor.activity import CpuProbe, GpuProbe, JupyterProbe, OutputProbe, probe_ssh, probe_tmux, safe
+from supervisor.idle import activity
+from supervisor.idle.activity import (
+    CpuProbe,
+    GpuProbe,
+    JupyterProbe,
+    OutputProbe,
+    probe_ssh,
+    probe_tmux,
+    safe,
+)
 from tests.fixtures.smtp import free_port
 from tests.waiting import wait_until
 
@@ -286,7 +294,7 @@ def test_gpu_unknown_while_training_runs_is_busy_but_not_forever():
 
 
 def test_gpu_probe_through_the_real_monitor_and_fake_nvml(fake_nvml, tmp_path, clock):
-    from supervisor.gpu import GpuMonitor
+    from supervisor.gpu.monitor import GpuMonitor
     from tests.fixtures.nvml import gpu, make_ctx
 
     ctx = make_ctx(tmp_path, clock, {"gpu": {"nvml_library": fake_nvml.lib_path, "poll_interval": "5s"}})

@@ -13,7 +13,10 @@ import structlog.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.alerts import (
+from supervisor.clock import FakeClock
+from supervisor.config import AlertsConfig, from_dict
+from supervisor.logging_setup import configure
+from supervisor.notify.alerts import (
     OUTBOX_MAX,
     STALE_AFTER_RESTART,
     UNCAPPED_KINDS,
@@ -26,10 +29,7 @@ from supervisor.alerts import (
     queue,
     sanitize_subject,
 )
-from supervisor.clock import FakeClock
-from supervisor.config import AlertsConfig, from_dict
-from supervisor.logging_setup import configure
-from supervisor.mailer import SmtpMailer
+from supervisor.notify.mail import SmtpMailer
 
 CFG = AlertsConfig(first_delay=10.0, repeat_interval=3600.0, max_per_hour=3, retry_interval=60.0)
 PASSWORD = "s3cr3t-smtp-pa55word"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from supervisor.fleet import (
+from supervisor.fleet.hosts import (
     DEFAULT_REMOTE,
     Host,
     HostResult,
@@ -25,7 +25,7 @@ from supervisor.fleet import (
     ssh_argv,
     verdict_text,
 )
-from supervisor.orchestrator import detect
+from supervisor.idle.orchestrator import detect
 from tests.fixtures.daemon import REPO
 from tests.waiting import wait_until
 
@@ -215,7 +215,7 @@ def test_odd_figures_from_another_version_never_hide_the_other_lines():
     from hypothesis import given, settings
     from hypothesis import strategies as hs
 
-    from supervisor.fleet import render_hosts
+    from supervisor.fleet.hosts import render_hosts
 
     leaf = hs.none() | hs.booleans() | hs.integers() | hs.floats() | hs.text(max_size=5)
     anyj = hs.recursive(leaf, lambda k: hs.lists(k, max_size=3) | hs.dictionaries(hs.text(max_size=5), k, max_size=3),

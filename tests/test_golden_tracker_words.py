@@ -1,6 +1,6 @@
 """Golden texts: every mail and status line the progress tracker, the GPU monitor, the OOM detector,
 the host checks and the training's restart produce, pinned word for word before they move to the
-words package (supervisor.mails) and render.py.
+words package (supervisor.notify.mails) and render.py.
 
 Each text is compared with a file under tests/data/golden/tracker/. To accept a deliberate change of
 wording, run with GOLDEN_UPDATE=1 and review the diff of those files.
@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 
 from supervisor import config, render
-from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock
 from supervisor.context import Context
-from supervisor.gpu import GpuMonitor
-from supervisor.hostcheck import HostCheck
+from supervisor.gpu.hostcheck import HostCheck
+from supervisor.gpu.monitor import GpuMonitor
+from supervisor.gpu.nvml import GpuProcess, GpuSample, GpuSnapshot, XidEvent
+from supervisor.gpu.oom import EvidenceSources, OomDetector
 from supervisor.interfaces import TrainingInfo
-from supervisor.nvml import GpuProcess, GpuSample, GpuSnapshot, XidEvent
-from supervisor.oom import EvidenceSources, OomDetector
+from supervisor.notify.alerts import Alerts
+from supervisor.progress.tracker import ProgressTracker
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState
-from supervisor.tracker import ProgressTracker
 from tests.waiting import wait_until
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "tracker"
@@ -424,7 +424,7 @@ def test_disk_full_mail(tmp_path):
 def test_training_restarted_mail(tmp_path, monkeypatch):
     import subprocess
 
-    from supervisor.training import Training
+    from supervisor.training.job import Training
 
     monkeypatch.setenv("TRAIN_SUPERVISOR_NO_SCOPE", "1")
     clock = FakeClock()

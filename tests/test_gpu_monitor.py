@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from supervisor.gpu import GpuMonitor, gpu_dict
-from supervisor.nvml import GpuSample, NvmlProbe
+from supervisor.gpu.monitor import GpuMonitor, gpu_dict
+from supervisor.gpu.nvml import GpuSample, NvmlProbe
 from supervisor.render import gpu_line, gpu_lines, render_status
 from tests.fixtures.nvml import GIB, gpu, make_ctx
 
 
 class Training:
-    """A TrainingView: the job's process tree, as supervisor.training reports it."""
+    """A TrainingView: the job's process tree, as supervisor.training.job reports it."""
 
     def __init__(self, pids: set[int]):
         self._pids = pids
@@ -313,7 +313,7 @@ def test_direct_probe_injection(fake_nvml, tmp_path, clock):
 
 
 def test_crowded_gpu_line_is_summarised():
-    from supervisor.nvml import GpuProcess
+    from supervisor.gpu.nvml import GpuProcess
 
     g = GpuSample(0, "NVIDIA L4", "u", 50.0, 10 * GIB, 24 * GIB,
                   tuple(GpuProcess(100 + i, i * GIB) for i in range(6)))

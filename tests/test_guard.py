@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 
 from supervisor.control import RequestError
-from supervisor.guard import IdleGuard
+from supervisor.idle.guard import IdleGuard
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
-from supervisor.mailer import SmtpMailer
+from supervisor.notify.mail import SmtpMailer
 from supervisor.render import idle_lines
 from supervisor.states import TrainingState as T
 from tests.fixtures.idle import make_ctx

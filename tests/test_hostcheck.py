@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from supervisor.hostcheck import HostCheck
+from supervisor.gpu.hostcheck import HostCheck
 from tests.fixtures.nvml import GIB, make_ctx
 
 VM = namedtuple("VM", "total available")

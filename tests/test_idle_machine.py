@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.clock import FakeClock
-from supervisor.idle import (
+from supervisor.idle.machine import (
     AbortStop,
     BeginStop,
     IdleMachine,
@@ -437,7 +437,7 @@ def test_unusable_persisted_state_is_rejected_by_name(bad):
 
 
 def test_while_the_stop_interrupts_the_training_only_people_count(clock):
-    from supervisor.idle import people_only
+    from supervisor.idle.machine import people_only
 
     s = Signals((Signal("gpu", True, "gpu: 90% over 5m"), Signal("training", True, "training: stopping"),
                  Signal("ssh", False, "ssh: nobody logged in")), training_alive=True)

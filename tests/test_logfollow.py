@@ -8,7 +8,7 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.logfollow import LogFollower
+from supervisor.training.logfollow import LogFollower
 
 
 class Rec:

@@ -8,7 +8,7 @@ import traceback
 import pytest
 
 from supervisor.config import from_dict
-from supervisor.mailer import PASSWORD_ENV, MailError, SmtpMailer, build_mailer
+from supervisor.notify.mail import PASSWORD_ENV, MailError, SmtpMailer, build_mailer
 
 PASSWORD = "pa55-w0rd-that-must-never-leak"
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.config import ConfigError, from_dict, parse_listen
-from supervisor.metrics import (
+from supervisor.fleet.metrics import (
     CONTENT_TYPE,
     IDLE_STATES,
     MetricsDuty,

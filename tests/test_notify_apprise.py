@@ -11,12 +11,13 @@ import time
 import pytest
 import structlog
 
-from supervisor.alerts import Alerts, AlertState, Mail, due_mails, queue
-from supervisor.channels import build_channels, chat_text, scrub, url_secret_parts
 from supervisor.config import AlertsConfig, ConfigError, from_dict, redact_url, redacted
 from supervisor.logging_setup import configure
-from supervisor.mailer import SmtpMailer
-from supervisor.notify_apprise import AppriseChannel, check_urls
+from supervisor.notify.alerts import Alerts, AlertState, Mail, due_mails, queue
+from supervisor.notify.apprise import AppriseChannel, check_urls
+from supervisor.notify.channels import chat_text, scrub, url_secret_parts
+from supervisor.notify.mail import SmtpMailer
+from supervisor.wiring import build_channels
 from tests.fixtures.http_receiver import ntfy_reply
 from tests.waiting import wait_until
 

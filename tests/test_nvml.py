@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from supervisor.nvml import GpuProcess, NvmlProbe, Unknown, describe_init_error
+from supervisor.gpu.nvml import GpuProcess, NvmlProbe, Unknown, describe_init_error
 from tests.fixtures.nvml import GIB, H100_TOTAL, gpu
 
 
@@ -187,7 +187,7 @@ def test_system_library_missing():
 
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this machine has a real libnvidia-ml")
-    code = ("from supervisor.nvml import NvmlProbe; s = NvmlProbe('').sample(); "
+    code = ("from supervisor.gpu.nvml import NvmlProbe; s = NvmlProbe('').sample(); "
             "print(len(s.gpus)); print(s.error)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     n, err = r.stdout.strip().splitlines()[-2:]

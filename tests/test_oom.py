@@ -11,13 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.alerts import Alerts
 from supervisor.config import from_dict
 from supervisor.context import Context
-from supervisor.interfaces import TrainingInfo
-from supervisor.logfollow import LogFollower
-from supervisor.mailer import SmtpMailer
-from supervisor.oom import (
+from supervisor.gpu.oom import (
     CHILD_SIGKILL,
     CUDA_OOM,
     HOST_ALLOC,
@@ -27,8 +23,12 @@ from supervisor.oom import (
     OomDetector,
     classify,
 )
+from supervisor.interfaces import TrainingInfo
+from supervisor.notify.alerts import Alerts
+from supervisor.notify.mail import SmtpMailer
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState
+from supervisor.training.logfollow import LogFollower
 from tests.fixtures.nvml import make_ctx
 from tests.waiting import wait_until
 
@@ -362,7 +362,7 @@ def test_the_runners_banner_never_raises_an_oom_alert(tmp_path, clock):
     log_path = tmp_path / "train.log"
     spec = {"run_id": 1, "command": cmd, "log": str(log_path), "run_dir": str(run_dir), "shell": "/bin/sh"}
     (run_dir / "spec.json").write_text(json.dumps(spec))
-    r = subprocess.run([sys.executable, "-m", "supervisor.runner", str(run_dir / "spec.json")],
+    r = subprocess.run([sys.executable, "-m", "supervisor.training.runner", str(run_dir / "spec.json")],
                        capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
     text = log_path.read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from supervisor.preemption import (
+from supervisor.spot.notices import (
     MetadataWatcher,
     parse_azure_events,
     parse_ec2_action,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.progress import MAX_LINE, Observation, parse_line, parse_trainer_state
+from supervisor.progress.parse import MAX_LINE, Observation, parse_line, parse_trainer_state
 
 DATA = Path(__file__).parent / "data" / "progress"
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.rate import (
+from supervisor.progress.rate import (
     MIN_SPAN_S,
     Sample,
     Series,

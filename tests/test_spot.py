@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.alerts import Severity
-from supervisor.mails import preemption as words
-from supervisor.spot import (
+from supervisor.notify.alerts import Severity
+from supervisor.notify.mails import preemption as words
+from supervisor.spot.decide import (
     Holding,
     NoticeRecord,
     container_host,
@@ -295,11 +295,11 @@ def _plain_stop(d) -> None:
 
 
 def test_a_damaged_record_is_set_aside_and_named(tmp_path):
-    from supervisor.alerts import Alerts
     from supervisor.clock import FakeClock
     from supervisor.config import from_dict
     from supervisor.context import Context
-    from supervisor.spot_run import SpotGuard
+    from supervisor.notify.alerts import Alerts
+    from supervisor.spot.guard import SpotGuard
     from supervisor.statefile import StateStore
 
     cfg = from_dict({"state_dir": str(tmp_path), "preemption": {"watch": ["none"]}})
@@ -316,11 +316,11 @@ def test_a_damaged_record_is_set_aside_and_named(tmp_path):
 
 
 def test_a_daemon_restarted_mid_notice_on_the_same_boot_goes_on_with_it(tmp_path):
-    from supervisor.alerts import Alerts
     from supervisor.clock import FakeClock
     from supervisor.config import SyncConfig, from_dict
     from supervisor.context import Context
-    from supervisor.spot_run import SpotGuard
+    from supervisor.notify.alerts import Alerts
+    from supervisor.spot.guard import SpotGuard
     from supervisor.statefile import StateStore
     from supervisor.sync.engine import SyncEngine
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor import stacks, stall
+from supervisor.progress import stacks, stall
 from tests.waiting import wait_until
 
 

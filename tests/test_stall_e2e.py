@@ -18,11 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import stacks
 from supervisor.clock import FakeClock
 from supervisor.config import from_dict
 from supervisor.daemon import DUTIES, Daemon
-from supervisor.metrics import exposition
+from supervisor.fleet.metrics import exposition
+from supervisor.progress import stacks
 from supervisor.render import progress_line
 from tests.fixtures.nvml import GIB, H100_TOTAL, gpu
 from tests.waiting import wait_until

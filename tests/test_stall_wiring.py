@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor import config, stall
+from supervisor import config
 from supervisor.clock import FakeClock
-from supervisor.mails import stall as words
-from supervisor.metrics import exposition
+from supervisor.fleet.metrics import exposition
+from supervisor.notify.mails import stall as words
+from supervisor.progress import stall
 from supervisor.render import progress_line
 from supervisor.states import TrainingState as T
 from tests.test_guard import FakeGpu, FakeProgress, FakeTraining, H

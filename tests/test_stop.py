@@ -15,9 +15,7 @@ import pytest
 
 from supervisor.clock import SystemClock
 from supervisor.config import from_dict
-from supervisor.interfaces import FinalSyncResult
-from supervisor.statefile import StateStore
-from supervisor.stop import (
+from supervisor.idle.stop import (
     StopActionError,
     StopSequence,
     ec2_stop,
@@ -25,6 +23,8 @@ from supervisor.stop import (
     may_act_without_sync,
     poweroff,
 )
+from supervisor.interfaces import FinalSyncResult
+from supervisor.statefile import StateStore
 from tests.fixtures.smtp import free_port
 from tests.waiting import wait_until
 
@@ -94,7 +94,7 @@ from supervisor.clock import SystemClock
 from supervisor.config import from_dict
 from supervisor.statefile import StateStore
 from supervisor.clock import SystemClock
-from supervisor.stop import StopSequence
+from supervisor.idle.stop import StopSequence
 cfg = from_dict({"state_dir": sys.argv[1], "stop": {"action": "command", "command": sys.argv[2]}})
 s = StopSequence(cfg.stop, StateStore(cfg.state_dir), SystemClock(), state_dir=cfg.state_dir)
 s.begin("boot-1", 1, "idle", 0.0)

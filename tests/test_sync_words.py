@@ -8,7 +8,7 @@ import time
 
 from supervisor import render
 from supervisor.clock import FakeClock
-from supervisor.mails import sync as mails_sync
+from supervisor.notify.mails import sync as mails_sync
 from supervisor.sync.engine import SyncEngine
 from supervisor.sync.policy import MANIFEST_NAME
 from tests.fixtures.sync_engine import ListMailer

@@ -16,13 +16,13 @@ from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from supervisor import config
-from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock
 from supervisor.context import Context
-from supervisor.progress import parse_trainer_state
+from supervisor.notify.alerts import Alerts
+from supervisor.progress.parse import parse_trainer_state
+from supervisor.progress.tracker import ProgressTracker
 from supervisor.render import progress_line
 from supervisor.statefile import StateStore
-from supervisor.tracker import ProgressTracker
 
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "tiny_trainer.py"
 CKPT_FILES = {"model.safetensors", "config.json", "training_args.bin", "optimizer.pt", "scheduler.pt",
@@ -208,7 +208,7 @@ def test_live_run_through_the_log_follower(tmp_path):
     """The demo's path in miniature: the job writes its log, the real LogFollower reads it, the
     status line shows a bar, the step, an ETA and the cost while it runs."""
     from supervisor.clock import SystemClock
-    from supervisor.logfollow import LogFollower
+    from supervisor.training.logfollow import LogFollower
     from tests.waiting import wait_until
 
     clock = SystemClock()

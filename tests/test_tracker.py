@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor import config
-from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock
 from supervisor.context import Context
+from supervisor.notify.alerts import Alerts
+from supervisor.progress.tracker import ProgressTracker
 from supervisor.render import progress_line
 from supervisor.statefile import StateStore
-from supervisor.tracker import ProgressTracker
 
 DATA = Path(__file__).parent / "data" / "progress"
 CONTRACT = {"step", "max_steps", "epoch", "loss", "tokens_per_s", "eta_s"}
@@ -36,7 +36,7 @@ class Outbox:
 
 
 class Gpu:
-    """Stands in for supervisor.gpu.GpuMonitor at its seam: peak memory and the status block."""
+    """Stands in for supervisor.gpu.monitor.GpuMonitor at its seam: peak memory and the status block."""
 
     def peak_mem_bytes(self):
         return 70 * GiB
@@ -322,7 +322,7 @@ def write_state(folder: Path, t: float, **doc) -> Path:
 
 
 def test_scan_newest_checkpoint_of_this_run(tmp_path, clock, monkeypatch):
-    import supervisor.tracker as tracker_mod
+    import supervisor.progress.tracker as tracker_mod
 
     tr, _, _ = make(tmp_path, clock)
     out = tmp_path / "out"

@@ -12,13 +12,13 @@ import sys
 import psutil
 import pytest
 
-from supervisor.alerts import Alerts
 from supervisor.clock import FakeClock, SystemClock
 from supervisor.config import from_dict
 from supervisor.context import Context
+from supervisor.notify.alerts import Alerts
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState as S
-from supervisor.training import Training, TrainingError
+from supervisor.training.job import Training, TrainingError
 from tests.fixtures.procs import kill_under
 from tests.waiting import wait_until
 
@@ -265,7 +265,7 @@ def _wrong_cases() -> list[tuple[str, object]]:
     import dataclasses
     import typing
 
-    from supervisor.training import TrainingDoc
+    from supervisor.training.job import TrainingDoc
 
     hints = typing.get_type_hints(TrainingDoc)
     cases = [(f.name, _wrong_value(hints[f.name])) for f in dataclasses.fields(TrainingDoc)]

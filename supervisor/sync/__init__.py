@@ -1,0 +1,13 @@
+"""The sync wing: every selected checkpoint and adapter off the machine, verified by content.
+
+Owns the engine (`engine`: watch, scan, upload, final sync), what is selected and when a folder is
+complete (`policy`, `complete`, `scan`, `scanner`), the persisted record of what the target holds
+(`ledger`, `manifest`), retries and health (`backoff`, `health`), and one target per kind of
+`sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
+`python -m supervisor.sync` is the one-shot CLI.
+
+Pure: `complete`, `backoff`, `retention`, `final`. Shell: everything else.
+May import: the core, notify, training. Imported by: the daemon.
+"""
+
+PURE = ("complete", "backoff", "retention", "final")

@@ -18,9 +18,9 @@ import signal
 import sys
 import threading
 
-from ..clock import SystemClock
-from ..config import ConfigError, load
-from . import _log
+from supervisor.clock import SystemClock
+from supervisor.config import ConfigError, load
+from supervisor.sync import _log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     def setup_logging() -> None:
         import structlog
 
-        from ..logging_setup import configure
+        from supervisor.logging_setup import configure
 
         configure(args.log_level or cfg.log_level, json=True)
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # stdout: the result
@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     clock = SystemClock()
     alerts = None  # a one-shot run is over long before `fail_alert_after`: its failure is its exit status
     if args.serve:
-        from ..alerts import Alerts
+        from supervisor.notify.alerts import Alerts
 
         alerts = Alerts(cfg.alerts, clock, cfg.state_dir)
-    from .engine import SyncEngine
+    from supervisor.sync.engine import SyncEngine
 
     engine = SyncEngine.from_config(cfg, clock, alerts)
     if engine.enabled and engine.ledger is None:

@@ -25,7 +25,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .policy import is_temp_name
+from supervisor.sync.policy import is_temp_name
 
 FUTURE_SKEW_S = 5.0  # mtimes further ahead than this are a clock problem, not activity
 CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")

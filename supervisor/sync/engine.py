@@ -13,7 +13,7 @@ to wait (the daemon calls them from a worker thread).
 
 This module is the shell. Decisions are pure (scan.py, complete.py, policy.py, retention.py,
 backoff.py, final.py); the scan's I/O is scanner.py, sending is upload.py, waiting callers are
-waiter.py, the status board is status.py, failing/recovering and its alert are health.py,
+waiter.py and answered by answers.py, the status board is status.py, failing/recovering and its alert are health.py,
 persisted truth is the ledger, words are mails/sync.py and render.sync_lines.
 
 Time: every decision reads the injected clock. The worker's own pacing (how long it sleeps, how
@@ -31,29 +31,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..clock import SystemClock
-from ..config import SyncConfig
-from ..durations import format_duration
-from ..interfaces import FinalSyncResult
-from ..states import SyncState
-from ..syncurl import parse_target
-from . import final
-from . import scan as sc
-from ._log import Once, get_logger
-from .final import FinalJob
-from .health import AlertSink, Health
-from .ledger import Ledger, LedgerBusy
-from .policy import Policy, hf_cache_roots, is_cache_dir
-from .scanner import Scanner
-from .status import Board
-from .targets import make_target, target_identity
-from .targets.base import Target, TargetError, describe
-from .upload import Uploader
-from .waiter import Ticket, Waiters
+from supervisor.clock import SystemClock
+from supervisor.config import SyncConfig
+from supervisor.interfaces import FinalSyncResult
+from supervisor.states import SyncState
+from supervisor.sync import scan as sc
+from supervisor.sync._log import Once, get_logger
+from supervisor.sync.answers import Answers
+from supervisor.sync.final import FinalJob
+from supervisor.sync.health import AlertSink, Health
+from supervisor.sync.ledger import Ledger, LedgerBusy
+from supervisor.sync.policy import Policy, hf_cache_roots, is_cache_dir
+from supervisor.sync.scanner import Scanner
+from supervisor.sync.status import Board
+from supervisor.sync.targets import make_target, target_identity
+from supervisor.sync.targets.base import Target, TargetError, describe
+from supervisor.sync.upload import Uploader
+from supervisor.sync.waiter import Waiters
+from supervisor.syncurl import parse_target
 
 if TYPE_CHECKING:
-    from ..clock import Clock
-    from ..config import Config
+    from supervisor.clock import Clock
+    from supervisor.config import Config
 
 log = get_logger("sync")
 
@@ -75,7 +74,7 @@ class _IdleJob:
     started_ok: int      # uploaded count when it began
 
 
-class SyncEngine:
+class SyncEngine(Answers):
     """Implements interfaces.SyncView; `start()` once.
 
     cfg: the [sync] section; state_dir: where the ledger lives; alerts: where "sync failing" goes
@@ -166,7 +165,7 @@ class SyncEngine:
         if not self.enabled or self._thread is not None:
             return
         if watch:
-            from .watch import FolderWatcher
+            from supervisor.sync.watch import FolderWatcher
 
             self._watcher = FolderWatcher(self._on_fs_event)
         self._thread = threading.Thread(target=self._run, name="sync-worker", daemon=True)
@@ -210,21 +209,6 @@ class SyncEngine:
         log.warning("sync_emergency", target=self.display)
         self.request_sync()
 
-    def holdings(self) -> list[dict]:
-        """Each folder unit of the last scan (checkpoint-N, adapters): complete here, and does the
-        target hold it whole? What a preemption notice reports as made off the machine or not."""
-        with self._lock:
-            units = [u for u in self._units.values() if u.kind == "dir" and u.selected and not u.retired]
-            up = self._up
-        out = []
-        for u in units:
-            newest = max((s.mtime_ns for s in u.selected), default=0)
-            out.append({"unit": u.label, "path": u.abspath, "complete": u.verdict.complete,
-                        "reason": u.verdict.reason, "on_target": bool(up and u.verdict.complete and up.synced(u)),
-                        "settling": not u.verdict.complete and u.verdict.ready_in is not None,
-                        "bytes": sum(s.size for s in u.selected), "mtime": newest / 1e9})
-        return sorted(out, key=lambda h: h["mtime"], reverse=True)
-
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every
         unit that was complete; ok=False with the error when that pass failed, or on timeout."""
@@ -247,16 +231,6 @@ class SyncEngine:
             t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
         self.start(watch=False)
         return self._idle_answer(t, timeout_s)
-
-    def _idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
-        r = self._idle_waits.wait(t, timeout_s)
-        if r is not None:
-            return r
-        with self._lock:
-            err = self.board.last_error
-            return self._result(False, t.spec.started_ok,
-                                error=f"timed out after {format_duration(timeout_s)}{': ' + err if err else ''}",
-                                unsynced=self._unsynced(None))
 
     def final_sync(self, paths: list[str], timeout_s: float) -> FinalSyncResult:
         """Upload everything the policy selects under `paths`, regardless of the quiet period,
@@ -488,86 +462,8 @@ class SyncEngine:
     def _note_error(self, error: str) -> None:
         self.board.error(error, self.clock.time())
 
-    # --- answering callers ------------------------------------------------------------------------
-    def _answer_all(self, error: str) -> None:
-        def answer(t: Ticket) -> FinalSyncResult:
-            with self._lock:
-                return self._result(False, t.spec.started_ok, error=error)
 
-        self._finals.close(answer)
-        self._idle_waits.close(answer)
 
-    def _answer_idle_waits(self, error: str | None, pass_id: int) -> None:
-        with self._lock:
-            tickets = [t for t in self._idle_waits.tickets() if pass_id >= t.spec.after_pass]
-            if not tickets:
-                return
-            if error is None:
-                assert self._up is not None
-                if sc.settling(self._units.values(), self._up.synced):
-                    return
-                error = "; ".join(sc.blocked(self._units.values(), self._up.synced)) or None
-            for t in tickets:
-                if error is not None:
-                    r = self._result(False, t.spec.started_ok, error=error, unsynced=self._unsynced(None))
-                else:
-                    r = self._result(True, t.spec.started_ok)
-                self._idle_waits.settle(t, r)
 
-    def _expire_finals(self) -> None:
-        now = self.clock.monotonic()
-        with self._lock:
-            for t in self._finals.tickets():
-                if now >= t.spec.deadline:
-                    why = self.board.last_error or "not all files on the target yet"
-                    self._finals.settle(t, self._result(False, t.spec.started_ok, error=f"final sync timed out: {why}",
-                                                        unsynced=self._unsynced(t.spec.paths)))
 
-    def _verify_finals(self) -> None:
-        """For each final sync whose folders are fully uploaded, ask the target itself; once it
-        holds everything, scan again, and answer ok only when that scan finds nothing new or
-        changed (a checkpoint completed while the final sync ran goes up too)."""
-        assert self.ledger is not None and self.target is not None and self._up is not None
-        with self._lock:
-            tickets = self._finals.tickets()
-            units = list(self._units.values())
-        for t in tickets:
-            j = t.spec
-            scope = sc.final_scope(units, j.paths)
-            if not final.uploaded(scope, self._up.synced):
-                continue  # still work to do (or failing); the next pass gets there
-            expected = final.expected(scope, self.ledger.current)
-            fp = final.fingerprint(scope)
-            if j.verified == fp:
-                with self._lock:
-                    sent = self.board.uploaded_session - j.started_ok
-                    self._finals.settle(t, final.verified(scope, expected, self.display, sent))
-                log.info("sync_final_verified", paths=j.paths, files=len(expected))
-                continue
-            manifests = final.manifest_units(scope)
-            try:
-                lost = self.target.missing({**expected, **final.manifest_keys(manifests)})
-            except TargetError as e:
-                self._failed(f"verifying final sync: {e}", e)
-                return
-            with self._lock:
-                self._requested = True  # send what was lost, or scan once more for what is new
-            if not lost:
-                j.verified = fp
-                continue
-            j.verify_rounds += 1
-            log.warning("sync_final_verify_lost", files=lost[:10], count=len(lost), round=j.verify_rounds)
-            final.forget_lost(self.ledger, lost, manifests)
-            if j.verify_rounds >= final.VERIFY_ROUNDS:
-                with self._lock:
-                    self._finals.settle(t, self._result(False, j.started_ok, unsynced=lost,
-                                                        error=f"target keeps losing files: {', '.join(lost[:5])}"))
 
-    def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None) -> FinalSyncResult:
-        files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
-        return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
-                               uploaded_files=self.board.uploaded_session - started_ok, error=error,
-                               unsynced=list(unsynced or []))
-
-    def _unsynced(self, scope: list[str] | None) -> list[str]:
-        return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []

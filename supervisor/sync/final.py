@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..interfaces import FinalSyncResult
-from .ledger import Entry, Ledger
-from .policy import MANIFEST_NAME
-from .scan import Unit, needs_manifest
-from .targets.base import join_key
+from supervisor.interfaces import FinalSyncResult
+from supervisor.sync.ledger import Entry, Ledger
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.scan import Unit, needs_manifest
+from supervisor.sync.targets.base import join_key
 
 VERIFY_ROUNDS = 3        # re-upload what the target lost at most this often
 

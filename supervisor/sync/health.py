@@ -11,15 +11,15 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Protocol
 
-from ..mails.sync import sync_failing, sync_refused
-from ..states import SyncState
-from ._log import get_logger
-from .backoff import Backoff
-from .status import Board
-from .targets.base import AccessDenied, RateLimited
+from supervisor.notify.mails.sync import sync_failing, sync_refused
+from supervisor.states import SyncState
+from supervisor.sync._log import get_logger
+from supervisor.sync.backoff import Backoff
+from supervisor.sync.status import Board
+from supervisor.sync.targets.base import AccessDenied, RateLimited
 
 if TYPE_CHECKING:
-    from ..clock import Clock
+    from supervisor.clock import Clock
 
 log = get_logger("sync")
 

@@ -23,9 +23,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..statefile import FULL, atomic_write, release_reserve, set_aside, write_all
-from ._log import get_logger
-from .targets.base import TargetError
+from supervisor.statefile import FULL, atomic_write, release_reserve, set_aside, write_all
+from supervisor.sync._log import get_logger
+from supervisor.sync.targets.base import TargetError
 
 log = get_logger("sync.ledger")
 

@@ -22,7 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .policy import MANIFEST_NAME
+from supervisor.sync.policy import MANIFEST_NAME
 
 FORMAT = "train-supervisor-manifest/1"
 

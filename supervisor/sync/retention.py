@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..checkpoints import checkpoint_step
+from supervisor.training.checkpoints import checkpoint_step
 
 
 def step_under(unit_key: str, prefix: str) -> int | None:

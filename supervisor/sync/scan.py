@@ -12,10 +12,10 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..durations import format_duration
-from .complete import FileObs, Verdict, damage_words, judge, needs_marker
-from .policy import ADAPTER_MARKER, Policy
-from .targets.base import join_key
+from supervisor.durations import format_duration
+from supervisor.sync.complete import FileObs, Verdict, damage_words, judge, needs_marker
+from supervisor.sync.policy import ADAPTER_MARKER, Policy
+from supervisor.sync.targets.base import join_key
 
 # current(key, size, mtime_ns): truthy when the target holds exactly that version (Ledger.current)
 Current = Callable[[str, int, int], object]

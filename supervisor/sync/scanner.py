@@ -8,11 +8,10 @@ import hashlib
 import os
 from collections.abc import Callable
 
-from ..checkpoints import checkpoint_step
-from . import retention
-from . import scan as sc
-from ._log import Once
-from .complete import (
+from supervisor.sync import retention
+from supervisor.sync import scan as sc
+from supervisor.sync._log import Once
+from supervisor.sync.complete import (
     MAX_JSON_CHECK,
     ZIP_LOCAL_MAGIC,
     ZIP_TAIL,
@@ -23,7 +22,8 @@ from .complete import (
     safetensors_whole,
     zip_whole,
 )
-from .policy import Policy
+from supervisor.sync.policy import Policy
+from supervisor.training.checkpoints import checkpoint_step
 
 
 class Scanner:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from ..states import SyncState, check_sync_move
-from .backoff import Backoff
-from .scan import Pending
+from supervisor.states import SyncState, check_sync_move
+from supervisor.sync.backoff import Backoff
+from supervisor.sync.scan import Pending
 
 RATE_WINDOW_S = 10.0   # the upload rate is measured over this much recent progress
 RATE_STALE_S = 5.0     # no progress for this long: the rate is 0 (while uploading) or unknown

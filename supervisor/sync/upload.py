@@ -13,16 +13,16 @@ import os
 import threading
 from collections.abc import Callable
 
-from ..checkpoints import checkpoint_step
-from ..clock import Clock
-from . import manifest as mf
-from . import retention
-from ._log import get_logger
-from .ledger import Entry, Ledger
-from .scan import Selected, Unit, batches, files_synced, needs_manifest
-from .scan import together as together_
-from .status import Board
-from .targets.base import LocalFile, SourceProblem, Target, UnitPut, Uploaded, put_units
+from supervisor.clock import Clock
+from supervisor.sync import manifest as mf
+from supervisor.sync import retention
+from supervisor.sync._log import get_logger
+from supervisor.sync.ledger import Entry, Ledger
+from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest
+from supervisor.sync.scan import together as together_
+from supervisor.sync.status import Board
+from supervisor.sync.targets.base import LocalFile, SourceProblem, Target, UnitPut, Uploaded, put_units
+from supervisor.training.checkpoints import checkpoint_step
 
 UNITS_PER_PUT = 32              # folders landed together at most (one commit on the Hub)
 BYTES_PER_PUT = 8 << 30         # ... and at most this much new content, so progress is committed often

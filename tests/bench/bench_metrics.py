@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from supervisor.config import from_dict  # noqa: E402
-from supervisor.metrics import exposition, write_textfile  # noqa: E402
+from supervisor.fleet.metrics import exposition, write_textfile  # noqa: E402
 from tests.fixtures.nvml import GIB, FakeNvml, FakeNvmlBuild, _compile, reset_pynvml  # noqa: E402
 
 POLL_S = 5.0

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...config import SyncConfig
-from ...syncurl import TargetURL
-from .base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
+from supervisor.config import SyncConfig
+from supervisor.sync.targets.base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
+from supervisor.syncurl import TargetURL
 
 __all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "UploadSink", "make_target",
            "target_identity"]
@@ -16,18 +16,18 @@ __all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "U
 
 def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path) -> Target:
     if url.kind == "s3":
-        from .s3 import S3Target
+        from supervisor.sync.targets.s3 import S3Target
 
         return S3Target(url, cfg)
     if url.kind == "hf":
-        from .hf import HfTarget
+        from supervisor.sync.targets.hf import HfTarget
 
         return HfTarget(url, cfg, Path(state_dir) / "sync" / "tmp")
     if url.kind == "rsync":
-        from .rsync import RsyncTarget
+        from supervisor.sync.targets.rsync import RsyncTarget
 
         return RsyncTarget(url, cfg, Path(state_dir) / "sync" / "tmp")
-    from .local import LocalTarget
+    from supervisor.sync.targets.local import LocalTarget
 
     return LocalTarget(url.path, cfg.bandwidth_limit)
 

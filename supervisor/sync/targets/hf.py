@@ -30,14 +30,22 @@ import json
 import os
 from pathlib import Path
 
-from ...config import SyncConfig
-from ...syncurl import TargetURL
-from ..policy import MANIFEST_NAME
-from .base import LocalFile, TargetError, UnitPut, UnitsPut, Uploaded, UploadSink, join_key
-from .hf_commit import Committer, NoSink, Plan, remote_etag
-from .hf_repo import HubRepo
-from .hf_rules import parse_trainer_state, unit_of, unit_summary
-from .hf_stage import Stager
+from supervisor.config import SyncConfig
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.targets.base import (
+    LocalFile,
+    TargetError,
+    UnitPut,
+    UnitsPut,
+    Uploaded,
+    UploadSink,
+    join_key,
+)
+from supervisor.sync.targets.hf_commit import Committer, NoSink, Plan, remote_etag
+from supervisor.sync.targets.hf_repo import HubRepo
+from supervisor.sync.targets.hf_rules import parse_trainer_state, unit_of, unit_summary
+from supervisor.sync.targets.hf_stage import Stager
+from supervisor.syncurl import TargetURL
 
 STATE_MAX = 32 << 20            # trainer_state.json read for commit messages only up to this size
 

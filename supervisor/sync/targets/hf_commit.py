@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._log import get_logger
-from ..policy import MANIFEST_NAME
-from .base import LocalFile, SourceProblem, TargetError, Uploaded, UploadSink, join_key
-from .hf_repo import HubRepo
-from .hf_rules import git_blob_id
-from .hf_stage import Staged
+from supervisor.sync._log import get_logger
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.targets.base import LocalFile, SourceProblem, TargetError, Uploaded, UploadSink, join_key
+from supervisor.sync.targets.hf_repo import HubRepo
+from supervisor.sync.targets.hf_rules import git_blob_id
+from supervisor.sync.targets.hf_stage import Staged
 
 log = get_logger("sync.hf")
 

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import __version__
-from ...config import SyncConfig
-from ...syncurl import TargetURL
-from .._log import get_logger
-from .base import AccessDenied, RateLimited, TargetError, join_key
-from .hf_rules import choose_upload_path, find_token, retry_after_s
+from supervisor import __version__
+from supervisor.config import SyncConfig
+from supervisor.sync._log import get_logger
+from supervisor.sync.targets.base import AccessDenied, RateLimited, TargetError, join_key
+from supervisor.sync.targets.hf_rules import choose_upload_path, find_token, retry_after_s
+from supervisor.syncurl import TargetURL
 
 log = get_logger("sync.hf")
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .base import AccessDenied
+from supervisor.sync.targets.base import AccessDenied
 
 
 def git_blob_id(data: bytes) -> str:

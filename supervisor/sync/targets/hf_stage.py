@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .._log import get_logger
-from .base import (
+from supervisor.sync._log import get_logger
+from supervisor.sync.targets.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -25,8 +25,8 @@ from .base import (
     pread_exact,
     sha256_fd,
 )
-from .hf_repo import HubRepo
-from .hf_rules import git_blob_id
+from supervisor.sync.targets.hf_repo import HubRepo
+from supervisor.sync.targets.hf_rules import git_blob_id
 
 log = get_logger("sync.hf")
 

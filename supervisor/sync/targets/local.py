@@ -15,9 +15,9 @@ import shutil
 import stat
 from pathlib import Path
 
-from .._log import get_logger
-from ..policy import MANIFEST_NAME
-from .base import (
+from supervisor.sync._log import get_logger
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.targets.base import (
     LocalFile,
     SourceProblem,
     TargetError,

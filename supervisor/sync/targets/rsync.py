@@ -31,11 +31,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ...config import SyncConfig
-from ...syncurl import TargetURL
-from .._log import get_logger
-from ..policy import MANIFEST_NAME
-from .base import (
+from supervisor.config import SyncConfig
+from supervisor.sync._log import get_logger
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.targets.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -47,6 +46,7 @@ from .base import (
     join_key,
     open_source,
 )
+from supervisor.syncurl import TargetURL
 
 log = get_logger("sync.rsync")
 

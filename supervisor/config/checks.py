@@ -1,0 +1,169 @@
+"""Checks across keys, after every key was read: what one key means for another (a stop command
+without action = "command", an Apprise URL that is not a URL, a metrics listener off loopback)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from supervisor.config.schema import (
+    PREEMPTION_PROVIDERS,
+    TRAINING_SIGNALS,
+    Config,
+    keyname,
+    show_value,
+)
+from supervisor.syncurl import parse_target
+
+
+def cross_checks(cfg: Config, problems: list[str]) -> None:
+    t = cfg.training
+    if t.autostart and not t.command:
+        problems.append("training.autostart: needs training.command")
+    # tmux silently turns '.' and ':' into '_', so such a name would never be found again to re-adopt.
+    if t.session and not re.fullmatch(r"[A-Za-z0-9_-]+", t.session):
+        problems.append(f"training.session: only letters, digits, '_' and '-' allowed, got {show_value(t.session)}")
+    if not t.session:
+        problems.append("training.session: must not be empty")
+    for k in t.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            problems.append(f"training.env.{keyname(k)}: not a valid environment variable name")
+    if cfg.stop.action == "command" and not cfg.stop.command.strip():
+        problems.append('stop.command: required when stop.action = "command"')
+    if cfg.max_idle_cost is not None and cfg.price_per_hour is None:
+        problems.append("max_idle_cost: needs price_per_hour")
+    if cfg.progress.budget is not None and cfg.price_per_hour is None:
+        problems.append("progress.budget: needs price_per_hour")
+    if cfg.sync.target:
+        try:
+            parse_target(cfg.sync.target)
+        except ValueError as e:
+            problems.append(f"sync.target: {e}")
+    # a branch name git accepts (no spaces, '..', '~^:?*[\\', leading '-' or trailing '/' or '.lock')
+    rev = cfg.sync.hf_revision
+    if not rev or not re.fullmatch(r"[A-Za-z0-9._/-]+", rev) or ".." in rev or rev.startswith(("-", "/")) \
+            or rev.endswith(("/", ".lock", ".")) or "//" in rev:
+        problems.append(f"sync.hf_revision: not a valid branch name: {show_value(rev)}")
+    if cfg.sync.watch and not cfg.sync.target:
+        problems.append("sync.target: required when sync.watch lists folders")
+    for i, p in enumerate(cfg.sync.watch):
+        if not os.path.isabs(p):
+            problems.append(f"sync.watch[{i}]: expected an absolute path, got {show_value(p)}")
+    for i, p in enumerate(cfg.stop.final_sync):
+        if not os.path.isabs(p):
+            problems.append(f"stop.final_sync[{i}]: expected an absolute path, got {show_value(p)}")
+    if cfg.stop.final_sync and not cfg.sync.target:
+        problems.append("sync.target: required when stop.final_sync lists folders")
+    if cfg.email is not None:
+        e = cfg.email
+        if not e.to:
+            problems.append("email.to: at least one address is required in [email]")
+        for i, a in enumerate(e.to):
+            if not _ADDR.fullmatch(a):
+                problems.append(f"email.to[{i}]: not an email address: {show_value(a)}")
+        if not e.smtp_host:
+            problems.append("email.smtp_host: required in [email]")
+        if e.from_ and not _ADDR.fullmatch(e.from_):
+            problems.append(f"email.from: not an email address: {show_value(e.from_)}")
+        if e.username and e.security == "none" and e.smtp_host not in ("localhost", "127.0.0.1", "::1"):
+            problems.append('email.security: "none" would send the password for email.username in clear '
+                            'over the network; use "starttls" or "ssl"')
+        if e.username and not e.password_file and not os.environ.get("TRAIN_SUPERVISOR_SMTP_PASSWORD"):
+            problems.append("email.password_file: required with email.username "
+                            "(or set TRAIN_SUPERVISOR_SMTP_PASSWORD)")
+    _notify_checks(cfg, problems)
+    _metrics_checks(cfg, problems)
+    _preemption_checks(cfg, problems)
+    if not os.path.isabs(cfg.state_dir):
+        problems.append(f"state_dir: expected an absolute path, got {show_value(cfg.state_dir)}")
+    if not os.path.isabs(cfg.socket):
+        problems.append(f"socket: expected an absolute path, got {show_value(cfg.socket)}")
+    if len(cfg.socket.encode()) > 100:
+        problems.append("socket: path longer than 100 bytes (unix sockets are limited to 108)")
+    if not re.fullmatch(r"[A-Z]{3}", cfg.currency):
+        problems.append(f"currency: expected a 3-letter code like EUR, got {show_value(cfg.currency)}")
+
+
+_ADDR = re.compile(r"[^@\s<>,;\"]+@[^@\s<>,;\"]+")
+_SCHEME_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+def _notify_checks(cfg: Config, problems: list[str]) -> None:
+    n = cfg.notify
+    for i, u in enumerate(n.urls):
+        if not _SCHEME_URL.fullmatch(u):
+            # The value may hold a token: name the position, never echo it.
+            problems.append(f"notify.urls[{i}]: expected an Apprise URL like \"ntfys://ntfy.sh/topic\" "
+                            "(scheme://...), without spaces")
+    if n.webhook_url and not n.webhook_secret_file:
+        problems.append("notify.webhook_secret_file: required with notify.webhook_url (a file holding a "
+                        "\"whsec_...\" secret; the receiver checks each request's signature with it)")
+    if n.webhook_secret_file and not n.webhook_url:
+        problems.append("notify.webhook_url: required with notify.webhook_secret_file")
+
+
+def _metrics_checks(cfg: Config, problems: list[str]) -> None:
+    m = cfg.metrics
+    if m.textfile and not m.textfile.endswith(".prom"):
+        problems.append(f"metrics.textfile: must end in .prom (node_exporter's textfile collector reads "
+                        f"only *.prom files), got {show_value(m.textfile)}")
+    if m.listen:
+        try:
+            host, _port = parse_listen(m.listen)
+        except ValueError as e:
+            problems.append(f"metrics.listen: {e}")
+            return
+        if not _is_loopback(host) and not m.allow_remote:
+            problems.append(f"metrics.listen: {host} is reachable from other machines; use 127.0.0.1, or set "
+                            "metrics.allow_remote = true if you mean it (anyone who can connect sees the "
+                            "training's state and cost)")
+
+
+def _preemption_checks(cfg: Config, problems: list[str]) -> None:
+    p = cfg.preemption
+    for i, w in enumerate(p.watch):
+        if w not in (*PREEMPTION_PROVIDERS, "none"):
+            problems.append(f"preemption.watch[{i}]: expected ec2, gcp, azure (or \"none\" to watch no metadata "
+                            f"service), got {show_value(w)}")
+    if "none" in p.watch and len(p.watch) > 1:
+        problems.append('preemption.watch: "none" cannot be combined with a provider')
+    sig = p.training_signal
+    if sig and sig not in TRAINING_SIGNALS:
+        hint = f" (did you mean \"SIG{sig.upper()}\"?)" if f"SIG{sig.upper()}" in TRAINING_SIGNALS else ""
+        problems.append(f"preemption.training_signal: expected one of {', '.join(TRAINING_SIGNALS)} or \"\" for "
+                        f"none, got {show_value(sig)}{hint}")
+    for k, v in p.metadata_urls.items():
+        if k not in PREEMPTION_PROVIDERS:
+            problems.append(f"preemption.metadata_urls.{keyname(k)}: expected a key ec2, gcp or azure")
+        elif not re.match(r"^https?://[^\s/]+", v):
+            problems.append(f"preemption.metadata_urls.{k}: expected an http:// URL, got {show_value(v)}")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """"127.0.0.1:9839", "[::1]:9839", "localhost:9839" or a bare port "9839" (loopback)."""
+    v = value.strip()
+    if re.fullmatch(r"\d+", v):
+        host, port_s = "127.0.0.1", v
+    elif m := re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)", v):
+        host, port_s = m.group(1), m.group(2)
+    elif m := re.fullmatch(r"([A-Za-z0-9.-]+):(\d+)", v):
+        host, port_s = m.group(1), m.group(2)
+    else:
+        raise ValueError(f'expected "HOST:PORT" like "127.0.0.1:9839", got {show_value(value)}')
+    port = int(port_s)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be 1-65535, got {port}")
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+

@@ -1,0 +1,255 @@
+"""Every config key, declared once with its kind, default and limits: one dataclass per [section].
+
+The loader (load.py) walks these declarations, so a key cannot be read without being validated;
+the checks across keys are checks.py. Add a key here and in default-config.toml (the README's
+reference is generated from both: configdoc.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PATH = "/etc/train-supervisor/config.toml"
+ENV_VAR = "TRAIN_SUPERVISOR_CONFIG"
+
+
+class ConfigError(Exception):
+    """Raised with every problem found; each line names the key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _k(kind: str, default: Any, *, choices: tuple[str, ...] = (), min: float | None = None,
+       max: float | None = None) -> Any:
+    meta = {"kind": kind, "choices": choices, "min": min, "max": max}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# Kinds: str, path, int, float, bool, duration (-> seconds float), size (-> bytes int),
+# choice, strlist, strdict, optfloat (None when unset), optduration (None when unset or ""), url.
+
+
+@dataclass
+class TrainingConfig:
+    command: str = _k("str", "")
+    workdir: str = _k("path", "")
+    session: str = _k("str", "train")
+    log: str = _k("path", "")
+    env: dict[str, str] = _k("strdict", {})
+    user: str = _k("str", "")
+    shell: str = _k("path", "/bin/bash")
+    restart: str = _k("choice", "never", choices=("never", "on-failure"))
+    max_restarts: int = _k("int", 3, min=0)
+    restart_backoff: float = _k("duration", 30.0)
+    on_finish: str = _k("choice", "stop", choices=("stop", "idle", "none"))
+    finish_grace: float = _k("duration", 600.0)
+    autostart: bool = _k("bool", False)
+    stop_grace: float = _k("duration", 30.0)
+
+
+@dataclass
+class GpuConfig:
+    poll_interval: float = _k("duration", 5.0, min=0.1)
+    window: float = _k("duration", 600.0)
+    nvml_library: str = _k("path", "")
+    mem_limit_fraction: float = _k("float", 0.98, min=0.5, max=1.0)
+    mem_limit_samples: int = _k("int", 3, min=1)
+
+
+# What trainer.save_model(output_dir) leaves in the watched folder itself: the final model.
+FINAL_MODEL_FILES = ["*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "**/adapter_model.bin",
+                     "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+                     "vocab.*", "merges.txt", "*.tiktoken", "training_args.bin", "trainer_state.json",
+                     "*results.json"]
+
+
+@dataclass
+class SyncConfig:
+    target: str = _k("str", "")
+    endpoint_url: str = _k("url", "")
+    region: str = _k("str", "")
+    credentials_file: str = _k("path", "")
+    request_checksum_calculation: str = _k("choice", "when_supported",
+                                           choices=("when_supported", "when_required"))
+    watch: list[str] = _k("strlist", [])
+    include: list[str] = _k("strlist", ["checkpoint-*/**", "**/adapter_model.safetensors",
+                                        "**/adapter_config.json", *FINAL_MODEL_FILES])
+    exclude: list[str] = _k("strlist", [])
+    quiet_period: float = _k("duration", 30.0)
+    complete_marker: str = _k("str", "trainer_state.json")
+    rescan_interval: float = _k("duration", 60.0, min=0.1)
+    concurrency: int = _k("int", 16, min=1, max=64)
+    part_size: int = _k("size", 8 * 1024 * 1024, min=5 * 1024 * 1024)
+    multipart_threshold: int = _k("size", 64 * 1024 * 1024, min=5 * 1024 * 1024, max=5 * 1024 ** 3)
+    bandwidth_limit: int = _k("size", 0)
+    keep_last: int = _k("int", 0, min=0)
+    ssh_key: str = _k("path", "")
+    ssh_port: int = _k("int", 22, min=1, max=65535)
+    host_key_policy: str = _k("choice", "accept-new", choices=("accept-new", "yes", "no"))
+    known_hosts_file: str = _k("path", "")
+    hf_token_file: str = _k("path", "")
+    hf_private: bool = _k("bool", True)
+    hf_revision: str = _k("str", "main")
+    fail_alert_after: float = _k("duration", 300.0)
+    retry_max_backoff: float = _k("duration", 300.0)
+
+
+@dataclass
+class IdleConfig:
+    warn_after: float = _k("duration", 7200.0)
+    stop_after_warning: float = _k("duration", 3600.0)
+    gpu_util_threshold: float = _k("float", 5.0, min=0, max=100)
+    gpu_window: float = _k("duration", 300.0)
+    poll_interval: float = _k("duration", 30.0, min=0.1)
+    count_ssh: bool = _k("bool", True)
+    count_ssh_tunnels: bool = _k("bool", False)
+    count_tmux_clients: bool = _k("bool", True)
+    count_training_cpu: bool = _k("bool", True)
+    training_cpu_threshold: float = _k("float", 50.0, min=0)
+    count_training_output: bool = _k("bool", True)
+    activity_window: float = _k("duration", 600.0)
+    jupyter_url: str = _k("url", "")
+    jupyter_token_file: str = _k("path", "")
+
+
+@dataclass
+class StopConfig:
+    action: str = _k("choice", "poweroff", choices=("poweroff", "command", "ec2", "dry-run"))
+    command: str = _k("str", "")
+    final_sync: list[str] = _k("strlist", [])
+    stop_even_if_sync_fails: bool = _k("bool", False)
+    final_sync_timeout: float = _k("duration", 1800.0)
+    retry_interval: float = _k("duration", 120.0)
+    ec2_region: str = _k("str", "")
+    ec2_endpoint_url: str = _k("url", "")
+    imds_url: str = _k("url", "http://169.254.169.254")
+
+
+@dataclass
+class EmailConfig:
+    to: list[str] = _k("strlist", [])
+    from_: str = _k("str", "")
+    smtp_host: str = _k("str", "")
+    smtp_port: int = _k("int", 587, min=1, max=65535)
+    security: str = _k("choice", "starttls", choices=("starttls", "ssl", "none"))
+    username: str = _k("str", "")
+    password_file: str = _k("path", "")
+    timeout: float = _k("duration", 20.0, min=1)
+    subject_prefix: str = _k("str", "[train-supervisor]")
+    ca_file: str = _k("path", "")
+
+
+@dataclass
+class AlertsConfig:
+    first_delay: float = _k("duration", 10.0)
+    repeat_interval: float = _k("duration", 3600.0)
+    max_per_hour: int = _k("int", 6, min=1)
+    retry_interval: float = _k("duration", 60.0, min=1)
+    disk_free_min_pct: float = _k("float", 5.0, min=0, max=100)
+    host_mem_min_pct: float = _k("float", 5.0, min=0, max=100)
+    disk_paths: list[str] = _k("strlist", [])
+
+
+@dataclass
+class NotifyConfig:
+    urls: list[str] = _k("strlist", [])
+    urls_file: str = _k("path", "")
+    webhook_url: str = _k("url", "")
+    webhook_secret_file: str = _k("path", "")
+    timeout: float = _k("duration", 10.0, min=1, max=120)
+    chat_max_chars: int = _k("int", 700, min=100, max=4000)
+
+
+@dataclass
+class MetricsConfig:
+    textfile: str = _k("path", "")
+    listen: str = _k("str", "")
+    allow_remote: bool = _k("bool", False)
+
+
+@dataclass
+class ProgressConfig:
+    estimate_after: float = _k("duration", 900.0)
+    estimate_email: bool = _k("bool", False)
+    window: float = _k("duration", 300.0)
+    budget: float | None = _k("optfloat", None, min=0)
+    log_interval: float = _k("duration", 300.0)
+    # None: the larger of 30m and 10 x the median step time (supervisor.progress.stall.threshold)
+    stall_after: float | None = _k("optduration", None, min=60)
+    stalled_action: str = _k("choice", "alert", choices=("alert", "stop"))
+
+
+# What a training may be asked to save with; the runner ignores each of these (it must outlive the job).
+TRAINING_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGHUP")
+PREEMPTION_PROVIDERS = ("ec2", "gcp", "azure")
+
+
+@dataclass
+class PreemptionConfig:
+    watch: list[str] = _k("strlist", [])
+    poll_interval: float = _k("duration", 5.0, min=0.2, max=60)
+    timeout: float = _k("duration", 1.0, min=0.1, max=10)
+    training_signal: str = _k("str", "")
+    sigterm: str = _k("choice", "auto", choices=("auto", "notice", "exit"))
+    sigterm_grace: float = _k("duration", 30.0, min=1, max=3600)
+    metadata_urls: dict[str, str] = _k("strdict", {})
+
+
+@dataclass
+class Config:
+    state_dir: str = _k("path", "/var/lib/train-supervisor")
+    socket: str = _k("path", "/run/train-supervisor/control.sock")
+    socket_group: str = _k("str", "")
+    price_per_hour: float | None = _k("optfloat", None, min=0)
+    currency: str = _k("str", "USD")
+    max_idle_cost: float | None = _k("optfloat", None, min=0)
+    hostname: str = _k("str", "")
+    log_level: str = _k("choice", "info", choices=("debug", "info", "warning", "error"))
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    idle: IdleConfig = field(default_factory=IdleConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
+    email: EmailConfig | None = None
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+
+    source: str = field(default="<defaults>", metadata={"internal": True})
+
+
+SECTIONS: dict[str, type] = {
+    "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
+    "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
+    "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
+}
+
+
+# How a problem line shows a key and a value (the loader and the checks alike).
+def show_value(v: Any, limit: int = 80) -> str:
+    """A value as it would read in TOML, escaped so a problem stays on one line."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    try:
+        s = json.dumps(v, ensure_ascii=False, default=str)
+    except ValueError:  # nan/inf inside a container
+        s = repr(v)
+    s = CTRL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+CTRL_CHARS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def keyname(name: str) -> str:
+    """A key from the file, quoted when TOML would need quotes (or it could break the line)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else show_value(name)

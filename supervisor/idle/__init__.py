@@ -1,0 +1,12 @@
+"""The idle wing: is anybody or any work on this machine, and when does it stop.
+
+Owns the idle state machine (ACTIVE -> IDLE -> WARNED -> STOPPING -> STOPPED), the probes that feed
+it (SSH, tmux, Jupyter, GPU load, the training's log and CPU), the stop sequence and its actions,
+and the check for an outer orchestrator that may stop the machine too.
+
+Pure: `machine` (decisions, no I/O, every function handed `now`).
+Shell: `activity` (sensors), `orchestrator`, `guard` (the duty that steps the machine and acts), `stop` (actions).
+May import: the core, notify, training, progress. Imported by: the daemon (and the CLI's words).
+"""
+
+PURE = ("machine",)

@@ -1,0 +1,180 @@
+"""What the idle guard works from and reports: its view of the config, its one background worker,
+and the facts (run end, outputs, last progress, the `idle`/`stop` blocks of status) that its mails
+and status are made of. Plain functions of plain data, apart from the worker."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from supervisor.config import Config, IdleConfig, StopConfig
+from supervisor.idle import machine as idle
+from supervisor.idle.machine import IdleMachine, Signals, Thresholds
+from supervisor.idle.stop import StopRecord
+from supervisor.interfaces import FinalSyncResult, TrainingInfo
+from supervisor.notify.mails import training as run_words
+from supervisor.states import IdleState, TrainingState
+
+log = structlog.get_logger("idle")
+
+I = IdleState  # noqa: E741
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """What the guard reads of the config: its own sections and the few values it needs from others."""
+
+    idle: IdleConfig
+    stop: StopConfig
+    on_finish: str
+    finish_grace: float
+    session: str
+    final_paths: tuple[str, ...]      # stop.final_sync, else sync.watch
+    sync_target: str
+    state_dir: str
+    training_env: dict[str, str]      # the stop command runs with it (provider ids, tokens)
+    price_per_hour: float | None
+    currency: str
+    max_idle_cost: float | None
+    stop_grace: float = 30.0          # training.stop_grace: how long each of SIGINT and SIGTERM may take
+    stalled_action: str = "alert"     # progress.stalled_action: "stop" counts a stalled run as idle
+
+    @classmethod
+    def of(cls, cfg: Config) -> GuardConfig:
+        return cls(cfg.idle, cfg.stop, cfg.training.on_finish, cfg.training.finish_grace, cfg.training.session,
+                   tuple(cfg.stop.final_sync or cfg.sync.watch), cfg.sync.target, cfg.state_dir,
+                   dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost,
+                   cfg.training.stop_grace, cfg.progress.stalled_action)
+
+    @property
+    def interrupt_patience(self) -> float:
+        """How long a stop waits for an interrupted training: SIGINT, SIGTERM, SIGKILL, and a margin."""
+        return 2 * self.stop_grace + 60.0
+
+
+class Jobs:
+    """One background worker, started on demand, running queued jobs one at a time."""
+
+    def __init__(self, lock: threading.RLock):
+        self._lock = lock
+        self._q: queue.Queue = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(lock)
+        self._worker: threading.Thread | None = None
+
+    def submit(self, name: str, fn: Callable, *args) -> None:
+        with self._lock:
+            self._pending += 1
+            self._q.put((name, fn, args))
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._run, name="idle-worker", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._q.empty():
+                    self._worker = None
+                    return
+                name, fn, args = self._q.get()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a failed job is logged; the next poll tries again
+                log.exception("idle_job_failed", job=name)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (real time: real threads run the jobs) until no job is queued or running."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+
+# --- facts ---------------------------------------------------------------------------------------
+def looks_stalled(sig: Signals) -> bool:
+    """A training is alive, yet nothing (GPU, output, CPU, a person) counts as work."""
+    return sig.training_alive and not sig.active
+
+
+def run_end(info: TrainingInfo) -> run_words.RunEnd:
+    return run_words.RunEnd(info.state == TrainingState.FINISHED, info.run_id, info.exit_code, info.signal,
+                            info.command, info.started_at, info.ended_at, info.log_path, info.workdir)
+
+
+def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
+    if r is None:
+        return run_words.Outputs(sync_target=conf.sync_target, paths=conf.final_paths)
+    return run_words.Outputs(r.ok, r.files, r.bytes, r.target, r.error, tuple(r.unsynced), conf.final_paths,
+                             conf.sync_target, tuple(getattr(r, "damaged", None) or ()),
+                             tuple(getattr(r, "partial_units", None) or ()))
+
+
+def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastProgress | None:
+    if progress is None:
+        return None
+    p: dict = {}
+    c: dict = {}
+    try:  # a progress bug must not lose the result mail
+        p = progress.snapshot(wall) or {}
+        c = progress.cost(wall) or {}
+    except Exception:  # noqa: BLE001
+        log.exception("progress_for_mail_failed")
+    return run_words.LastProgress(p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("loss"),
+                                  c.get("spent"), c.get("currency") or currency)
+
+
+def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Thresholds, conf: GuardConfig,
+              now: float, now_mono: float) -> dict:
+    """The `idle` and `stop` blocks of status --json."""
+    proj = idle.projection(m, th, now)
+    stop_at = proj["stop_at"]
+    if m.state in (I.STOPPING, I.STOPPED) and rec is not None:
+        stop_at = rec.done_at or rec.planned_at
+    live = rec if m.state in (I.STOPPING, I.STOPPED) else None
+    return {
+        "idle": {
+            "state": m.state.value,
+            "mode": m.mode,
+            "idle_since": m.idle_since if m.state != I.ACTIVE else None,
+            "idle_for_s": idle.idle_for(m, th, now_mono),
+            "warn_at": proj["warn_at"],
+            "stop_at": stop_at,
+            "reasons": list(m.reasons),
+            "checked": sig.notes(),
+            "keepalive_until": m.keepalive_until,
+            "warn_after_s": th.warn_after,
+            "stop_after_warning_s": idle.stop_wait(m, th) if m.state == I.WARNED else th.stop_after_warning,
+            "finish_grace_s": th.finish_grace,
+            "idle_cost": idle.idle_cost(m, conf.price_per_hour),
+            "currency": conf.currency,
+            "training_stalled": looks_stalled(sig),
+        },
+        "stop": {
+            "action": conf.stop.action,
+            "planned_at": live.planned_at if live else stop_at,
+            "phase": live.phase.value if live else None,
+            "reason": live.reason if live else (m.stop_reason or None),
+            "attempts": live.attempts if live else 0,
+            "last_error": live.last_error if live else "",
+            "final_sync": live.synced if live else None,
+            "result": live.result if live else "",
+            "final_sync_paths": list(conf.final_paths),
+            "interrupted_run": live.interrupted_run if live else 0,
+            "interrupted_at": live.interrupted_at if live else None,
+            "interrupt_ended": live.interrupt_ended if live else "",
+        },
+    }

@@ -1,0 +1,425 @@
+"""The idle decision: ACTIVE -> IDLE -> WARNED -> STOPPING -> STOPPED, as pure functions.
+
+`step(machine, signals, now, thresholds)` is the only thing that moves the machine on a poll;
+`keepalive`, `cancel_keepalive`, `run_ended`, `finish_handled`, `begin_finish`, `commit_stop`,
+`stop_failed` and `mark_stopped` are the only other moves, each called by the guard under its lock. None of them reads a clock or
+touches a file: the guard hands in `Now` and carries out the returned actions.
+
+How time is measured, so that no clock trick can bring a stop forward:
+- idle time is *accumulated* tick by tick from the monotonic clock, each tick counting at most
+  `max_tick` (2 x poll_interval). An NTP jump moves only the wall clock and has no effect at all;
+  a daemon that was down, or a scheduler that stalled, counts for at most one long tick (the
+  machine's state during the gap is unknown, so it is not billed to idleness);
+- the monotonic clock is comparable across daemon restarts within one boot; a new boot id means
+  a reboot, and the clock then starts at boot (the uptime is credited as idle time);
+- the wait between the warning and the stop is the one promised in the warning mail, or the
+  configured one if that is longer: a config change can postpone a stop, never hasten it, and a
+  stop on idleness always follows a warning and a full `stop_after_warning` (the on-finish grace
+  is the one exception, announced by the training-finished mail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from supervisor import records
+from supervisor.config import IdleConfig
+from supervisor.states import IdleState
+from supervisor.timefmt import hm
+
+I = IdleState  # noqa: E741 - short alias for the states, used throughout
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One probe's verdict. `reason` is what a user reads in status and mails."""
+
+    name: str      # ssh | tmux | jupyter | gpu | training | training_output | training_cpu
+    active: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Signals:
+    items: tuple[Signal, ...] = ()
+    training_alive: bool = False  # the training is STARTING/RUNNING/STOPPING (it may look stalled)
+    training_signs: tuple[str, ...] = ()  # what its own probes read, in two words each ("GPU 3%"), for mails
+
+    @property
+    def active(self) -> bool:
+        return any(s.active for s in self.items)
+
+    def reasons(self) -> list[str]:
+        return [s.reason for s in self.items if s.active]
+
+    def notes(self) -> list[str]:
+        """What the inactive probes saw, for the warning mail ("gpu: 0% over 5m")."""
+        return [s.reason for s in self.items if not s.active]
+
+
+# The signals that are a person at the machine (a keepalive is one too, kept by the machine itself).
+PEOPLE = frozenset({"ssh", "tmux", "jupyter"})
+
+
+def people_only(sig: Signals, why: str) -> Signals:
+    """The signals with only people counting: while the stop interrupts the training, the training's
+    own signs of life (STOPPING, the GPU load and output of its save, its CPU) are what the stop asked
+    for, not activity that cancels it."""
+    items = tuple(s if s.name in PEOPLE or not s.active else Signal(s.name, False, f"{s.reason} ({why})")
+                  for s in sig.items)
+    return replace(sig, items=items)
+
+
+@dataclass(frozen=True)
+class Now:
+    wall: float       # for display and persisted timestamps only
+    mono: float       # measures every interval
+    boot_id: str
+    uptime: float = 0.0  # seconds since boot; credited as idle time after a reboot
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    warn_after: float = 7200.0
+    stop_after_warning: float = 3600.0
+    poll_interval: float = 30.0
+    finish_grace: float = 600.0
+
+    @classmethod
+    def of(cls, idle: IdleConfig, finish_grace: float) -> Thresholds:
+        return cls(idle.warn_after, idle.stop_after_warning, idle.poll_interval, finish_grace)
+
+    @property
+    def max_tick(self) -> float:
+        return 2.0 * max(self.poll_interval, 0.5)
+
+
+IDLE_MODE = "idle"
+FINISH_MODE = "finish"  # training ended with on_finish = "stop": a grace period instead of warn + wait
+
+
+@dataclass
+class IdleMachine:
+    state: IdleState = I.ACTIVE
+    mode: str = IDLE_MODE
+    boot_id: str = ""
+    last_mono: float | None = None
+    last_wall: float | None = None
+    idle_s: float = 0.0                # idle time of this stretch, accumulated (cost, warn threshold)
+    idle_since: float | None = None    # wall, display only
+    warned_s: float = 0.0              # idle time since the warning (or the start of the grace)
+    warned_at: float | None = None     # wall, display only
+    warn_sent: bool = False
+    stop_after: float = 0.0            # the wait announced when warning; never shortened
+    cycle: int = 0                     # +1 per warning or grace: makes every mail key unique
+    keepalive_mono: float | None = None
+    keepalive_until: float | None = None  # wall twin of keepalive_mono: display, and survives a reboot
+    committed: bool = False            # the stop action has begun: nothing cancels it any more
+    stop_reason: str = ""              # idle | finished
+    resettable: bool = False           # STOPPED by a dry-run: activity starts over
+    reasons: list[str] = field(default_factory=list)
+    finish_run: int = 0                # the training run whose end was handled
+    finish_done: bool = False          # ... and its final sync and mail are done
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> IdleMachine:
+        """ValueError naming the field when `d` is not a machine this code wrote."""
+        m = records.load(cls, d, "idle state")
+        if m.mode not in (IDLE_MODE, FINISH_MODE):
+            raise ValueError(f"idle state: mode should be {IDLE_MODE!r} or {FINISH_MODE!r}, got {m.mode!r:.60}")
+        return m
+
+
+# --- actions: plain data the guard carries out -------------------------------------------------
+@dataclass(frozen=True)
+class SendWarning:
+    cycle: int
+    idle_s: float
+    stop_in_s: float
+
+
+@dataclass(frozen=True)
+class SendCancelled:
+    cycle: int
+    reasons: tuple[str, ...]
+    during_stop: bool = False
+
+
+@dataclass(frozen=True)
+class BeginStop:
+    cycle: int
+    reason: str  # idle | finished
+
+
+@dataclass(frozen=True)
+class AbortStop:
+    """A stop that had not begun its action was cancelled by activity; tell the stop sequence."""
+
+    cycle: int
+
+
+Action = SendWarning | SendCancelled | BeginStop | AbortStop
+
+
+def keepalive_holds(m: IdleMachine, now: Now) -> bool:
+    return m.keepalive_mono is not None and now.mono < m.keepalive_mono
+
+
+def _rebooted(m: IdleMachine, now: Now) -> tuple[IdleMachine, float]:
+    """The machine for a boot it has not seen, and the idle seconds to credit (time since boot)."""
+    if m.boot_id == "":
+        # no previous state at all: nothing is known about the past, count from now
+        return replace(m, boot_id=now.boot_id, last_mono=None), 0.0
+    fresh = IdleMachine(boot_id=now.boot_id, cycle=m.cycle, finish_run=m.finish_run, finish_done=True)
+    if m.keepalive_until is not None and m.keepalive_until > now.wall:
+        fresh.keepalive_until = m.keepalive_until
+        fresh.keepalive_mono = now.mono + (m.keepalive_until - now.wall)
+    credit = max(0.0, now.uptime)
+    if credit > 0:
+        fresh.state = I.IDLE
+        fresh.idle_since = now.wall - credit
+    return fresh, credit
+
+
+def _this_boot(m: IdleMachine, now: Now) -> IdleMachine:
+    """For the moves other than `step`: forget a previous boot's state first."""
+    if m.boot_id == now.boot_id:
+        return replace(m, reasons=list(m.reasons))
+    m, _ = _rebooted(m, now)
+    m.last_mono, m.last_wall = now.mono, now.wall
+    return m
+
+
+def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action]) -> None:
+    if m.mode == IDLE_MODE and m.warn_sent and m.state in (I.WARNED, I.STOPPING):
+        actions.append(SendCancelled(m.cycle, tuple(reasons), during_stop=m.state == I.STOPPING))
+    if m.state == I.STOPPING:
+        actions.append(AbortStop(m.cycle))
+        if m.mode == FINISH_MODE:
+            m.warn_sent = False
+    m.state = I.ACTIVE
+    m.idle_s = 0.0
+    m.idle_since = None
+    m.warned_s = 0.0
+    m.warned_at = None
+    if m.mode == IDLE_MODE:
+        m.warn_sent = False
+    m.stop_reason = "" if m.mode == IDLE_MODE else "finished"
+    m.resettable = False
+
+
+def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMachine, list[Action]]:
+    """One poll. Returns the new machine (the input is not modified) and what to do."""
+    m = replace(m, reasons=list(m.reasons))
+    actions: list[Action] = []
+    if m.boot_id != now.boot_id:
+        m, dt_s = _rebooted(m, now)
+    else:
+        dt_s = elapsed(m, now.mono, th)
+    m.last_mono, m.last_wall = now.mono, now.wall
+
+    if m.keepalive_mono is not None and not keepalive_holds(m, now):
+        m.keepalive_mono = m.keepalive_until = None
+    reasons = sig.reasons()
+    if keepalive_holds(m, now):
+        until = m.keepalive_until if m.keepalive_until is not None else now.wall
+        reasons.append(f"keepalive until {hm(until)}")
+    active = bool(reasons)
+    m.reasons = reasons
+    if sig.training_alive and m.mode == FINISH_MODE and m.state != I.STOPPING and not m.committed:
+        m.mode = IDLE_MODE  # a new run started during the grace: back to ordinary idle protection
+        m.warn_sent = False
+        m.stop_reason = ""
+
+    if m.state == I.STOPPED:
+        if m.resettable and active:
+            _to_active(m, reasons, actions)
+        return m, actions
+    if m.state == I.STOPPING:
+        if active and not m.committed:
+            _to_active(m, reasons, actions)
+        else:
+            m.idle_s += dt_s  # the bill keeps running while the final sync retries
+        return m, actions
+    if active:
+        if m.state != I.ACTIVE:
+            _to_active(m, reasons, actions)
+        return m, actions
+
+    if m.state == I.ACTIVE:
+        m.idle_s, m.idle_since = 0.0, now.wall
+        if m.mode == FINISH_MODE:
+            # activity extended the grace; it starts over now that it has ended
+            m.state, m.warned_s, m.warned_at = I.WARNED, 0.0, now.wall
+            m.warn_sent = True
+        else:
+            m.state = I.IDLE
+        return m, actions
+
+    m.idle_s += dt_s
+    if m.state == I.IDLE:
+        if m.idle_s >= th.warn_after:
+            m.state = I.WARNED
+            m.cycle += 1
+            m.warned_at, m.warned_s = now.wall, 0.0
+            m.stop_after = th.stop_after_warning
+            m.warn_sent = True
+            m.stop_reason = "idle"
+            actions.append(SendWarning(m.cycle, m.idle_s, m.stop_after))
+        return m, actions
+
+    # WARNED
+    m.warned_s += dt_s
+    if m.warn_sent and m.warned_s >= stop_wait(m, th):
+        m.state = I.STOPPING
+        m.stop_reason = "finished" if m.mode == FINISH_MODE else "idle"
+        actions.append(BeginStop(m.cycle, m.stop_reason))
+    return m, actions
+
+
+def elapsed(m: IdleMachine, now_mono: float, th: Thresholds) -> float:
+    """Seconds since the last poll that count, capped: a suspended process or a stalled scheduler
+    must not turn one late poll into hours of idleness."""
+    if m.last_mono is None:
+        return 0.0
+    return min(max(now_mono - m.last_mono, 0.0), th.max_tick)
+
+
+def due(m: IdleMachine, th: Thresholds, now_mono: float) -> bool:
+    """Would a poll now cross a threshold (warn, or stop)? The shell asks this often and cheaply, so
+    the warning and the stop happen at the times announced, not up to one poll interval later."""
+    if m.committed:
+        return False
+    e = elapsed(m, now_mono, th)
+    if m.state == I.IDLE:
+        return m.idle_s + e >= th.warn_after
+    if m.state == I.WARNED:
+        return m.warn_sent and m.warned_s + e >= stop_wait(m, th)
+    return False
+
+
+def idle_for(m: IdleMachine, th: Thresholds, now_mono: float) -> float:
+    """Idle seconds as of now (the last poll's figure plus the time since, as the next poll will
+    count it), so status does not show a figure frozen between polls."""
+    if m.state == I.ACTIVE:
+        return 0.0
+    if m.state == I.STOPPED:
+        return m.idle_s
+    return m.idle_s + elapsed(m, now_mono, th)
+
+
+def stop_wait(m: IdleMachine, th: Thresholds) -> float:
+    """Seconds between the warning (or the start of the grace) and the stop."""
+    if m.mode == FINISH_MODE:
+        return m.stop_after
+    return max(m.stop_after, th.stop_after_warning)
+
+
+# --- the other moves ---------------------------------------------------------------------------
+class Refused(Exception):
+    """A request that cannot be honoured now; the message says why."""
+
+
+def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, list[Action]]:
+    """`supervisorctl keepalive 2h`: activity until then. Takes effect at once (a pending stop
+    that has not begun its action is cancelled)."""
+    if seconds <= 0:
+        raise Refused("keepalive: the duration must be positive")
+    m = _this_boot(m, now)
+    if m.committed:
+        raise Refused("too late: the stop action has already begun")
+    if m.state == I.STOPPED and not m.resettable:
+        raise Refused("the machine was already stopped")
+    m.keepalive_mono = now.mono + seconds
+    m.keepalive_until = now.wall + seconds
+    actions: list[Action] = []
+    reason = f"keepalive until {hm(m.keepalive_until)}"
+    if m.state != I.ACTIVE:
+        _to_active(m, [reason], actions)
+    m.reasons = [r for r in m.reasons if not r.startswith("keepalive")] + [reason]
+    return m, actions
+
+
+def cancel_keepalive(m: IdleMachine) -> IdleMachine:
+    """End a keepalive; the next poll judges the machine on its signals again."""
+    return replace(m, keepalive_mono=None, keepalive_until=None,
+                   reasons=[r for r in m.reasons if not r.startswith("keepalive")])
+
+
+def run_ended(m: IdleMachine, run_id: int) -> IdleMachine:
+    """A training run ended (FINISHED or FAILED, reported once): its final sync and mail are owed."""
+    return replace(m, finish_run=run_id, finish_done=False, reasons=list(m.reasons))
+
+
+def finish_handled(m: IdleMachine) -> IdleMachine:
+    """The run end is dealt with (its mail is out, or a newer run made it moot)."""
+    return replace(m, finish_done=True, reasons=list(m.reasons))
+
+
+def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleMachine:
+    """Training ended with on_finish = "stop" and its result mail is out: start the grace."""
+    m = _this_boot(m, now)
+    m.finish_run, m.finish_done = run_id, True
+    if m.state in (I.STOPPING, I.STOPPED) or m.committed:
+        return m  # a stop is already on its way (or done)
+    # the grace is counted from now: without this the next poll would credit the time since the
+    # last one to the grace, and the stop would come up to a poll interval before the announced time
+    if m.state != I.ACTIVE:
+        m.idle_s += elapsed(m, now.mono, th)
+    m.last_mono, m.last_wall = now.mono, now.wall
+    m.mode = FINISH_MODE
+    m.cycle += 1
+    m.stop_after = th.finish_grace
+    m.stop_reason = "finished"
+    m.warn_sent = True
+    if m.idle_since is None:
+        m.idle_since = now.wall
+    m.state, m.warned_at, m.warned_s = I.WARNED, now.wall, 0.0
+    return m
+
+
+def commit_stop(m: IdleMachine) -> IdleMachine:
+    """The stop action is about to run; from here on activity no longer cancels."""
+    if m.state != I.STOPPING:
+        raise Refused(f"not stopping (state {m.state.value})")
+    return replace(m, committed=True)
+
+
+def stop_failed(m: IdleMachine) -> IdleMachine:
+    """The action ran and failed: the machine is still up, so activity may cancel again."""
+    return replace(m, committed=False)
+
+
+def mark_stopped(m: IdleMachine, dry_run: bool) -> IdleMachine:
+    return replace(m, state=I.STOPPED, committed=False, resettable=dry_run)
+
+
+def idle_cost(m: IdleMachine, price_per_hour: float | None) -> float | None:
+    if price_per_hour is None:
+        return None
+    if m.state == I.ACTIVE:
+        return 0.0
+    return price_per_hour * m.idle_s / 3600.0
+
+
+def projection(m: IdleMachine, th: Thresholds, now_wall: float) -> dict[str, float | None]:
+    """When the machine will warn and stop if nothing changes (wall times, for display). Counted
+    from the last poll, as `step` counts; the shell polls when `due` says so, so these are the times
+    things happen."""
+    base = m.last_wall if m.last_wall is not None else now_wall
+    warn_at = stop_at = None
+    if m.state == I.IDLE:
+        warn_at = base + max(0.0, th.warn_after - m.idle_s)
+        stop_at = warn_at + th.stop_after_warning
+    elif m.state == I.WARNED:
+        warn_at = m.warned_at
+        stop_at = base + max(0.0, stop_wait(m, th) - m.warned_s)
+    elif m.state in (I.STOPPING, I.STOPPED):
+        warn_at = m.warned_at
+    return {"warn_at": warn_at, "stop_at": stop_at}

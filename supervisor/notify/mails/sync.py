@@ -1,0 +1,29 @@
+"""The sync engine's words: the "sync failing" mail, and "sync refused" when the target rejects our credentials."""
+
+from __future__ import annotations
+
+from supervisor.durations import format_bytes, format_duration
+from supervisor.notify.mails import Mail
+
+
+def sync_failing(target: str, failing_for_s: float, last_error: str, pending_files: int, pending_bytes: int) -> Mail:
+    """Uploads to `target` have failed for `failing_for_s` seconds; what is not on it yet."""
+    failing_for = format_duration(failing_for_s)
+    return Mail(
+        f"sync failing: {target} for {failing_for}",
+        f"Uploads to {target} have been failing for {failing_for}.\n"
+        f"Last error: {last_error}\nNot yet on the target: {pending_files} files ({format_bytes(pending_bytes)}).\n\n"
+        "Retries continue with backoff; a final sync before any stop will wait for the target.\n"
+        "Check with: supervisorctl status; retry now with: supervisorctl sync --wait")
+
+
+def sync_refused(target: str, error: str, pending_files: int, pending_bytes: int) -> Mail:
+    """`target` refused our credentials (bad token, no write access): nothing goes up until a
+    person fixes them, so this is sent at once, not after the failing delay."""
+    return Mail(
+        f"sync refused: {target} rejects the credentials",
+        f"Uploads to {target} are refused: {error}\n"
+        f"Not yet on the target: {pending_files} files ({format_bytes(pending_bytes)}).\n\n"
+        "Nothing is lost: the files stay on this machine and the daemon tries again with backoff, and at once\n"
+        "after `supervisorctl sync`. A final sync before any stop will wait for the target.\n"
+        "Fix the credentials, then: supervisorctl sync --wait")

@@ -1,0 +1,132 @@
+"""The training's end, in words: finished or failed, what it left, and what happens next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.durations import format_bytes, format_duration
+from supervisor.notify.mails import Mail, describe_exit
+from supervisor.notify.mails.idle import not_whole_text
+from supervisor.timefmt import hm, when
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    finished: bool               # FINISHED (exit 0); else FAILED
+    run_id: int
+    exit_code: int | None
+    signal: str | None
+    command: str
+    started_at: float | None
+    ended_at: float | None
+    log_path: str
+    workdir: str
+
+
+@dataclass(frozen=True)
+class LastProgress:
+    step: int | None = None
+    max_steps: int | None = None
+    epoch: float | None = None
+    loss: float | None = None
+    spent: float | None = None
+    currency: str = ""
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where the run's outputs are: after a final sync (`synced` set) or synced continuously."""
+
+    ok: bool | None = None       # None: no final sync was made
+    files: int = 0
+    bytes: int = 0
+    target: str = ""
+    error: str = ""
+    unsynced: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # the final sync's folders
+    sync_target: str = ""        # the configured target, for "synced continuously"
+    damaged: tuple[str, ...] = ()        # files sent as they are although they fail their format check
+    partial_units: tuple[str, ...] = ()  # checkpoints sent as they are although never finished
+
+
+@dataclass(frozen=True)
+class Next:
+    """What on_finish does now."""
+
+    mode: str                    # stop | idle | none
+    stop_at: float | None = None
+    finish_grace_s: float = 0.0
+    warn_after_s: float = 0.0
+    stop_after_warning_s: float = 0.0
+    stop_under_way: bool = False  # a stop had already begun when the run ended
+    warned: bool = False          # the grace runs: the subject says when the machine stops
+
+
+@dataclass(frozen=True)
+class Ended:
+    run: RunEnd
+    progress: LastProgress | None
+    outputs: Outputs
+    next: Next
+
+
+def _progress_text(p: LastProgress | None) -> str:
+    if p is None:
+        return ""
+    bits = []
+    if p.step is not None:
+        bits.append(f"step {p.step}" + (f"/{p.max_steps}" if p.max_steps else ""))
+    if p.epoch is not None:
+        bits.append(f"epoch {p.epoch:.2f}")
+    if p.loss is not None:
+        bits.append(f"loss {p.loss:.4g}")
+    out = f"Last progress: {', '.join(bits)}\n" if bits else ""
+    if p.spent is not None:
+        out += f"Cost so far: {p.spent:.2f} {p.currency}\n"
+    return out
+
+
+def _outputs_text(o: Outputs, workdir: str) -> str:
+    if o.ok is None:
+        return f"Outputs: {workdir or '(workdir not set)'}; synced continuously to " \
+               f"{o.sync_target or '(no sync target)'}\n"
+    if o.ok:
+        return (f"Outputs: final sync verified, {o.files} files ({format_bytes(o.bytes)}) at "
+                f"{o.target or '(no target: nothing leaves this machine)'}; folders "
+                f"{', '.join(o.paths) or '(none)'}\n{not_whole_text(o.damaged, o.partial_units)}")
+    return (f"Outputs: the final sync FAILED ({o.error}); not yet safe:\n"
+            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n")
+
+
+def _next_text(n: Next) -> str:
+    if n.mode == "stop":
+        if n.stop_under_way:
+            return "\nA stop was already under way.\n"
+        return (f"\nNext: this machine stops at {when(n.stop_at)} (in {format_duration(n.finish_grace_s)}), "
+                "after a verified final sync.\nTo keep it: log in over SSH (the stop then waits until "
+                f"{format_duration(n.finish_grace_s)} after you leave) or run\n\n    supervisorctl keepalive 2h\n")
+    if n.mode == "idle":
+        return (f"\nNext: idle protection decides: a warning after {format_duration(n.warn_after_s)} "
+                f"idle, the stop {format_duration(n.stop_after_warning_s)} later.\n")
+    return "\non_finish = \"none\": nothing is stopped because the training ended.\n"
+
+
+def ended(f: Ended) -> Mail:
+    r = f.run
+    how = describe_exit(r.exit_code, r.signal)
+    ran = ""
+    if r.started_at and r.ended_at:
+        ran = f"Ran: {when(r.started_at)} -> {when(r.ended_at)} ({format_duration(r.ended_at - r.started_at)})\n"
+    subject = f"training {'finished' if r.finished else 'FAILED'} ({how})"
+    if f.next.mode == "stop" and f.next.warned:
+        subject += f"; stopping at {hm(f.next.stop_at)}"
+    body = (f"Training {'finished' if r.finished else 'failed'}: {how} (run {r.run_id}).\n"
+            f"Command: {r.command}\n{ran}{_progress_text(f.progress)}{_outputs_text(f.outputs, r.workdir)}"
+            f"Log: {r.log_path}\n{_next_text(f.next)}")
+    return Mail(subject, body)
+
+
+def restarted(exit_code: int | None, signal: str | None, delay_s: float, command: str, log_path: str) -> Mail:
+    """The run failed and restart = "on-failure" starts it again after `delay_s`."""
+    return Mail(f"training failed ({describe_exit(exit_code, signal)}); restarting in {int(delay_s)}s",
+                f"Command: {command}\nLog: {log_path}\n")

@@ -1,0 +1,347 @@
+"""The live progress of the current run: the shell around supervisor.progress.record.
+
+`ProgressTracker` is a LineListener on the training log and reads the newest checkpoint's
+trainer_state.json when it changes; what they say is merged into the run record by the pure
+functions of supervisor.progress.record, which also derive the rates, ETA and cost. This shell does
+the I/O: lines in, trainer_state.json reads, persistence, the structured log and the estimate mail.
+
+The state of the run is persisted (`progress.json` in state_dir) so a daemon restart keeps the
+step, the series behind the rates and the run's start time; `start_run` with the same run_id
+picks it up again, a new run_id starts from nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any
+
+import structlog
+
+from supervisor.context import Context
+from supervisor.notify.mails import progress as words
+from supervisor.progress import record as pr
+from supervisor.progress import stall
+from supervisor.progress.parse import parse_trainer_state
+from supervisor.statefile import set_aside
+from supervisor.training.checkpoints import checkpoint_step
+
+log = structlog.get_logger("progress")
+
+MAX_STATE_BYTES = 64 * 1024 * 1024   # a trainer_state.json beyond this is not read (log_history of millions)
+SAVE_EVERY_S = 15.0
+
+
+class ProgressTracker:
+    """Thread-safe; every public method swallows and logs its own errors (a progress figure is
+    never worth a daemon crash). The price and currency come from the caller: the tracker reads
+    only its own `[progress]` section."""
+
+    def __init__(self, ctx: Context, *, price_per_hour: float | None, currency: str = "USD", gpu: Any = None):
+        self.ctx = ctx
+        self.gpu = gpu
+        self.price_per_hour = price_per_hour
+        self.currency = currency
+        self._lock = threading.RLock()
+        self._last_save = -math.inf
+        self._dirty = False
+        self._errors = 0
+        self.run = self._load()
+
+    @property
+    def cfg(self):
+        return self.ctx.config.progress
+
+    def _load(self) -> pr.Run:
+        try:
+            saved = self.ctx.store.load("progress", None)
+            if saved is None:
+                return pr.Run()
+            return pr.Run.from_json(saved)
+        except ValueError as e:
+            aside = set_aside(self.ctx.store.path("progress"))
+            self.ctx.store.problems.append(f"{e}; set aside as {aside.name}, progress starts afresh")
+            log.warning("progress_state_unusable", error=str(e), set_aside=str(aside))
+        except Exception:  # noqa: BLE001
+            log.exception("progress_state_unusable")
+        return pr.Run()
+
+    # --- lifecycle, called by the daemon -----------------------------------------------------------
+    def start_run(self, run_id: int, started_at: float) -> None:
+        """A run is (or is again, after a daemon restart) in progress. The same run_id keeps what
+        was known; a new one starts from nothing."""
+        with self._lock:
+            if self.run.run_id == run_id and self.run.started_at is not None:
+                return
+            self.run = pr.Run(run_id=run_id, started_at=started_at)
+            log.info("progress_run_started", run_id=run_id, started_at=started_at)
+            self._save(force=True)
+        reset_peak = getattr(self.gpu, "reset_peak", None)
+        if callable(reset_peak):
+            try:
+                reset_peak()  # "peak GPU memory" in the estimate means this run's
+            except Exception:  # noqa: BLE001
+                log.warning("gpu_reset_peak_failed", exc_info=True)
+
+    def end_run(self, run_id: int, ended_at: float) -> None:
+        """The run ended (any way): figures freeze at ended_at; the cost stops growing."""
+        with self._lock:
+            if self.run.run_id != run_id or self.run.ended_at is not None:
+                return
+            self.run.ended_at = ended_at
+            self._log_progress(ended_at, "progress_run_ended")
+            self._save(force=True)
+
+    # --- LineListener -----------------------------------------------------------------------------
+    def feed_line(self, line: str, now: float) -> None:
+        try:
+            with self._lock:
+                if not self.run.live:
+                    return
+                m = pr.merge_line(self.run, line, now)
+                self._dirty = self._dirty or m.changed
+                if m.finished:
+                    self._log_progress(now, "progress_finished")
+                if self._dirty:
+                    self._save()
+        except Exception:  # noqa: BLE001
+            self._error("progress_feed_failed")
+
+    def reset(self, now: float) -> None:
+        """The log was truncated or replaced. What is known about the run stays (a new run comes
+        with start_run)."""
+        with self._lock:
+            pr.forget_bar(self.run)
+
+    # --- checkpoints --------------------------------------------------------------------------------
+    def scan_checkpoints(self, dirs: list[str]) -> None:
+        """Read trainer_state.json of the newest checkpoint-N/ in (or one level below) `dirs`,
+        only when it changed since the last read and was written during this run."""
+        try:
+            with self._lock:
+                r = self.run
+                if not r.live:
+                    return
+                started = r.started_at
+                last_key = r.state_key
+            assert started is not None
+            newest = _newest_state(dirs, since=started - 60.0)
+            if newest is None:
+                return
+            path, mtime_ns, size = newest
+            key = [path, mtime_ns, size]
+            if key == last_key:
+                return
+            obs = None
+            if size <= MAX_STATE_BYTES:
+                try:
+                    with open(path, "rb") as f:
+                        obs = parse_trainer_state(f.read(MAX_STATE_BYTES + 1))
+                except OSError as e:
+                    log.warning("trainer_state_unreadable", path=path, error=str(e))
+                    return  # vanished (rotation) or racing the writer: look again next time
+            now = self.ctx.clock.time()
+            with self._lock:
+                if self.run.started_at != started:
+                    return
+                self.run.state_key = key
+                if obs is None:
+                    log.warning("trainer_state_unusable", path=path, size=size)
+                else:
+                    m = pr.merge(self.run, obs, min(now, max(started, mtime_ns / 1e9)))
+                    if m.finished:
+                        self._log_progress(now, "progress_finished")
+                self._save(force=True)
+        except Exception:  # noqa: BLE001
+            self._error("progress_scan_failed")
+
+    # --- figures ------------------------------------------------------------------------------------
+    def _figures(self, now: float) -> pr.Figures:
+        return pr.figures(self.run, now, self.cfg.window)
+
+    def snapshot(self, now: float) -> dict:
+        """`training.progress` of status --json: the contract's keys plus a few more; None = unknown."""
+        try:
+            with self._lock:
+                out = pr.snapshot(self.run, self._figures(now))
+                v = self._stall_view(now)
+            out.update(since_step_s=None if v.since_step_s is None else round(v.since_step_s, 1),
+                       stall_after_s=v.threshold_s, stalled=v.stall is not None)
+            return out
+        except Exception:  # noqa: BLE001
+            self._error("progress_snapshot_failed")
+            return dict.fromkeys(("step", "max_steps", "epoch", "loss", "tokens_per_s", "eta_s"))
+
+    def stall(self, now: float) -> stall.View:
+        """Seconds since the step last moved, the stall threshold, and the stall if there is one
+        (supervisor.progress.stall). The caller also checks that the training is RUNNING."""
+        try:
+            with self._lock:
+                return self._stall_view(now)
+        except Exception:  # noqa: BLE001
+            self._error("progress_stall_failed")
+            return stall.View(None, None, None)
+
+    def _stall_view(self, now: float) -> stall.View:
+        r = self.run
+        times = [s.t for s in r.steps.samples]
+        if len(times) < 3 and r.started_at is not None and (not times or r.started_at < times[0]):
+            # too few steps for a typical gap: the wait for the first one counts as one, so a step seen
+            # only in hourly checkpoints (or a log line every 40 minutes) is not called hung after 30m
+            times.insert(0, r.started_at)
+        return stall.view(r.step, r.step_at, times, now, self.cfg.stall_after, r.live and not r.finished)
+
+    def cost(self, now: float) -> dict:
+        """The `cost` block of status --json (see progress_run.cost)."""
+        f = None
+        try:
+            with self._lock:
+                f = self._figures(now)
+        except Exception:  # noqa: BLE001
+            self._error("progress_cost_failed")
+        return pr.cost(f, self.price_per_hour, self.currency, self.cfg.budget)
+
+    def _facts(self, now: float) -> tuple[words.RunFacts, words.CostFacts]:
+        r = self.run
+        f = self._figures(now)
+        run = words.RunFacts(started_at=r.started_at, step=r.step, max_steps=r.max_steps, fraction=f.fraction,
+                             epoch=r.epoch, num_epochs=r.num_epochs, loss=r.loss, steps_per_s=f.steps_per_s,
+                             tokens_per_s=f.tokens_per_s, elapsed_s=f.elapsed_s, running=f.running,
+                             eta_s=f.eta_s, finish_at=f.finish_at)
+        return run, words.CostFacts(**pr.cost(f, self.price_per_hour, self.currency, self.cfg.budget))
+
+    def email_summary(self, now: float) -> str:
+        """A few lines for the finished / failed / idle mails."""
+        try:
+            with self._lock:
+                if self.run.started_at is None:
+                    return words.summary(words.RunFacts(None), words.CostFacts(None, self.currency))
+                return words.summary(*self._facts(now))
+        except Exception:  # noqa: BLE001
+            self._error("progress_summary_failed")
+            return "Progress: unknown"
+
+    # --- the early estimate and the periodic log line -----------------------------------------------
+    def maybe_early_estimate(self, now: float) -> None:
+        """Call every minute. Once per run, after progress.estimate_after: the projected finish
+        and cost, peak GPU memory, and whether the run fits progress.budget — to the structured log
+        always, by mail (an alert event) when progress.estimate_email is set. Also writes the
+        `progress` log line every progress.log_interval and saves unsaved state."""
+        try:
+            with self._lock:
+                r = self.run
+                if r.started_at is None:
+                    return
+                if pr.log_due(r, now, self.cfg.log_interval):
+                    r.last_logged = now
+                    self._log_progress(now, "progress")
+                    self._dirty = True
+                f = self._figures(now)
+                if not pr.estimate_due(r, now, self.cfg.estimate_after, f.eta_s is not None):
+                    if self._dirty:
+                        self._save(force=True)
+                    return
+                r.estimate_sent = True
+                self._save(force=True)
+                run_id = r.run_id
+                run, cost = self._facts(now)
+            peak, total = self._gpu_peak()
+            mail = words.estimate(run, cost, peak, total)
+            log.info("progress_estimate", run_id=run_id, eta_s=run.eta_s, spent=cost.spent,
+                     eta_cost=cost.eta_cost, fits_budget=cost.fits_budget, peak_gpu_mem_bytes=peak)
+            if self.cfg.estimate_email:
+                self.ctx.alerts.event(f"progress:estimate:{run_id}", "early_estimate",
+                                      "warning" if cost.fits_budget is False else "info", mail.subject, mail.body)
+        except Exception:  # noqa: BLE001
+            self._error("progress_estimate_failed")
+
+    def _gpu_peak(self) -> tuple[int | None, int | None]:
+        if self.gpu is None:
+            return None, None
+        peak = total = None
+        try:
+            fn = getattr(self.gpu, "peak_mem_bytes", None)
+            v = fn() if callable(fn) else None
+            if isinstance(v, dict):
+                v = max((x for x in v.values() if isinstance(x, (int, float))), default=None)
+            elif isinstance(v, (list, tuple)):
+                v = max((x for x in v if isinstance(x, (int, float))), default=None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+                peak = int(v)
+            st = self.gpu.status() if callable(getattr(self.gpu, "status", None)) else {}
+            totals = [g.get("mem_total_bytes") for g in (st or {}).get("gpus", []) if isinstance(g, dict)]
+            totals = [t for t in totals if isinstance(t, int) and t > 0]
+            total = max(totals) if totals else None
+        except Exception:  # noqa: BLE001
+            log.warning("gpu_peak_unavailable", exc_info=True)
+        return peak, total
+
+    # --- internals ---------------------------------------------------------------------------------------
+    def _log_progress(self, now: float, event: str) -> None:
+        f = self._figures(now)
+        r = self.run
+        log.info(event, run_id=r.run_id, step=r.step, max_steps=r.max_steps, epoch=r.epoch, loss=r.loss,
+                 steps_per_s=f.steps_per_s, tokens_per_s=f.tokens_per_s, eta_s=f.eta_s,
+                 elapsed_s=f.elapsed_s, source=r.step_source)
+
+    def _save(self, force: bool = False) -> None:
+        now = self.ctx.clock.monotonic()
+        if not force and now - self._last_save < SAVE_EVERY_S:
+            return
+        self.run.prune(self.ctx.clock.time() - 12 * self.cfg.window)
+        try:
+            self.ctx.store.save("progress", self.run.to_json())
+            self._dirty = False
+        except (OSError, TypeError, ValueError) as e:
+            log.error("progress_save_failed", error=str(e))
+        self._last_save = now
+
+    def _error(self, event: str) -> None:
+        self._errors += 1
+        if self._errors <= 20 or self._errors % 1000 == 0:
+            log.exception(event, count=self._errors)
+
+
+def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:
+    """(path, mtime_ns, size) of the most recently written checkpoint-N/trainer_state.json."""
+    best: tuple[int, int, str, int] | None = None
+    seen: set[str] = set()
+    for d in dirs:
+        for ck, n in _checkpoint_dirs(d):
+            p = os.path.join(ck, "trainer_state.json")
+            if p in seen:
+                continue
+            seen.add(p)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            if st.st_mtime < since:
+                continue
+            cand = (st.st_mtime_ns, n, p, st.st_size)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
+    return (best[2], best[0], best[3]) if best else None
+
+
+def _checkpoint_dirs(d: str) -> list[tuple[str, int]]:
+    """(path, step) of each checkpoint-N/ in `d` or one level below."""
+    out: list[tuple[str, int]] = []
+    try:
+        with os.scandir(d) as it:
+            entries = [e for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return out
+    for e in entries:
+        n = checkpoint_step(e.name)
+        if n is not None:
+            out.append((e.path, n))
+            continue
+        try:
+            with os.scandir(e.path) as it2:
+                out.extend((s.path, k) for s in it2
+                           if (k := checkpoint_step(s.name)) is not None and s.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+    return out

@@ -1,0 +1,127 @@
+"""Answering the callers who wait on the sync engine: `sync --wait`, the final sync before a stop,
+`once`, and what made it off the machine (`holdings`, for a spot notice). A mixin of SyncEngine (it reads the engine's units, ledger, target and board under the
+engine's lock); the decisions themselves are final.py's and scan.py's, pure.
+"""
+
+from __future__ import annotations
+
+from supervisor.durations import format_duration
+from supervisor.interfaces import FinalSyncResult
+from supervisor.sync import final
+from supervisor.sync import scan as sc
+from supervisor.sync._log import get_logger
+from supervisor.sync.targets.base import TargetError
+from supervisor.sync.waiter import Ticket
+
+log = get_logger("sync")
+
+
+class Answers:
+    def holdings(self) -> list[dict]:
+        """Each folder unit of the last scan (checkpoint-N, adapters): complete here, and does the
+        target hold it whole? What a preemption notice reports as made off the machine or not."""
+        with self._lock:
+            units = [u for u in self._units.values() if u.kind == "dir" and u.selected and not u.retired]
+            up = self._up
+        out = []
+        for u in units:
+            newest = max((s.mtime_ns for s in u.selected), default=0)
+            out.append({"unit": u.label, "path": u.abspath, "complete": u.verdict.complete,
+                        "reason": u.verdict.reason, "on_target": bool(up and u.verdict.complete and up.synced(u)),
+                        "settling": not u.verdict.complete and u.verdict.ready_in is not None,
+                        "bytes": sum(s.size for s in u.selected), "mtime": newest / 1e9})
+        return sorted(out, key=lambda h: h["mtime"], reverse=True)
+
+    def _idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
+        r = self._idle_waits.wait(t, timeout_s)
+        if r is not None:
+            return r
+        with self._lock:
+            err = self.board.last_error
+            return self._result(False, t.spec.started_ok,
+                                error=f"timed out after {format_duration(timeout_s)}{': ' + err if err else ''}",
+                                unsynced=self._unsynced(None))
+
+    # --- answering callers ------------------------------------------------------------------------
+    def _answer_all(self, error: str) -> None:
+        def answer(t: Ticket) -> FinalSyncResult:
+            with self._lock:
+                return self._result(False, t.spec.started_ok, error=error)
+
+        self._finals.close(answer)
+        self._idle_waits.close(answer)
+
+    def _answer_idle_waits(self, error: str | None, pass_id: int) -> None:
+        with self._lock:
+            tickets = [t for t in self._idle_waits.tickets() if pass_id >= t.spec.after_pass]
+            if not tickets:
+                return
+            if error is None:
+                assert self._up is not None
+                if sc.settling(self._units.values(), self._up.synced):
+                    return
+                error = "; ".join(sc.blocked(self._units.values(), self._up.synced)) or None
+            for t in tickets:
+                if error is not None:
+                    r = self._result(False, t.spec.started_ok, error=error, unsynced=self._unsynced(None))
+                else:
+                    r = self._result(True, t.spec.started_ok)
+                self._idle_waits.settle(t, r)
+
+    def _expire_finals(self) -> None:
+        now = self.clock.monotonic()
+        with self._lock:
+            for t in self._finals.tickets():
+                if now >= t.spec.deadline:
+                    why = self.board.last_error or "not all files on the target yet"
+                    self._finals.settle(t, self._result(False, t.spec.started_ok, error=f"final sync timed out: {why}",
+                                                        unsynced=self._unsynced(t.spec.paths)))
+
+    def _verify_finals(self) -> None:
+        """For each final sync whose folders are fully uploaded, ask the target itself; once it
+        holds everything, scan again, and answer ok only when that scan finds nothing new or
+        changed (a checkpoint completed while the final sync ran goes up too)."""
+        assert self.ledger is not None and self.target is not None and self._up is not None
+        with self._lock:
+            tickets = self._finals.tickets()
+            units = list(self._units.values())
+        for t in tickets:
+            j = t.spec
+            scope = sc.final_scope(units, j.paths)
+            if not final.uploaded(scope, self._up.synced):
+                continue  # still work to do (or failing); the next pass gets there
+            expected = final.expected(scope, self.ledger.current)
+            fp = final.fingerprint(scope)
+            if j.verified == fp:
+                with self._lock:
+                    sent = self.board.uploaded_session - j.started_ok
+                    self._finals.settle(t, final.verified(scope, expected, self.display, sent))
+                log.info("sync_final_verified", paths=j.paths, files=len(expected))
+                continue
+            manifests = final.manifest_units(scope)
+            try:
+                lost = self.target.missing({**expected, **final.manifest_keys(manifests)})
+            except TargetError as e:
+                self._failed(f"verifying final sync: {e}", e)
+                return
+            with self._lock:
+                self._requested = True  # send what was lost, or scan once more for what is new
+            if not lost:
+                j.verified = fp
+                continue
+            j.verify_rounds += 1
+            log.warning("sync_final_verify_lost", files=lost[:10], count=len(lost), round=j.verify_rounds)
+            final.forget_lost(self.ledger, lost, manifests)
+            if j.verify_rounds >= final.VERIFY_ROUNDS:
+                with self._lock:
+                    self._finals.settle(t, self._result(False, j.started_ok, unsynced=lost,
+                                                        error=f"target keeps losing files: {', '.join(lost[:5])}"))
+
+    def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None) -> FinalSyncResult:
+        files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
+        return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
+                               uploaded_files=self.board.uploaded_session - started_ok, error=error,
+                               unsynced=list(unsynced or []))
+
+    def _unsynced(self, scope: list[str] | None) -> list[str]:
+        return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []

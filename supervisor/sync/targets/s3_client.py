@@ -1,0 +1,211 @@
+"""The S3 connection: the boto3 client built once (on a thread of its own while the scan runs),
+every call's errors turned into the target's, and the listing, manifest and delete requests."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlparse
+
+from supervisor.config import SyncConfig
+from supervisor.sync._log import get_logger
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.targets.base import (
+    RemoteObject,
+    TargetError,
+    TokenBucket,
+    join_key,
+)
+from supervisor.sync.targets.s3_wire import (
+    AUTH_CODES,
+    LOOPBACK,
+    NotFound,
+    Refused,
+    crc32_b64,
+    etag_of,
+    md5_b64,
+    no_expect_for_small_bodies,
+)
+from supervisor.syncurl import TargetURL
+
+log = get_logger("sync.s3")
+
+
+class S3Connection:
+    """The bucket and prefix, the client and its pools; the upload paths build on it (s3.py)."""
+
+    def __init__(self, url: TargetURL, cfg: SyncConfig):
+        self.bucket = url.bucket
+        self.prefix = url.prefix
+        self.cfg = cfg
+        self.display = url.display()
+        self.crc = cfg.request_checksum_calculation == "when_supported"
+        self.single_put_max = cfg.multipart_threshold
+        self.limiter = TokenBucket(cfg.bandwidth_limit) if cfg.bandwidth_limit else None
+        self._client: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._files: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._prep_lock = threading.Lock()
+        self._preparing = False
+        self._copies = True  # server-side copies of content the target holds; off once refused
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+                self._pool = ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="s3-put")
+                # large files: one thread each to create, hash and complete; parts go to _pool
+                self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
+            return self._client
+
+    def prepare(self) -> None:
+        """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
+        second) while the scan still runs; the first request then finds it ready."""
+        # not self._lock: client() holds it while the client is built, and the scan calling
+        # this for every unit must not wait for that
+        with self._prep_lock:
+            if self._client is not None or self._preparing:
+                return
+            self._preparing = True
+        threading.Thread(target=self._prepare, name="s3-prepare", daemon=True).start()
+
+    def _prepare(self) -> None:
+        try:
+            self.client()
+        except Exception as e:  # noqa: BLE001 - the first real request reports it
+            log.debug("s3_prepare_failed", error=str(e))
+
+    def _make_client(self) -> Any:
+        import boto3
+        import botocore.session
+        from botocore.config import Config
+
+        bs = botocore.session.Session()
+        if self.cfg.credentials_file:
+            bs.set_config_variable("credentials_file", self.cfg.credentials_file)
+        session = boto3.Session(botocore_session=bs)
+        s3cfg: dict[str, Any] = {}
+        ep = self.cfg.endpoint_url
+        if ep:
+            s3cfg["addressing_style"] = "path"
+            host = urlparse(ep).hostname or ""
+            if host in LOOPBACK:
+                # Payload signing guards bytes in transit; loopback has no transit, and the body
+                # checksum the store verifies still covers integrity.
+                s3cfg["payload_signing_enabled"] = False
+        conf = Config(
+            region_name=self.cfg.region or None,
+            max_pool_connections=self.cfg.concurrency * 2 + 4,
+            retries={"total_max_attempts": 3, "mode": "standard"},
+            connect_timeout=10,
+            read_timeout=120,
+            tcp_keepalive=True,
+            request_checksum_calculation=self.cfg.request_checksum_calculation,
+            response_checksum_validation="when_required",
+            s3=s3cfg,
+        )
+        kw: dict[str, Any] = {"config": conf}
+        if ep:
+            kw["endpoint_url"] = ep
+        if not self.cfg.region and not session.region_name:
+            kw["region_name"] = "us-east-1"
+        client = session.client("s3", **kw)
+        client.meta.events.register("before-sign.s3.PutObject", no_expect_for_small_bodies)
+        client.meta.events.register("before-sign.s3.UploadPart", no_expect_for_small_bodies)
+        return client
+
+    def _key(self, k: str) -> str:
+        return join_key(self.prefix, k)
+
+    def _call(self, op: str, **kw: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.client(), op)(**kw)
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            code = err.get("Code", "?")
+            if code in ("NoSuchUpload", "NoSuchKey", "404", "NotFound"):
+                raise NotFound(code) from None
+            msg = err.get("Message", "") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+            if code in AUTH_CODES:
+                raise Refused(f"S3 {op} {kw.get('Key', '')}: {code}: {msg} (check the credentials and the "
+                               "bucket's permissions)".strip()) from None
+            raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}".strip()) from None
+        except BotoCoreError as e:
+            raise TargetError(f"S3 {op}: {e}") from None
+
+    # --- manifests, checks, deletes ------------------------------------------------------------
+    def write_manifest(self, unit_key: str, data: bytes) -> None:
+        key = self._key(join_key(unit_key, MANIFEST_NAME))
+        extra = {"ChecksumCRC32": crc32_b64(data)} if self.crc else {"ContentMD5": md5_b64(data)}
+        self._call("put_object", Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **extra)
+
+    def delete_manifest(self, unit_key: str) -> None:
+        key = self._key(join_key(unit_key, MANIFEST_NAME))
+        try:
+            self._call("delete_object", Bucket=self.bucket, Key=key)
+        except NotFound:
+            pass
+
+    def listing(self, prefix: str) -> dict[str, RemoteObject]:
+        """Every object under prefix (relative keys)."""
+        full = self._key(prefix)
+        out: dict[str, RemoteObject] = {}
+        token = None
+        base = (self.prefix.strip("/") + "/") if self.prefix.strip("/") else ""
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+            if token:
+                kw["ContinuationToken"] = token
+            try:
+                resp = self._call("list_objects_v2", **kw)
+            except NotFound as e:
+                raise TargetError(f"S3 list {full}: {e}") from None
+            for o in resp.get("Contents") or []:
+                k = o["Key"]
+                rel = k[len(base):] if base and k.startswith(base) else k
+                out[rel] = RemoteObject(int(o.get("Size", -1)), etag_of(o.get("ETag")))
+            if not resp.get("IsTruncated"):
+                return out
+            token = resp.get("NextContinuationToken")
+
+    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+        groups: dict[str, list[str]] = {}
+        for k in expected:
+            top = k.split("/", 1)[0]
+            groups.setdefault(top + "/" if "/" in k else k, []).append(k)
+        out = []
+        for prefix, keys in groups.items():
+            have = self.listing(prefix)
+            for k in keys:
+                size, etag = expected[k]
+                o = have.get(k)
+                if o is None or (size >= 0 and o.size != size) or (etag and o.etag and o.etag != etag):
+                    out.append(k)
+        return out
+
+    def delete_prefix(self, unit_key: str) -> None:
+        if not unit_key.strip("/"):
+            raise TargetError("refusing to delete the whole target")
+        self.delete_manifest(unit_key)
+        keys = sorted(self.listing(unit_key.rstrip("/") + "/"))
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
+            self._call("delete_objects", Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+    def close(self) -> None:
+        with self._lock:
+            for pool in (self._pool, self._files):
+                if pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._files = None
+            if self._client is not None:
+                try:
+                    self._client.close()  # its keep-alive connections
+                except Exception:  # noqa: BLE001 - closing must not raise
+                    pass
+                self._client = None

@@ -1,0 +1,12 @@
+"""The training wing: the job in tmux, the runner in its pane, its log, its checkpoint names.
+
+Owns starting, watching, stopping and re-adopting the training (`job`), the process that sits in
+the tmux pane and records how it ended (`runner`, run as `python -m supervisor.training.runner`),
+the tmux CLI on our own socket (`tmux`), following the log (`logfollow`) and the Trainer's
+checkpoint folder names (`checkpoints`).
+
+Pure: `checkpoints`. Shell: `job`, `runner`, `tmux`, `logfollow`.
+May import: the core, notify (its words). Imported by: progress, idle, gpu, spot, sync, the daemon.
+"""
+
+PURE = ("checkpoints",)

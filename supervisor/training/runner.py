@@ -1,0 +1,211 @@
+"""The process that sits in the tmux pane: runs the training command, copies its output to the pane
+and to the log file, and records how it ended.
+
+Run as `python -m supervisor.training.runner SPEC.json`. It is deliberately separate from the daemon so the
+daemon can die, restart or be upgraded while the training keeps running: the exit code is written to
+a file the next daemon reads, not returned to a parent that may be gone.
+
+Signals: like a shell waiting for a foreground job, the runner ignores SIGINT/SIGTERM/SIGHUP and lets
+them reach the job (it shares the runner's process group, which is what the daemon signals); it
+exits only after the job has, so the exit status is always captured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from supervisor import records
+from supervisor.notify.mails import describe_exit
+from supervisor.redact import redact
+from supervisor.statefile import Reserve, atomic_write
+from supervisor.timefmt import when
+
+BANNER_PREFIX = "===== train-supervisor run "
+# Signals meant for the job: the runner lets them pass and outlives them (USR1/USR2: a spot notice's
+# preemption.training_signal, whose default action would otherwise end the runner too).
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+BANNER_COMMAND_MAX = 2000   # the command as the banner repeats it, cut beyond this
+
+
+# The module the tmux pane runs; the name before the wings is kept so a daemon upgraded while a
+# training runs still re-adopts the runner the older version started.
+RUNNER_MODULES = ("supervisor.training.runner", "supervisor.runner")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """runs/N/spec.json: what the daemon asks the runner to run; also how a daemon that lost
+    training.json recognises the run in the tmux pane."""
+
+    run_id: int
+    command: str
+    log: str
+    run_dir: str
+    shell: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    started_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise ValueError("spec.json: env should map names to strings")
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunSpec:
+        """ValueError (naming the field) or OSError when the file is not a spec this code wrote."""
+        return records.load_file(cls, path, "spec.json")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """runs/N/exit.json: how the job ended, written the moment it did."""
+
+    exit_code: int | None = None     # negative: killed by that signal number, as Popen reports it
+    signal: str | None = None
+    ended_at: float | None = None
+    run_id: int | None = None
+
+    @classmethod
+    def read(cls, path: str | Path) -> ExitRecord:
+        return records.load_file(cls, path, "exit.json")
+
+
+def banner(run_id: int, started: float, command: str) -> str:
+    """The run's first line in the log. One line whatever the command holds (a newline in it would
+    start a line of its own that the OOM detector could take for the job's output)."""
+    shown = redact(command).replace("\r", "\\r").replace("\n", "\\n")
+    if len(shown) > BANNER_COMMAND_MAX:
+        shown = shown[:BANNER_COMMAND_MAX] + "..."
+    return f"{BANNER_PREFIX}{run_id} started {when(started)}: {shown}"
+
+
+def is_banner(line: str) -> bool:
+    """A line the runner wrote about the run (its start or end), not the job's output."""
+    return line.startswith(BANNER_PREFIX)
+
+
+def _signame(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"SIG{n}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    spec = RunSpec.read(args[0])
+    try:
+        os.chmod(args[0], 0o600)  # it holds training.env; older daemons wrote it 0644
+    except OSError:
+        pass
+    for s in JOB_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
+    # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
+    Reserve(Path(spec.run_dir).parent.parent).register()
+    env.update(spec.env)
+    log_path = spec.log
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
+    log.write(f"\n{banner(spec.run_id, time.time(), spec.command)}\n".encode(errors="replace"))
+    kwargs: dict = {}
+    if spec.user:
+        try:
+            kwargs = as_user(str(spec.user), env, set(spec.env))
+        except KeyError:
+            msg = f"train-supervisor: cannot start the training: training.user {spec.user!r} does not exist\n"
+            log.write(msg.encode())
+            sys.stdout.write(msg)
+            _record(spec, 127, None)
+            return 127
+    try:
+        child = subprocess.Popen(
+            [spec.shell or "/bin/bash", "-c", spec.command],
+            cwd=spec.workdir or None, env=env, stdin=None,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            # restore default dispositions in the job: SIG_IGN would otherwise be inherited
+            preexec_fn=_reset_signals, **kwargs,
+        )
+    except OSError as e:
+        msg = f"train-supervisor: cannot start the training: {e}\n"
+        log.write(msg.encode())
+        sys.stdout.write(msg)
+        _record(spec, 127, None)
+        return 127
+    atomic_write(_p(spec, "pid"), str(child.pid).encode())
+    out = sys.stdout.buffer
+    assert child.stdout is not None
+    fd = child.stdout.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        for sink in (log, out):
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except OSError:
+                pass  # a full disk or a closed pane must not kill the training
+    rc = child.wait()  # negative: killed by signal -rc (kept negative in the record, as Popen does)
+    sig = _signame(-rc) if rc < 0 else None
+    tail = f"{BANNER_PREFIX}{spec.run_id} ended: {describe_exit(rc, sig)}\n"
+    for sink in (log, out):
+        try:
+            sink.write(tail.encode())
+            sink.flush()
+        except OSError:
+            pass
+    _record(spec, rc, sig)
+    return 0
+
+
+def as_user(user: str, env: dict[str, str], from_config: set[str]) -> dict:
+    """Popen arguments that run the job as `user` with that user's own groups. `user=` alone only
+    changes the uid: the job would keep root's gid 0 and supplementary groups. HOME, USER and
+    LOGNAME follow the user (caches land in their home), unless training.env sets them."""
+    import pwd
+
+    pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    if pw.pw_uid == os.geteuid() != 0:
+        return {}  # already that user (a daemon not run as root): setgroups would fail for nothing
+    try:
+        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except OSError:
+        groups = [pw.pw_gid]
+    for k, v in (("HOME", pw.pw_dir), ("USER", pw.pw_name), ("LOGNAME", pw.pw_name)):
+        if k not in from_config:
+            env[k] = v
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": groups}
+
+
+def _reset_signals() -> None:
+    for s in JOB_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _p(spec: RunSpec, name: str) -> Path:
+    return Path(spec.run_dir) / name
+
+
+def _record(spec: RunSpec, code: int, sig: str | None) -> None:
+    data = ExitRecord(exit_code=code, signal=sig, ended_at=time.time(), run_id=spec.run_id)
+    atomic_write(_p(spec, "exit.json"), json.dumps(asdict(data)).encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

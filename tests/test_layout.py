@@ -1,0 +1,141 @@
+"""The layout stays the architecture (README "How it is built"): wings by concern, arrows one way.
+
+Read from the source with ast, so a new module that breaks a rule fails here and says which."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "supervisor"
+WINGS: list[str] = []  # filled below from MAY_IMPORT: a folder not named there is part of the core
+# The one-way flow between wings; the core's lower half is open to every wing.
+MAY_IMPORT = {
+    "notify": set(),
+    "training": {"notify"},
+    "progress": {"notify", "training"},
+    "idle": {"notify", "training", "progress"},
+    "gpu": {"notify", "training"},
+    "spot": {"notify", "training"},
+    "sync": {"notify", "training"},
+    "fleet": set(),
+}
+# The top of the core: what wires the wings together or shows them. No wing imports these.
+WINGS[:] = sorted(MAY_IMPORT)
+TOP = {"daemon", "cli", "wiring", "render", "control", "configdoc", "__main__"}
+# What a pure module may import from the standard library: data, text and arithmetic, no I/O.
+PURE_STDLIB = {"__future__", "dataclasses", "typing", "collections", "collections.abc", "enum", "math",
+               "re", "json", "ast", "decimal", "functools", "struct", "itertools", "fnmatch"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every supervisor module `path` imports, at the top or inside a function (an import in a
+    function is still an arrow); names under `if TYPE_CHECKING:` are types only and skipped."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for b in node.body for n in ast.walk(b))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("supervisor"):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in known else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("supervisor"))
+    return {m for m in found if m in known}
+
+
+def wing_of(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in WINGS else "core"
+
+
+KNOWN = modules()
+GRAPH = {m: imports(p, KNOWN) - {m} for m, p in KNOWN.items()}
+
+
+def test_every_wing_says_what_it_owns_and_its_arrows():
+    folders = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()} - {"config"}
+    assert folders == set(MAY_IMPORT), "a new wing needs its line in MAY_IMPORT and README"
+    for w in WINGS:
+        doc = importlib.import_module(f"supervisor.{w}").__doc__ or ""
+        assert "May import:" in doc and "Imported by:" in doc and "Pure:" in doc, w
+
+
+@pytest.mark.parametrize("mod", sorted(KNOWN))
+def test_arrows_go_one_way(mod):
+    w = wing_of(mod)
+    for dep in GRAPH[mod]:
+        dw = wing_of(dep)
+        if dw == "core":
+            leaf = dep.split(".")[-1]
+            assert w == "core" or leaf not in TOP, f"{mod} imports {dep}: no wing imports the daemon's side"
+            if w == "core" and mod.split(".")[-1] not in TOP:
+                assert leaf not in TOP, f"{mod} (core) imports {dep} (top)"
+        elif w == "core":
+            assert mod.split(".")[-1] in TOP, f"{mod} is core but imports the {dw} wing ({dep})"
+        elif dw != w:
+            assert dw in MAY_IMPORT[w], f"{mod} imports {dep}: {w} may import only {sorted(MAY_IMPORT[w])}"
+
+
+def test_no_import_circle():
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(GRAPH[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(d):] + [d]))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_pure_modules_do_no_io():
+    for w in WINGS:
+        wing = importlib.import_module(f"supervisor.{w}")
+        for name in wing.PURE:
+            base = f"supervisor.{w}.{name}"
+            for mod, path in KNOWN.items():
+                if mod != base and not mod.startswith(base + "."):
+                    continue
+                for node in ast.walk(ast.parse(path.read_text())):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                             else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                    for n in names:
+                        if not n.startswith("supervisor"):
+                            assert n in PURE_STDLIB, f"{mod} is listed pure but imports {n}"
+
+
+@pytest.mark.parametrize("mod", sorted(KNOWN))
+def test_no_module_over_600_lines_no_class_over_400(mod):
+    text = KNOWN[mod].read_text()
+    assert text.count("\n") <= 600, f"{mod}: {text.count(chr(10))} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            n = node.end_lineno - node.lineno + 1
+            assert n <= 400, f"{mod}.{node.name}: {n} lines"
