@@ -143,7 +143,8 @@ def test_burn_in_skipped_and_said_without_torch(make, fake_nvml, tmp_path):
     b = w.status()["burn_in"]
     assert b["state"] == "skipped" and "torch is not importable" in b["note"] and str(py) in b["note"]
     assert v.verdict == H.OK
-    assert "burn-in   skipped: burn-in skipped: torch is not importable" in render_health(w.status())
+    assert "burn-in   skipped: torch is not importable (ModuleNotFoundError) in the training's environment" \
+        in render_health(w.status())
 
 
 def test_status_screen_metrics_and_words(make, fake_nvml):

@@ -174,7 +174,7 @@ class HealthWatch:
         py = shutil.which("python3", path=env.get("PATH")) or shutil.which("python", path=env.get("PATH"))
         self._burn = {"state": "running", "seconds": seconds}
         if not py:
-            self._burn = {"state": "skipped", "note": "burn-in skipped: no python in the training's PATH"}
+            self._burn = {"state": "skipped", "note": "no python3 on the training's PATH"}
             log.info("burn_in_skipped", reason=self._burn["note"])
             return
         argv = [py, "-c", BURN_IN, str(seconds)]
@@ -186,16 +186,16 @@ class HealthWatch:
                                cwd=self.ctx.config.training.workdir or None)
             out = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
         except (OSError, subprocess.TimeoutExpired, ValueError) as e:
-            self._burn = {"state": "failed", "note": f"burn-in failed: {type(e).__name__}: {e}"[:300]}
+            self._burn = {"state": "failed", "note": f"{type(e).__name__}: {e}"[:300]}
             log.warning("burn_in_failed", error=str(e))
             return
         if "skipped" in out:
-            self._burn = {"state": "skipped", "note": f"burn-in skipped: {out['skipped']} ({py})"}
+            self._burn = {"state": "skipped", "note": f"{out['skipped']} in the training's environment ({py})"}
         elif isinstance(out.get("tflops"), dict):
             self._burn = {"state": "done", "seconds": seconds, "torch": out.get("torch"),
                           "tflops": {int(k): round(float(v), 1) for k, v in out["tflops"].items()}}
         else:
-            self._burn = {"state": "failed", "note": f"burn-in failed: exit {r.returncode}: {r.stderr[-300:]}"}
+            self._burn = {"state": "failed", "note": f"exit {r.returncode}: {r.stderr[-300:]}"}
         log.info("burn_in", **{k: v for k, v in self._burn.items() if k != "tflops"}, tflops=self._burn.get("tflops"))
 
     # --- the duty ---------------------------------------------------------------------------------
