@@ -97,3 +97,13 @@ def test_no_driver(fake_nvml, probe):
     fake_nvml.write(1, init=9)
     h = probe.health()
     assert h.count is None and h.gpus == () and "driver not loaded" in h.error
+
+
+def test_a_gpu_without_nvlink_is_not_asked_again(fake_nvml, probe):
+    fake_nvml.write([gpu(), gpu(nvlink_down=1)])
+    probe.health()
+    first = fake_nvml.count("nvmlDeviceGetNvLinkState")
+    assert first == 2 * 36  # every link index of both GPUs, once
+    h = probe.health()
+    assert fake_nvml.count("nvmlDeviceGetNvLinkState") - first == 36  # only the GPU that has NVLink
+    assert (h.gpus[0].nvlink_down, h.gpus[1].nvlink_down) == (None, 1)

@@ -99,7 +99,7 @@ class HealthWatch:
         return None, ""
 
     def _remember_first(self, facts: H.HealthFacts) -> None:
-        if self._first.get("first_count") or not facts.count:
+        if isinstance(self._first.get("first_count"), int) or not facts.count:
             return
         self._first = {"first_count": facts.count, "first_at": self.ctx.clock.time()}
         try:
@@ -107,12 +107,19 @@ class HealthWatch:
         except OSError as e:
             log.error("health_state_save_failed", error=str(e))
 
-    def _alive(self) -> bool:
+    def _state(self) -> TrainingState | None:
+        """The training's state; None when it cannot be read (judged as under load: no rest-only faults)."""
+        if self.training is None:
+            return TrainingState.STOPPED
         try:
-            return self.training is not None and self.training.info().state in TRAINING_ALIVE
-        except Exception:  # noqa: BLE001 - not knowing means judged as under load: no rest-only faults
+            return self.training.info().state
+        except Exception:  # noqa: BLE001
             log.exception("training_info_failed")
-            return True
+            return None
+
+    def _alive(self) -> bool:
+        state = self._state()
+        return state is None or state in TRAINING_ALIVE
 
     # --- the preflight ----------------------------------------------------------------------------
     def preflight(self, when: str = "on request", *, burn_in: bool = False, alert: bool = True) -> H.Verdict:
@@ -202,15 +209,15 @@ class HealthWatch:
     def poll(self) -> None:
         facts = self.probe.health()
         self._remember_first(facts)
-        alive = self._alive()
+        state = self._state()
+        alive = state is None or state in TRAINING_ALIVE
         expect, _ = self.expect()
         v = H.judge(facts, expect, at_rest=not alive, burn_in=self._burn.get("tflops"))
         with self._lock:
             self._verdict, self._facts, self._at_rest = v, facts, not alive
             self._checked_at = self.ctx.clock.time()
         run_id, rate = self._rate()
-        running = self.training is not None and alive and self.training.info().state == TrainingState.RUNNING
-        if not running:
+        if state != TrainingState.RUNNING:
             self._end_live()
             return
         if run_id != self._live_run:

@@ -155,6 +155,7 @@ class _Device:
     uuid: str | None = None
     mig: bool | None = None
     error: str | None = None      # handle could not be obtained
+    nvlink: bool = True           # False once no link answered: a GPU without NVLink is not asked again
 
 
 @dataclass
@@ -411,7 +412,8 @@ class NvmlProbe:
         rows = q(pynvml.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failed)
         power = q(pynvml.nvmlDeviceGetPowerUsage)
         util = q(pynvml.nvmlDeviceGetUtilizationRates)
-        up, down = self._nvlinks(h, fatal)
+        up, down = self._nvlinks(h, fatal) if d.nvlink else (None, None)
+        d.nvlink = d.nvlink and (up is not None or bool(fatal))
         g = GpuHealth(
             d.index, d.name, d.uuid,
             ecc_mode=bool(ecc[0]) if ecc is not None else None,
