@@ -14,15 +14,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.control import RequestError
-from tests.fixtures.nvml import gpu
+from tests.fixtures.nvml import HEALTH_KEYS, HEALTHY, gpu
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
-# a healthy data-centre GPU as NVML reports it at rest
-HEALTHY = dict(ecc_mode=1, ecc_uncorrected_volatile=0, ecc_uncorrected_aggregate=0, retired_pending=0,
-               remap_pending=0, remap_failed=0, pcie_gen=1, pcie_gen_max=5, pcie_width=16, pcie_width_max=16,
-               throttle=0x1, temp=34, power_mw=71000, persistence=1, nvlink_down=0)
+assert set(HEALTHY) == set(HEALTH_KEYS)
 
 
 def cfg(tmp_path: Path, fake_nvml, **health) -> dict:
@@ -141,16 +138,18 @@ def test_gpu_lost_mid_run_alerts_with_advice(tmp_path, make_daemon, fake_nvml):
 
 
 def test_unsupported_fields_read_unknown_and_alert_nothing(tmp_path, make_daemon, fake_nvml):
-    fake_nvml.write([gpu(util=0)])  # no health key at all: every health entry point says NotSupported
+    # GPU 0 lacks one field (ECC mode: NotSupported through ctypes); GPU 1 lacks every health field
+    fake_nvml.write([gpu(**{k: v for k, v in HEALTHY.items() if k != "ecc_mode"}), gpu(util=0)])
     d = make_daemon(cfg(tmp_path, fake_nvml, on_bad="refuse"))
     h = checked(d, "OK")
-    g = h["gpus"][0]
-    assert g["ecc_mode"] is None and g["pcie_width"] is None and g["throttle"] is None and g["nvlink_down"] is None
-    assert "GPU 0: ecc_mode" in h["unknown"] and len(h["unknown"]) == 11
+    g0, g1 = h["gpus"]
+    assert g0["ecc_mode"] is None and g0["pcie_width"] == 16
+    assert all(g1[k] is None for k in ("ecc_mode", "pcie_width", "throttle", "nvlink_down", "temp_c", "power_w"))
+    assert [u for u in h["unknown"] if u.startswith("GPU 0")] == ["GPU 0: ecc_mode"]
+    assert len([u for u in h["unknown"] if u.startswith("GPU 1")]) == 11
     d.req("start")
     d.wait_training("RUNNING")
     assert not health_alerts(d)
     r = d.ctl("health")
-    assert r.returncode == 0 and "ECC ?" in r.stdout and "width ?" in r.stdout
-    text = d.req("status")
-    assert text["health"]["verdict"] == "OK"
+    assert r.returncode == 0 and "verdict   OK" in r.stdout and "ECC ?" in r.stdout, r.stdout
+    assert "health    OK (2 GPU(s), 12 field(s) unknown)" in d.ctl("status").stdout

@@ -182,3 +182,12 @@ def test_no_driver_without_expectation_is_unknown(make, fake_nvml):
     w, ctx = make()
     assert w.preflight().verdict == H.UNKNOWN and kinds(ctx) == []
     assert Path(ctx.config.state_dir, "health.json").exists() is False
+
+
+def test_many_machines_line_says_a_bad_machine():
+    from supervisor.fleet.hosts import HostResult, host_line
+
+    st = {"now": 0, "training": {"state": "STOPPED"}, "idle": {"state": "ACTIVE"}, "health": {"verdict": "BAD"}}
+    assert host_line(HostResult("gpu1", True, st), 6).endswith("idle ACTIVE  health BAD")
+    st["health"]["verdict"] = "OK"
+    assert "health" not in host_line(HostResult("gpu1", True, st), 6)
