@@ -191,3 +191,24 @@ def test_many_machines_line_says_a_bad_machine():
     assert host_line(HostResult("gpu1", True, st), 6).endswith("idle ACTIVE  health BAD")
     st["health"]["verdict"] = "OK"
     assert "health" not in host_line(HostResult("gpu1", True, st), 6)
+
+
+def test_stop_now_skips_the_warning_and_activity_does_not_cancel_it(clock):
+    """idle.machine.stop_now, the move health.on_bad = "stop" makes: STOPPING at once, committed."""
+    from supervisor.idle.machine import IdleMachine, Now, Signal, Signals, Thresholds, step, stop_now
+    from supervisor.states import IdleState
+
+    th = Thresholds(warn_after=600.0, stop_after_warning=300.0, poll_interval=30.0, finish_grace=120.0)
+
+    def now():
+        return Now(clock.time(), clock.monotonic(), "boot-a")
+
+    ssh = Signals((Signal("ssh", True, "ssh: root (pts/0)"),))
+    m, _ = step(IdleMachine(), ssh, now(), th)
+    assert m.state == IdleState.ACTIVE
+    m = stop_now(m, now(), "gpu_bad")
+    assert (m.state, m.stop_reason, m.committed, m.cycle) == (IdleState.STOPPING, "gpu_bad", True, 1)
+    clock.advance(30)
+    m2, actions = step(m, ssh, now(), th)
+    assert m2.state == IdleState.STOPPING and actions == []  # a person logged in does not cancel it
+    assert stop_now(m2, now(), "gpu_bad") == m2  # asked twice: the one stop goes on
