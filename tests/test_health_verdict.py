@@ -113,8 +113,8 @@ def test_every_field_unknown_is_ok_and_listed():
 def test_burn_in_flags_a_gpu_over_15_percent_slower():
     v = judge(facts(GOOD, GOOD, GOOD, GOOD), 4, burn_in={0: 700.0, 1: 690.0, 2: 560.0, 3: 705.0})
     assert v.verdict == DEGRADED
-    assert v.reasons() == ["GPU 2: slow in burn-in: 560 TFLOP/s, 19 % below the others (695)"]
-    assert judge(facts(GOOD, GOOD), 2, burn_in={0: 700.0, 1: 600.0}).verdict == OK  # 14 % below the median
+    assert v.reasons() == ["GPU 2: slow in burn-in: 560 TFLOP/s, 20 % below the others (700)"]
+    assert judge(facts(GOOD, GOOD), 2, burn_in={0: 700.0, 1: 600.0}).verdict == OK  # 14 % below the other
     assert judge(facts(GOOD), 1, burn_in={0: 1.0}).verdict == OK  # nothing to compare with
 
 

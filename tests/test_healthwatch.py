@@ -212,3 +212,23 @@ def test_stop_now_skips_the_warning_and_activity_does_not_cancel_it(clock):
     m2, actions = step(m, ssh, now(), th)
     assert m2.state == IdleState.STOPPING and actions == []  # a person logged in does not cancel it
     assert stop_now(m2, now(), "gpu_bad") == m2  # asked twice: the one stop goes on
+
+
+def test_burn_in_result_from_the_workdir_venv_judges_a_slow_gpu(make, fake_nvml, tmp_path):
+    """The burn-in's output as torch would print it, from a stand-in for the training's venv Python:
+    the workdir's .venv is the one used, GPUs are numbered in PCI bus order, a slow one is DEGRADED."""
+    work = tmp_path / "work"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    py = work / ".venv" / "bin" / "python"
+    py.write_text('#!/bin/sh\nif [ "$CUDA_DEVICE_ORDER" = PCI_BUS_ID ] && [ -z "${CUDA_VISIBLE_DEVICES+x}" ]; then\n'
+                  'echo \'{"tflops": {"0": 700.0, "1": 540.0}, "torch": "2.5.1"}\'\n'
+                  'else echo \'{"skipped": "CUDA numbering differs from NVML"}\'; fi\n')
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    fake_nvml.write(2)
+    w, ctx = make(health={"burn_in": "1s"})
+    ctx.config.training.workdir = str(work)
+    ctx.config.training.env = {"CUDA_VISIBLE_DEVICES": "1"}
+    v = w.preflight("at daemon start", burn_in=True)
+    assert w.status()["burn_in"] == {"state": "done", "seconds": 1.0, "torch": "2.5.1", "tflops": {0: 700.0, 1: 540.0}}
+    assert v.verdict == H.DEGRADED
+    assert v.reasons() == ["GPU 1: slow in burn-in: 540 TFLOP/s, 23 % below the others (700)"]

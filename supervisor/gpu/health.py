@@ -198,13 +198,14 @@ def judge(facts: HealthFacts, expect_gpus: int | None, *, at_rest: bool = True,
 
 
 def _burn_in_findings(tflops: Mapping[int, float]) -> list[Finding]:
+    """Each GPU against the median of the others: more than BURN_IN_SLOWER below is slow."""
     if len(tflops) < 2:
         return []
-    vals = sorted(tflops.values())
-    mid = len(vals) // 2
-    median = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
     out = []
     for i, v in sorted(tflops.items()):
+        others = sorted(x for j, x in tflops.items() if j != i)
+        mid = len(others) // 2
+        median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
         if median > 0 and v < median * (1 - BURN_IN_SLOWER):
             out.append(Finding(i, DEGRADED, "burn_in",
                                f"slow in burn-in: {v:.0f} TFLOP/s, {100 * (1 - v / median):.0f} % below the others "

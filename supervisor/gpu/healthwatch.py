@@ -178,10 +178,13 @@ class HealthWatch:
     # --- burn-in ----------------------------------------------------------------------------------
     def _run_burn_in(self, seconds: float) -> None:
         env = {**os.environ, **self.ctx.config.training.env}
-        py = shutil.which("python3", path=env.get("PATH")) or shutil.which("python", path=env.get("PATH"))
+        # every GPU of the machine, numbered as NVML numbers them (PCI bus order, not CUDA's fastest-first)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        py = _training_python(self.ctx.config.training.workdir, env.get("PATH"))
         self._burn = {"state": "running", "seconds": seconds}
         if not py:
-            self._burn = {"state": "skipped", "note": "no python3 on the training's PATH"}
+            self._burn = {"state": "skipped", "note": "no python3 in the training's workdir venv or PATH"}
             log.info("burn_in_skipped", reason=self._burn["note"])
             return
         argv = [py, "-c", BURN_IN, str(seconds)]
@@ -278,3 +281,13 @@ class HealthWatch:
         out.update(preflight=when or None, driver_version=facts.driver_version, cuda_version=facts.cuda_version,
                    nvml_error=facts.error, gpus=[asdict(g) for g in facts.gpus])
         return out
+
+
+def _training_python(workdir: str, path: str | None) -> str | None:
+    """The Python the training most likely runs: a venv in its workdir (.venv/, venv/), else python3
+    (or python) on the PATH its environment sets."""
+    for venv in (".venv", "venv"):
+        cand = os.path.join(workdir, venv, "bin", "python") if workdir else ""
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return shutil.which("python3", path=path) or shutil.which("python", path=path)
