@@ -38,8 +38,8 @@ SINGLE = [
     (dict(remap_failed=True), BAD, "remap_failed", "row remapping failed"),
     (dict(remap_pending=True), BAD, "remap_pending", "row remapping pending (needs a GPU reset)"),
     (dict(retired_pending=True), BAD, "retired_pending", "retired memory pages pending (needs a GPU reset)"),
-    (dict(nvlink_up=16, nvlink_down=2), BAD, "nvlink", "2 NVLink links down of 18"),
-    (dict(nvlink_up=0, nvlink_down=18), BAD, "nvlink", "18 NVLink links down of 18"),
+    (dict(nvlink_up=16, nvlink_down=2), BAD, "nvlink", "2 NVLink links down (16 up where another GPU has 18)"),
+    (dict(nvlink_up=0, nvlink_down=18), BAD, "nvlink", "18 NVLink links down (0 up where another GPU has 18)"),
     (dict(pcie_width=4), DEGRADED, "pcie_width", "PCIe link x4 (max x16)"),
     (dict(throttle=0x8), DEGRADED, "throttle_at_rest", "clocks held down at rest (HW slowdown)"),
     (dict(throttle=0x1 | 0x40 | 0x80), DEGRADED, "throttle_at_rest",
@@ -97,10 +97,14 @@ def test_no_driver():
     assert u.verdict == UNKNOWN and u.findings == () and "NVIDIA driver not loaded" in u.notes
 
 
-def test_nvlink_inactive_everywhere_is_no_bridge_not_a_fault():
-    pcie = replace(GOOD, nvlink_up=0, nvlink_down=4)
+def test_nvlink_inactive_alike_everywhere_is_how_the_machine_is_built():
+    pcie = replace(GOOD, nvlink_up=0, nvlink_down=4)  # PCIe cards, no bridge
     v = judge(facts(pcie, pcie), 2)
-    assert v.verdict == OK and "no NVLink bridge" in v.notes[0]
+    assert v.verdict == OK and "no bridge" in v.notes[0]
+    paired = replace(GOOD, nvlink_up=4, nvlink_down=8)  # one bridge of three on each pair
+    assert judge(facts(paired, paired, paired, paired), 4).verdict == OK
+    lone = replace(GOOD, nvlink_up=16, nvlink_down=2)  # one GPU: nothing to compare with
+    assert judge(facts(lone), 1).verdict == OK
 
 
 def test_every_field_unknown_is_ok_and_listed():

@@ -110,7 +110,7 @@ def slowdowns(mask: int | None) -> list[str]:
     return [name for bit, name in SLOWDOWN_BITS.items() if mask & bit]
 
 
-def _gpu_findings(g: GpuHealth, at_rest: bool, fabric: bool) -> list[Finding]:
+def _gpu_findings(g: GpuHealth, at_rest: bool, peers_up: int) -> list[Finding]:
     out: list[Finding] = []
 
     def bad(check: str, what: str, adv: str = REPLACE) -> None:
@@ -136,9 +136,10 @@ def _gpu_findings(g: GpuHealth, at_rest: bool, fabric: bool) -> list[Finding]:
         bad("remap_pending", "row remapping pending (needs a GPU reset)")
     if g.retired_pending:
         bad("retired_pending", "retired memory pages pending (needs a GPU reset)")
-    if g.nvlink_down and fabric:
-        bad("nvlink", f"{g.nvlink_down} NVLink link{'s' if g.nvlink_down != 1 else ''} down"
-                      + (f" of {g.nvlink_down + (g.nvlink_up or 0)}" if g.nvlink_up is not None else ""))
+    if g.nvlink_up is not None and g.nvlink_up < peers_up:
+        n = peers_up - g.nvlink_up
+        bad("nvlink", f"{n} NVLink link{'s' if n != 1 else ''} down ({g.nvlink_up} up where another GPU has "
+                      f"{peers_up})")
     if g.pcie_width is not None and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
         degraded("pcie_width", f"PCIe link x{g.pcie_width} (max x{g.pcie_width_max})",
                  "host-to-GPU copies (data loading, offload, multi-GPU over PCIe) run slower; "
@@ -178,13 +179,15 @@ def judge(facts: HealthFacts, expect_gpus: int | None, *, at_rest: bool = True,
         findings.append(Finding(None, BAD, "gpu_count", what, REPLACE))
     elif expect_gpus and seen > expect_gpus:
         notes.append(f"{seen} GPUs present, {expect_gpus} expected (health.expect_gpus)")
-    # NVLink links that report inactive on every GPU mean no bridge is fitted (PCIe cards), not a
-    # fault; once any GPU has a link up, every inactive link is one down
-    fabric = any(g.nvlink_up for g in facts.gpus)
-    if not fabric and any(g.nvlink_down for g in facts.gpus):
-        notes.append("NVLink inactive on every GPU (no NVLink bridge fitted?)")
+    # NVLink is judged against the peers: a GPU with fewer links up than the best-connected GPU lost
+    # some. Links inactive alike on every GPU are how the machine is built (PCIe cards without a
+    # bridge, or fewer bridges than links), not a fault.
+    peers_up = max((g.nvlink_up for g in facts.gpus if g.nvlink_up is not None and not g.error), default=0)
+    if any(g.nvlink_down for g in facts.gpus) and all(
+            (g.nvlink_up or 0) >= peers_up for g in facts.gpus if g.nvlink_up is not None and not g.error):
+        notes.append("NVLink links inactive alike on every GPU (no bridge, or fewer bridges than links)")
     for g in facts.gpus:
-        findings += _gpu_findings(g, at_rest, fabric)
+        findings += _gpu_findings(g, at_rest, peers_up)
     findings += _burn_in_findings(burn_in or {})
     unknown = [f"GPU {g.index}: {k}" for g in facts.gpus if not g.error for k in _FIELDS
                if getattr(g, k) is None]
