@@ -217,7 +217,9 @@ class Daemon:
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
         self.sync.start()
         self.spot.boot()
-        self.health.boot()
+        # with a burn-in, autostart waits for it: the run must not share the GPUs with the load test
+        burn_first = bool(self.cfg.health.burn_in and self.cfg.training.autostart)
+        self.health.boot(then=self.training.maybe_autostart if burn_first else None)
         self.control.start()
         c = self.cfg
         if self._metrics_on():
@@ -227,7 +229,8 @@ class Daemon:
             for duty in DUTIES:
                 self._every(duty)
             self.scheduler.start()
-        self.training.maybe_autostart()
+        if not burn_first:
+            self.training.maybe_autostart()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,
                  socket=c.socket, state_dir=c.state_dir)

@@ -153,3 +153,23 @@ def test_unsupported_fields_read_unknown_and_alert_nothing(tmp_path, make_daemon
     r = d.ctl("health")
     assert r.returncode == 0 and "verdict   OK" in r.stdout and "ECC ?" in r.stdout, r.stdout
     assert "health    OK (2 GPU(s), 12 field(s) unknown)" in d.ctl("status").stdout
+
+
+def test_burn_in_runs_before_autostart_and_is_said_when_skipped(tmp_path, make_daemon, fake_nvml):
+    c = cfg(tmp_path, fake_nvml, burn_in="1s")
+    venv = tmp_path / "work" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    order = tmp_path / "order.txt"
+    (venv / "python").write_text(f"#!/bin/sh\necho burn-in >> {order}\n"
+                                 "echo '{\"skipped\": \"torch is not importable (ModuleNotFoundError)\"}'\n")
+    (venv / "python").chmod(0o755)
+    c["training"]["autostart"] = True
+    c["training"]["command"] = f"echo training >> {order}; sleep 600"
+    fake_nvml.write([gpu(**HEALTHY)])
+    d = make_daemon(c)
+    d.wait_training("RUNNING")
+    wait_until(lambda: order.exists() and len(order.read_text().split()) == 2, 10, what="both ran")
+    assert order.read_text().split() == ["burn-in", "training"]
+    b = d.status()["health"]["burn_in"]
+    assert b["state"] == "skipped" and "torch is not importable" in b["note"]
+    assert "burn-in   skipped: torch is not importable" in d.ctl("health").stdout

@@ -232,3 +232,33 @@ def test_burn_in_result_from_the_workdir_venv_judges_a_slow_gpu(make, fake_nvml,
     assert w.status()["burn_in"] == {"state": "done", "seconds": 1.0, "torch": "2.5.1", "tflops": {0: 700.0, 1: 540.0}}
     assert v.verdict == H.DEGRADED
     assert v.reasons() == ["GPU 1: slow in burn-in: 540 TFLOP/s, 23 % below the others (700)"]
+
+
+def test_burn_in_once_per_boot_never_beside_a_run_and_starts_wait_for_it(make, fake_nvml, tmp_path, clock):
+    work = tmp_path / "work"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    runs = tmp_path / "runs.txt"
+    py = work / ".venv" / "bin" / "python"
+    py.write_text(f'#!/bin/sh\necho run >> {runs}\necho \'{{"tflops": {{"0": 700.0, "1": 690.0}}}}\'\n')
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    fake_nvml.write(2)
+
+    def watch(job=None):
+        w, ctx = make(health={"burn_in": "1s"}, job=job)
+        ctx.config.training.workdir = str(work)
+        return w
+
+    watch().preflight("at daemon start", burn_in=True)
+    w2 = watch()  # the daemon restarted in the same boot: the result is reused, the GPUs not loaded again
+    w2.preflight("at daemon start", burn_in=True)
+    assert runs.read_text().splitlines() == ["run"]
+    assert w2.status()["burn_in"]["tflops"] == {0: 700.0, 1: 690.0}
+    clock.set_boot("boot-2", 5.0)  # a new boot: measured again, but not while a training runs
+    w3 = watch(Job(TrainingState.RUNNING, 1))
+    w3.preflight("at daemon start", burn_in=True)
+    assert w3.status()["burn_in"] == {"state": "skipped", "note": "a training is running on the GPUs"}
+    assert runs.read_text().splitlines() == ["run"]
+    w4 = watch()
+    w4._burn = {"state": "running", "seconds": 1.0}  # a start asked for while the burn-in runs
+    with pytest.raises(TrainingError, match="burn-in .* is still running; no training started"):
+        w4.check_start()

@@ -101,7 +101,7 @@ class HealthWatch:
     def _remember_first(self, facts: H.HealthFacts) -> None:
         if isinstance(self._first.get("first_count"), int) or not facts.count:
             return
-        self._first = {"first_count": facts.count, "first_at": self.ctx.clock.time()}
+        self._first = {**self._first, "first_count": facts.count, "first_at": self.ctx.clock.time()}
         try:
             self.ctx.store.save("health", self._first)
         except OSError as e:
@@ -125,9 +125,9 @@ class HealthWatch:
     def preflight(self, when: str = "on request", *, burn_in: bool = False, alert: bool = True) -> H.Verdict:
         facts = self.probe.health()
         self._remember_first(facts)
-        if burn_in and self.cfg.burn_in and facts.gpus:
-            self._run_burn_in(self.cfg.burn_in)
         at_rest = not self._alive()
+        if burn_in and self.cfg.burn_in and facts.gpus:
+            self._burn_in_once(at_rest)
         expect, _ = self.expect()
         v = H.judge(facts, expect, at_rest=at_rest, burn_in=self._burn.get("tflops"))
         with self._lock:
@@ -146,19 +146,25 @@ class HealthWatch:
             self.stop_machine("gpu_bad")
         return v
 
-    def boot(self) -> None:
-        """The daemon-start preflight, in the background (the burn-in takes its seconds)."""
-        threading.Thread(target=self._boot, name="health-preflight", daemon=True).start()
+    def boot(self, then: Callable[[], None] | None = None) -> None:
+        """The daemon-start preflight, in the background (the burn-in takes its seconds); `then` runs
+        after it (the daemon's autostart, when a burn-in must not share the GPUs with the run)."""
+        threading.Thread(target=self._boot, args=(then,), name="health-preflight", daemon=True).start()
 
-    def _boot(self) -> None:
+    def _boot(self, then: Callable[[], None] | None) -> None:
         try:
             self.preflight("at daemon start", burn_in=True)
         except Exception:  # noqa: BLE001 - a preflight bug must not stop the daemon
             log.exception("health_preflight_failed")
+        if then is not None:
+            then()
 
     def check_start(self) -> None:
         """Before each training start (the Training's hook): a BAD machine with on_bad = "refuse" or
         "stop" starts nothing, and the TrainingError says why."""
+        if self._burn.get("state") == "running":
+            raise TrainingError(f"the GPU burn-in (health.burn_in = {self.cfg.burn_in:g}s) is still running; "
+                                "no training started, start again in a moment")
         v = self.preflight("before the training start")
         if v.verdict == H.BAD and self.cfg.on_bad in ("refuse", "stop"):
             first = v.reasons()[0] if v.reasons() else "BAD"
@@ -176,6 +182,24 @@ class HealthWatch:
         self.ctx.alerts.event(key, "gpu_health", sev, mail.subject, mail.body)
 
     # --- burn-in ----------------------------------------------------------------------------------
+    def _burn_in_once(self, at_rest: bool) -> None:
+        """Once per boot (a daemon restart reuses this boot's result), and never beside a live run."""
+        boot, _ = self.ctx.clock.boot()
+        saved = self._first.get("burn_in")
+        if boot and self._first.get("burn_in_boot") == boot and isinstance(saved, dict):
+            self._burn = {**saved, "tflops": {int(k): v for k, v in (saved.get("tflops") or {}).items()}} \
+                if saved.get("tflops") else saved
+            return
+        if not at_rest:
+            self._burn = {"state": "skipped", "note": "a training is running on the GPUs"}
+            return
+        self._run_burn_in(self.cfg.burn_in)
+        self._first = {**self._first, "burn_in_boot": boot, "burn_in": self._burn}
+        try:
+            self.ctx.store.save("health", self._first)
+        except OSError as e:
+            log.error("health_state_save_failed", error=str(e))
+
     def _run_burn_in(self, seconds: float) -> None:
         env = {**os.environ, **self.ctx.config.training.env}
         # every GPU of the machine, numbered as NVML numbers them (PCI bus order, not CUDA's fastest-first)
