@@ -262,3 +262,10 @@ def test_burn_in_once_per_boot_never_beside_a_run_and_starts_wait_for_it(make, f
     w4._burn = {"state": "running", "seconds": 1.0}  # a start asked for while the burn-in runs
     with pytest.raises(TrainingError, match="burn-in .* is still running; no training started"):
         w4.check_start()
+
+
+def test_a_webhook_carries_the_health_block():
+    from supervisor.notify.webhook import facts_for
+
+    st = {"now": 5.0, "health": {"verdict": "BAD"}, "training": {"state": "STOPPED"}, "sync": {}}
+    assert facts_for("gpu_health", st) == {"health": {"verdict": "BAD"}, "training": {"state": "STOPPED"}, "at": 5.0}
