@@ -15,7 +15,7 @@ from pathlib import Path
 
 from supervisor.config import Config, ConfigError, load, parse
 from supervisor.control import ClientError, RequestError, request
-from supervisor.render import render_alerts, render_status
+from supervisor.render import render_alerts, render_health, render_status
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -295,6 +295,16 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """A fresh GPU health check. Exit 0 OK, 1 BAD, 3 DEGRADED or UNKNOWN, 4 daemon unreachable."""
+    res = _req(args, "health", timeout=60.0)
+    if args.json:
+        sys.stdout.write(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(render_health(res) + "\n")
+    return {"OK": EXIT_OK, "BAD": EXIT_FAIL}.get(res.get("verdict") or "", EXIT_NOT_RUNNING)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="supervisorctl", description="control train-supervisor")
     ap.add_argument("--config", help="config file (for the socket path)")
@@ -346,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=30)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_alerts)
+    p = sub.add_parser("health", help="check the GPUs now: OK, DEGRADED or BAD, and what to do")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_health)
     return ap
 
 

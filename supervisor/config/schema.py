@@ -203,6 +203,14 @@ class PreemptionConfig:
 
 
 @dataclass
+class HealthConfig:
+    # 0: the GPU count NVML reported the first time this state_dir saw it (health.json)
+    expect_gpus: int = _k("int", 0, min=0, max=64)
+    burn_in: float = _k("duration", 0.0, max=600)
+    on_bad: str = _k("choice", "alert", choices=("alert", "refuse", "stop"))
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -223,6 +231,7 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -231,6 +240,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
+    "health": HealthConfig,
 }
 
 

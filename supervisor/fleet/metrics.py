@@ -209,6 +209,30 @@ def exposition(st: dict) -> str:
         f.add(P + "notify_last_success_timestamp_seconds", "gauge", "When the channel last delivered.",
               ch.get("last_ok_at"), lab)
 
+    h = _d(st.get("health"))
+    if h.get("verdict"):
+        f.enum(P + "gpu_health", "GPU health verdict (supervisorctl health): 1 for the current one.", h["verdict"],
+               ["OK", "DEGRADED", "BAD", "UNKNOWN"])
+        for fd in _l(h.get("findings")):
+            fd = _d(fd)
+            f.add(P + "gpu_health_problem", "gauge", "1 per health finding, by GPU, check and level.", 1,
+                  {"gpu": "" if fd.get("gpu") is None else fd["gpu"], "check": fd.get("check") or "",
+                   "level": fd.get("level") or ""})
+        for lf in _l(h.get("live")):
+            lf = _d(lf)
+            f.add(P + "gpu_health_live_fault", "gauge", "1 per GPU fault seen during the run.", 1,
+                  {"key": lf.get("key") or ""})
+        for g in _l(h.get("gpus")):
+            g = _d(g)
+            lab = {"gpu": g.get("index")}
+            f.add(P + "gpu_temperature_celsius", "gauge", "GPU temperature.", g.get("temp_c"), lab)
+            f.add(P + "gpu_power_watts", "gauge", "GPU power draw.", g.get("power_w"), lab)
+            f.add(P + "gpu_ecc_uncorrected_volatile", "gauge", "Uncorrectable ECC errors since the driver loaded.",
+                  g.get("ecc_uncorrected_volatile"), lab)
+            f.add(P + "gpu_pcie_link_width", "gauge", "Current PCIe link width.", g.get("pcie_width"), lab)
+            f.add(P + "gpu_clock_event_reasons", "gauge", "NVML clock-event (throttle) reasons bitmask.",
+                  g.get("throttle"), lab)
+
     orch = _d(st.get("orchestrator"))
     if orch.get("name"):
         f.add(P + "orchestrator_info", "gauge", "1 when an outer orchestrator (SkyPilot, dstack) was detected.",

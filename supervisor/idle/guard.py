@@ -443,7 +443,7 @@ class IdleGuard:
                                             self.conf.interrupt_patience)
         self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), interrupted)))
+            self._cost(), interrupted, words.STOP_REASONS.get(rec.reason, ""))))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED
@@ -458,3 +458,15 @@ class IdleGuard:
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until no background job is queued or running (tests; shutdown)."""
         return self.jobs.drain(timeout)
+
+
+def stop_now(guard: IdleGuard, reason: str) -> None:
+    """Stop the machine at once through the guard's stop sequence (final sync, the "stopping" mail
+    and the alerts out first, then the action), with no idle warning: GPU health BAD and
+    health.on_bad = "stop". (Beside the class, which is at its size limit.)"""
+    now = guard._now()
+    with guard._lock:
+        guard.m = idle.stop_now(guard.m, now, reason)
+        guard._save()
+        log.warning("stop_now", reason=reason, state=guard.m.state.value)
+    guard.poll_soon()

@@ -384,6 +384,21 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     return m
 
 
+def stop_now(m: IdleMachine, now: Now, reason: str) -> IdleMachine:
+    """Stop without the idle warning: the machine cannot do the work (GPU health BAD with
+    health.on_bad = "stop"). Committed from the start, so activity does not cancel it; the stop
+    sequence still interrupts a live run and makes the final sync. A stop already under way stays."""
+    m = _this_boot(m, now)
+    if m.state in (I.STOPPING, I.STOPPED) and not m.resettable:
+        return m
+    m.cycle += 1
+    m.state, m.stop_reason, m.committed = I.STOPPING, reason, True
+    m.last_mono, m.last_wall = now.mono, now.wall
+    if m.idle_since is None:
+        m.idle_since = now.wall
+    return m
+
+
 def commit_stop(m: IdleMachine) -> IdleMachine:
     """The stop action is about to run; from here on activity no longer cancels."""
     if m.state != I.STOPPING:
