@@ -99,6 +99,15 @@ class Daemon:
 
         self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
 
+        from supervisor.hooks.runner import Hooks
+        from supervisor.money.guard import MoneyGuard
+
+        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
+                           facts=lambda: self._hook_facts(hostname))
+        self.alerts.on_alert = self._on_alert
+        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.guard.cap_stop)
+        self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
+
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
@@ -149,6 +158,21 @@ class Daemon:
         self.sync.request_sync()
         self.guard.on_training_ended(info)
         self.guard.poll_soon()
+
+    def _hook_facts(self, hostname: str) -> dict[str, object]:
+        """What every hook is told besides its event's own facts: the host, the target, and the newest
+        checkpoint the target holds."""
+        from supervisor.spot.decide import newest_unit
+
+        newest = newest_unit([h for h in self.spot._holdings() if h.on_target])
+        return {"host": hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
+                "checkpoint": newest.unit if newest else ""}
+
+    def _on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
+        if kind == "preemption":
+            self.hooks.fire("preemption", {"reason": subject, "alert_key": key})
+        if not kind.startswith("hook"):
+            self.hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
         """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
@@ -278,6 +302,8 @@ class Daemon:
             "metrics": self.metrics.status(),
             "orchestrator": self.orchestrator,
             "preemption": self.spot.status(),
+            "budget": self.money.status(),
+            "hooks": self.hooks.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -291,6 +317,7 @@ class Daemon:
             "run": self._h_run,
             "sync": self._h_sync,
             "keepalive": self._h_keepalive,
+            "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -365,6 +392,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
+    Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
