@@ -35,9 +35,12 @@ class HookResult:
     seconds: float = 0.0
 
 
-def run_one(h: HookConfig, event: str, facts: dict[str, object], home: str = "/root") -> HookResult:
-    """Run one hook to its end or its timeout (then its whole process group is killed)."""
+def run_one(h: HookConfig, event: str, facts: dict[str, object], home: str = "/root",
+            limit: float | None = None) -> HookResult:
+    """Run one hook to its end or its timeout, or `limit` if shorter (then its whole process group
+    is killed)."""
     t0 = time.monotonic()
+    timeout = h.timeout if limit is None else max(0.5, min(h.timeout, limit))
     try:
         p = subprocess.Popen(["/bin/sh", "-c", h.run], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, env=hook_env(event, facts, home), cwd="/",
@@ -45,7 +48,7 @@ def run_one(h: HookConfig, event: str, facts: dict[str, object], home: str = "/r
     except OSError as e:
         return HookResult(h.run, event, h.required, False, f"could not start: {e}")
     try:
-        out, _ = p.communicate(timeout=h.timeout)
+        out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(p)
         out = b""
@@ -53,7 +56,7 @@ def run_one(h: HookConfig, event: str, facts: dict[str, object], home: str = "/r
             out, _ = p.communicate(timeout=KILL_AFTER_S)
         except (subprocess.TimeoutExpired, ValueError):
             pass
-        return HookResult(h.run, event, h.required, False, f"timed out after {h.timeout:g}s and was killed",
+        return HookResult(h.run, event, h.required, False, f"timed out after {timeout:g}s and was killed",
                           _tail(out), time.monotonic() - t0)
     dt = time.monotonic() - t0
     if p.returncode != 0:
@@ -103,12 +106,15 @@ class Hooks:
         base.update(facts)
         return base
 
-    def run_blocking(self, event: str, facts: dict[str, object]) -> list[HookResult]:
-        """Every hook of `event`, one after another, each to its end or timeout; failures alerted."""
+    def run_blocking(self, event: str, facts: dict[str, object], limit: float | None = None) -> list[HookResult]:
+        """Every hook of `event`, one after another, each to its end or timeout (all of them within
+        `limit` seconds when given); failures alerted."""
         out = []
         all_facts = self._all_facts(facts)
+        t0 = time.monotonic()
         for i, h in enumerate(self.for_event(event)):
-            r = run_one(h, event, all_facts)
+            left = None if limit is None else limit - (time.monotonic() - t0)
+            r = run_one(h, event, all_facts, limit=left)
             self._record(i, r)
             out.append(r)
         return out

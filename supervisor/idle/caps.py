@@ -74,6 +74,12 @@ class CapStops:
         t = self.conf.stop.final_sync_timeout
         return max(CUT_FLOOR_S, min([t, *lefts]))
 
+    def _cap_due(self) -> bool:
+        """A cap's moment has come: the stop goes ahead now, whatever held it."""
+        left = self._cap_left()[0]
+        idle_left = self._idle_cost_left()
+        return (left is not None and left <= CUT_FLOOR_S) or (idle_left is not None and idle_left <= 0)
+
     def _may_force(self, idle_cost: float | None) -> str:
         left, words = self._cap_left()
         cap = f"{words} has come" if left is not None and left <= CUT_FLOOR_S else ""
@@ -95,6 +101,7 @@ class CapStops:
         """Run the `stop` hooks (outside the guard's lock); why a required one holds the stop, or ""."""
         if self.hooks is None or not self.hooks.for_event("stop"):
             return ""
-        results = self.hooks.run_blocking("stop", self._hook_facts(rec))
+        # a cap's moment bounds the hooks too: a hanging hook must not carry the stop past the cap
+        results = self.hooks.run_blocking("stop", self._hook_facts(rec), limit=self._sync_timeout())
         bad = [f"`{r.run}` {r.why}" for r in results if r.required and not r.ok]
         return f"required stop hook failed: {'; '.join(bad)}" if bad else ""

@@ -217,8 +217,8 @@ class IdleGuard(GuardMails, CapStops):
             return
         if rec.phase in (P.INTERRUPTING, P.FINAL_SYNC) and not self._training_gone(rec, info, now):
             return  # the final sync waits for the training's end: what it saves on the way out goes up too
-        if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono:
-            return
+        if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono and not self._cap_due():
+            return  # the retry waits, unless a cap's moment comes first
         self._stop_queued = True
         self.jobs.submit("stop", self._stop_attempt)
 

@@ -53,7 +53,8 @@ def warning(p: Projected, again: bool) -> Mail:
                "the run will NOT finish before the cap" if p.fits is False else "the run's end is unknown")
     subject = (f"{'projection changed: ' if again else ''}{name} {p.cap_text}: "
                f"{'fits' if p.fits else 'stops before the end' if p.fits is False else 'at ' + hm(p.cap_at)}")
-    body = (f"{projection_line(p).capitalize()}.\n\n"
+    line = projection_line(p)
+    body = (f"{line[:1].upper()}{line[1:]}.\n\n"
             f"Used so far: {p.used * 100:.0f} % of the {name}"
             + (f" ({money(p.spent, p.currency)} since boot)" if p.spent is not None else "") + ".\n"
             f"Verdict: {verdict}.\n\n"
