@@ -20,7 +20,6 @@ from supervisor.clock import FakeClock
 from supervisor.config import from_dict
 from supervisor.daemon import DUTIES, Daemon
 from supervisor.interfaces import FinalSyncResult, RequestError
-from tests.fixtures.smtp import smtp_server  # noqa: F401 - fixture
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow,
