@@ -101,3 +101,23 @@ def test_budget_plus_20_over_the_socket_moves_the_cap_says_what_it_means_and_per
         assert d2.money.caps().max_cost == 70.0
     finally:
         d2.shutdown()
+
+
+def test_an_alert_runs_the_alert_hooks_with_its_facts(tmp_path):
+    from tests.waiting import wait_until
+
+    out = tmp_path / "hook.out"
+    cfg = from_dict({"state_dir": str(tmp_path / "state"), "socket": str(tmp_path / "run" / "c.sock"),
+                     "stop": {"action": "dry-run"},
+                     "hooks": [{"run": f'echo "$TRAIN_SUPERVISOR_EVENT|$TRAIN_SUPERVISOR_ALERT_KIND|'
+                                       f'$TRAIN_SUPERVISOR_REASON|$TRAIN_SUPERVISOR_HOST" >> {out}',
+                                "events": ["alert"], "timeout": "5s"}]})
+    d = Daemon(cfg, clock=FakeClock(start=time.time()))
+    try:
+        d.alerts.event("disk:full:1", "disk_full", "critical", "disk almost full", "body")
+        line = wait_until(lambda: out.exists() and out.read_text().strip(), 10, what="the alert hook ran")
+        event, kind, reason, host = line.split("|")
+        assert (event, kind, reason) == ("alert", "disk_full", "disk almost full") and host
+        assert d.hooks.wait(5) and d.hooks.status()[-1]["ok"]
+    finally:
+        d.shutdown()

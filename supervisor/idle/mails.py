@@ -75,7 +75,7 @@ class GuardMails:
                                             self.conf.interrupt_patience)
         self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), interrupted, self.cap_why if rec.reason in CAP_REASONS else "")))
+            self._cost(), interrupted, (self.cap_why or f"the {rec.reason.replace('_', ' ')}") if rec.reason in CAP_REASONS else "")))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED
