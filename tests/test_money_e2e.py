@@ -306,3 +306,30 @@ def test_a_hook_that_hangs_is_killed_at_its_timeout(tmp_path):
         wait_until(lambda p=pid: not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE,
                    5, what=f"pid {pid} gone")
     assert alerts and "timed out" in alerts[0][1]
+
+
+def test_max_idle_cost_cuts_a_hanging_final_sync_at_its_moment(tmp_path, daemon, smtp_server):
+    # idle: warned after 10 min, the stop 10 min later; 5 USD at 10 USD/h = 30 min of idleness
+    clock = BillingClock()
+    cfg = config(tmp_path, smtp_server, {}, max_idle_cost=5.0)
+    cfg["idle"].update({"warn_after": "10m", "stop_after_warning": "10m", "activity_window": "1m"})
+    d = daemon(from_dict(cfg), clock)
+    given: list[float] = []
+
+    def hanging_final(paths, timeout_s):
+        given.append(timeout_s)
+        clock.advance(timeout_s)
+        return FinalSyncResult(ok=False, target=str(tmp_path / "target"), error="final sync timed out",
+                               unsynced=[f"{tmp_path}/out/checkpoint-300/optimizer.pt"])
+    d.sync.final_sync = hanging_final
+    feeder = Feeder(d, tmp_path)
+    while d.guard.status()["idle"]["state"] != "STOPPING":
+        feeder.round(30)
+    stop = stop_done(d, feeder, tick=5)
+    idle_cost = d.guard.status()["idle"]["idle_cost"]
+    # the sync was given what was left to 5 USD of idleness (about 10 min), not final_sync_timeout (30 min)
+    assert given and given[0] <= 11 * 60 and stop["phase"] == "done"
+    print(f"\nMARGIN max_idle_cost: hanging sync cut after {given[0]:.0f} s; idle cost at the stop "
+          f"{idle_cost:.2f} of 5.00 USD")
+    subject, body = mails(smtp_server, "stopping now")[-1]
+    assert "FAILED, stopping anyway" in subject and "max_idle_cost" in body and "optimizer.pt" in body

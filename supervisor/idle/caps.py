@@ -80,10 +80,14 @@ class CapStops:
         idle_left = self._idle_cost_left()
         return (left is not None and left <= CUT_FLOOR_S) or (idle_left is not None and idle_left <= 0)
 
-    def _may_force(self, idle_cost: float | None) -> str:
+    def _may_force(self) -> str:
+        """Why the stop may go ahead although its final sync or a required hook failed ("" = it may not)."""
         left, words = self._cap_left()
         cap = f"{words} has come" if left is not None and left <= CUT_FLOOR_S else ""
-        return may_act_without_sync(self.conf.stop, idle_cost, self.conf.max_idle_cost, self.conf.currency, cap)
+        price = self.conf.price_per_hour
+        # the idle cost as of now (the sync may have taken long since the last poll), not the last poll's
+        cost = None if price is None else price * idle.idle_for(self.m, self.th, self.clock.monotonic()) / 3600.0
+        return may_act_without_sync(self.conf.stop, cost, self.conf.max_idle_cost, self.conf.currency, cap)
 
     def _hook_facts(self, rec: StopRecord | None, r: FinalSyncResult | None = None) -> dict[str, object]:
         synced = (rec.synced if rec is not None else None) or {}

@@ -284,7 +284,7 @@ class IdleGuard(GuardMails, CapStops):
                 self.stopper.record_sync(result, now.wall, now.mono)
                 if info.state in TRAINING_ALIVE and info.run_id != rec.interrupted_run:
                     return  # a training started meanwhile: the next poll interrupts it, then syncs again
-                if not result.ok and not (why := self._may_force(self._idle_cost())):
+                if not result.ok and not (why := self._may_force()):
                     self._alert_sync_failed(result)
                     return
                 if result.ok:
@@ -294,7 +294,7 @@ class IdleGuard(GuardMails, CapStops):
             with self._lock:
                 if self.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != P.FINAL_SYNC:
                     return
-                if held and not (why := why or self._may_force(self._idle_cost())):
+                if held and not (why := why or self._may_force()):
                     self.stopper.hold(held, now.wall, now.mono)
                     self.alerts.fire("stop:failing", "stop_failed", "critical", f"stop held: {held[:100]}",
                                      f"{held}\nThe stop waits and tries again in "
