@@ -121,3 +121,16 @@ def test_an_alert_runs_the_alert_hooks_with_its_facts(tmp_path):
         assert d.hooks.wait(5) and d.hooks.status()[-1]["ok"]
     finally:
         d.shutdown()
+
+
+def test_the_status_screen_shows_the_cap_the_time_left_and_the_projection():
+    from supervisor.render import budget_lines
+
+    n = 1_800_000_000.0
+    lines = budget_lines({"now": n, "budget": {
+        "currency": "USD", "max_cost": 50.0, "spent": 38.2,
+        "cap": {"kind": "max_cost", "at": n + 7200, "act_at": n + 6300},
+        "projection": {"need_cost": 62.0, "eta_at": n + 14000, "fits": False, "last_checkpoint": 1800}}})
+    assert "spend cap 50.00 USD at" in lines[0] and "(in 2h00m)" in lines[0] and "spent 38.20 USD" in lines[0]
+    assert "needs 62.00 USD" in lines[1] and "does NOT fit" in lines[1] and "checkpoint-1800" in lines[1]
+    assert budget_lines({"now": n, "budget": {"cap": None}}) == []
