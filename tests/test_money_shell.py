@@ -101,6 +101,12 @@ def test_budget_plus_20_over_the_socket_moves_the_cap_says_what_it_means_and_per
         assert d2.money.caps().max_cost == 70.0
     finally:
         d2.shutdown()
+    clock.set_boot("next-boot", 60.0)  # a new boot (the next rental): the config's caps again
+    d3 = Daemon(cfg, clock=clock)
+    try:
+        assert d3.money.caps().max_cost == 50.0 and d3.money.state.acted == ""
+    finally:
+        d3.shutdown()
 
 
 def test_an_alert_runs_the_alert_hooks_with_its_facts(tmp_path):

@@ -82,6 +82,12 @@ class MoneyGuard:
         self._lock = threading.Lock()
         raw = self.store.load(self.NAME, None) or {}
         raw = raw if isinstance(raw, dict) else {}
+        self.boot_id = self.clock.boot()[0]
+        if raw and raw.get("boot_id") != self.boot_id:
+            # a new boot: the money since boot starts at 0 again, so does everything decided for the
+            # last one (a warning, a stop asked for, a cap changed at run time for that rental)
+            log.info("money_new_boot", dropped_overrides=raw.get("overrides") or {})
+            raw = {}
         self.state = MoneyState.from_dict(raw.get("state"))
         over = raw.get("overrides") if isinstance(raw.get("overrides"), dict) else {}
         self.overrides: dict[str, float] = {k: float(v) for k, v in over.items()
@@ -184,7 +190,8 @@ class MoneyGuard:
 
     def _save(self) -> None:
         try:
-            self.store.save(self.NAME, {"state": self.state.to_dict(), "overrides": dict(self.overrides)})
+            self.store.save(self.NAME, {"boot_id": self.boot_id, "state": self.state.to_dict(),
+                                        "overrides": dict(self.overrides)})
         except OSError as e:
             log.error("money_state_save_failed", error=str(e))
 
