@@ -275,7 +275,8 @@ def test_a_required_stop_hook_that_fails_holds_the_stop_and_alerts_until_the_cap
         wait_until(lambda: feeder.round(1) or d.guard.drain(0.05) and "required stop hook failed"
                    in (d.guard.status()["stop"]["last_error"] or ""), 60, interval=0.05, what="held by the hook")
         assert d.guard.status()["idle"]["state"] == "STOPPING"
-        held = wait_until(lambda: mails(smtp_server, "stop held"), 20, what="the hold's alert")
+        held = wait_until(lambda: run(d, "alerts") or mails(smtp_server, "stop held"), 20, interval=0.1,
+                          what="the hold's alert")
         assert "exited 1" in held[0][1]
         stop = stop_done(d, feeder, tick=5)
         runs = ran.read_text().splitlines()
