@@ -194,6 +194,10 @@ def decide(st: MoneyState, caps: Caps, lead: Lead, run: Run, now_wall: float,
     out: list[Warn | Act] = []
     if now_wall >= p.cap.act_at:
         if st.acted != p.cap.key:
+            if st.warned_key != p.cap.key:
+                # a cap set (or moved) too close for warn_at: the owner still hears the projection first
+                out.append(Warn(p, again=False))
+                st = replace(st, warned_key=p.cap.key, warned_need=p.need, warned_at=now_wall)
             st = replace(st, acted=p.cap.key, acted_at=now_wall)
             out.append(Act(p.cap, p))
         return st, out
