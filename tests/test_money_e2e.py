@@ -158,7 +158,10 @@ def test_max_cost_the_eta_exceeds_warns_with_the_projection_saves_first_and_stop
         tmp_path, daemon, smtp_server):
     # 5 USD at 10 USD/h: the cap is 30 min of uptime; the run needs 300 steps at 0.1/s = 50 min
     clock = BillingClock()
-    d = daemon(from_dict(config(tmp_path, smtp_server, {"max_cost": 5.0, "margin": "1m"})), clock)
+    seen = tmp_path / "hooks.env"
+    hooks = [{"run": f"env | grep ^TRAIN_SUPERVISOR_ | sort >> {seen}; echo --- >> {seen}",
+              "events": ["stop", "final_sync_done"], "timeout": "10s"}]
+    d = daemon(from_dict(config(tmp_path, smtp_server, {"max_cost": 5.0, "margin": "1m"}, hooks=hooks)), clock)
     start(d, tmp_path)
     feeder = Feeder(d, tmp_path)
     while d.guard.status()["idle"]["state"] != "STOPPING":
@@ -196,6 +199,14 @@ def test_max_cost_the_eta_exceeds_warns_with_the_projection_saves_first_and_stop
     assert left > 0
     stopping = mails(smtp_server, "stopping now")
     assert stopping and "the spend cap of 5.00 USD" in stopping[-1][0]
+    # the hooks: told the event, the reason, the target and the newest checkpoint on it (the SIGINT save)
+    assert d.hooks.wait(10)
+    blocks = [dict(x.split("=", 1) for x in b.split("\n") if "=" in x) for b in seen.read_text().split("---")]
+    stop_env = next(b for b in blocks if b.get("TRAIN_SUPERVISOR_EVENT") == "stop")
+    assert stop_env["TRAIN_SUPERVISOR_REASON"] == "max_cost" and stop_env["TRAIN_SUPERVISOR_FINAL_SYNC_OK"] == "True"
+    assert stop_env["TRAIN_SUPERVISOR_CHECKPOINT"].endswith(f"checkpoint-{saved_step}")
+    assert stop_env["TRAIN_SUPERVISOR_TARGET"] == str(tmp_path / "target")
+    assert any(b.get("TRAIN_SUPERVISOR_EVENT") == "final_sync_done" for b in blocks)
 
 
 def test_a_deadline_with_a_40s_final_sync_still_stops_before_the_deadline(tmp_path, daemon, smtp_server):
@@ -312,7 +323,10 @@ def test_a_hook_that_hangs_is_killed_at_its_timeout(tmp_path):
 def test_max_idle_cost_cuts_a_hanging_final_sync_at_its_moment(tmp_path, daemon, smtp_server):
     # idle: warned after 10 min, the stop 10 min later; 5 USD at 10 USD/h = 30 min of idleness
     clock = BillingClock()
-    cfg = config(tmp_path, smtp_server, {}, max_idle_cost=5.0)
+    warned = tmp_path / "warned"
+    cfg = config(tmp_path, smtp_server, {}, max_idle_cost=5.0,
+                 hooks=[{"run": f'echo "$TRAIN_SUPERVISOR_EVENT $TRAIN_SUPERVISOR_STOP_AT" > {warned}',
+                         "events": ["idle_warning"], "timeout": "10s"}])
     cfg["idle"].update({"warn_after": "10m", "stop_after_warning": "10m", "activity_window": "1m"})
     d = daemon(from_dict(cfg), clock)
     given: list[float] = []
@@ -334,3 +348,4 @@ def test_max_idle_cost_cuts_a_hanging_final_sync_at_its_moment(tmp_path, daemon,
           f"{idle_cost:.2f} of 5.00 USD")
     subject, body = mails(smtp_server, "stopping now")[-1]
     assert "FAILED, stopping anyway" in subject and "max_idle_cost" in body and "optimizer.pt" in body
+    assert d.hooks.wait(10) and warned.read_text().startswith("idle_warning ")

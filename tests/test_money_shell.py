@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,15 @@ def test_budget_plus_20_over_the_socket_moves_the_cap_says_what_it_means_and_per
         res = request(cfg.socket, "budget", {"amount": "+20"})
         assert res["budget"]["max_cost"] == 70.0 and abs(res["budget"]["cap"]["left_s"] - 6 * 3600) < 1
         assert "the first cap is the spend cap of 70.00 USD" in res["message"] and "spent so far 10.00 USD" in res["message"]
+        import contextlib
+        import io
+
+        from supervisor import cli
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli.main(["--socket", cfg.socket, "budget"]) == 0
+        assert "\nthe first cap is the spend cap of 70.00 USD" in "\n" + buf.getvalue()  # (the log shares stdout)
         res = request(cfg.socket, "budget", {"deadline": "2999-01-01 08:00"})
         assert res["budget"]["deadline"] > time.time()
         with pytest.raises(Exception, match="expected a local time"):
@@ -117,7 +127,8 @@ def test_an_alert_runs_the_alert_hooks_with_its_facts(tmp_path):
                      "stop": {"action": "dry-run"},
                      "hooks": [{"run": f'echo "$TRAIN_SUPERVISOR_EVENT|$TRAIN_SUPERVISOR_ALERT_KIND|'
                                        f'$TRAIN_SUPERVISOR_REASON|$TRAIN_SUPERVISOR_HOST" >> {out}',
-                                "events": ["alert"], "timeout": "5s"}]})
+                                "events": ["alert"], "timeout": "5s"},
+                               {"run": f"echo preempted >> {out}.p", "events": ["preemption"], "timeout": "5s"}]})
     d = Daemon(cfg, clock=FakeClock(start=time.time()))
     try:
         d.alerts.event("disk:full:1", "disk_full", "critical", "disk almost full", "body")
@@ -125,6 +136,8 @@ def test_an_alert_runs_the_alert_hooks_with_its_facts(tmp_path):
         event, kind, reason, host = line.split("|")
         assert (event, kind, reason) == ("alert", "disk_full", "disk almost full") and host
         assert d.hooks.wait(5) and d.hooks.status()[-1]["ok"]
+        d.alerts.event("preemption:1", "preemption", "critical", "spot notice: terminate", "body")
+        wait_until(lambda: Path(f"{out}.p").exists(), 10, what="the preemption hook ran")
     finally:
         d.shutdown()
 
