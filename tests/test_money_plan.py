@@ -77,3 +77,21 @@ def test_acting_at_the_decided_moment_leaves_the_lead_in_money(uptime, price, ca
         assert plan.spent(price, uptime) >= cap - price * lead / 3600 - 1e-6
     else:
         assert plan.spent(price, uptime) < cap - price * lead / 3600 + 1e-6
+
+
+@given(steps=st.lists(st.tuples(st.floats(0, 3600), st.sampled_from([None, 40.0, 60.0, 80.0])), min_size=1,
+                      max_size=40))
+def test_over_any_run_of_looks_a_cap_warns_before_it_acts_and_acts_once(steps):
+    state, t, up, acted, warned = MoneyState(), T0, 0.0, 0, False
+    for dt, cap in steps:
+        t, up = t + dt, up + dt
+        caps = Caps(max_cost=cap or 50.0, price_per_hour=5.0)
+        state, out = plan.decide(state, caps, LEAD, Run(), t, up)
+        for a in out:
+            if isinstance(a, Warn):
+                warned = True
+            else:
+                assert warned, "a stop without its projection mail first"
+                acted += 1
+    keys = {f"max_cost={(c or 50.0):g}" for _, c in steps}
+    assert acted <= len(keys)

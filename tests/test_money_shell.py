@@ -153,3 +153,33 @@ def test_the_status_screen_shows_the_cap_the_time_left_and_the_projection():
     assert "spend cap 50.00 USD at" in lines[0] and "(in 2h00m)" in lines[0] and "spent 38.20 USD" in lines[0]
     assert "needs 62.00 USD" in lines[1] and "does NOT fit" in lines[1] and "checkpoint-1800" in lines[1]
     assert budget_lines({"now": n, "budget": {"cap": None}}) == []
+
+
+def test_the_save_time_is_measured_from_the_last_checkpoint_and_counts_in_the_lead(tmp_path):
+    from supervisor.money.guard import checkpoints, save_figures
+
+    out = tmp_path / "out"
+    for step, t0 in ((100, 1000.0), (200, 2000.0)):
+        d = out / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        for i, name in enumerate(("model.safetensors", "optimizer.pt", "trainer_state.json")):
+            (d / name).write_bytes(b"x" * 1000)
+            os.utime(d / name, (t0 + 20 * i, t0 + 20 * i))
+    (out / "checkpoint-300").mkdir()  # no trainer_state.json: being written, not counted
+    assert [s for s, _ in checkpoints([str(out)])] == [100, 200]
+    assert save_figures(str(out / "checkpoint-200")) == (40.0, 3000)
+
+    clock = FakeClock(start=time.time(), boot=("b", 600.0))
+    cfg = from_dict({"state_dir": str(tmp_path / "state"), "socket": str(tmp_path / "run" / "c.sock"),
+                     "price_per_hour": 10.0, "budget": {"max_cost": 50.0, "margin": "2m"},
+                     "training": {"stop_grace": "30s"}, "sync": {"target": str(tmp_path / "t"), "watch": [str(out)]},
+                     "stop": {"action": "dry-run"}})
+    d = Daemon(cfg, clock=clock)
+    try:
+        d.money.poll()
+        lead = d.money.status()["lead"]
+        # 40 s save + 30 s stop_grace + at least 60 s of final sync + 120 s margin
+        assert lead["save_s"] == 40.0 and lead["final_sync_s"] >= 60 and lead["total_s"] >= 250
+        assert d.money.status()["projection"]["last_checkpoint"] == 200
+    finally:
+        d.shutdown()
