@@ -248,6 +248,19 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_budget(args: argparse.Namespace) -> int:
+    req: dict = {}
+    if args.amount is not None:
+        req["amount"] = args.amount
+    if args.deadline is not None:
+        req["deadline"] = args.deadline
+    if args.runtime is not None:
+        req["runtime"] = args.runtime
+    res = _req(args, "budget", req)
+    sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+    return EXIT_OK
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from supervisor.config import resolve_path
 
@@ -349,6 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("duration", nargs="?")
     p.add_argument("--cancel", action="store_true")
     p.set_defaults(fn=cmd_keepalive)
+    p = sub.add_parser("budget", help="show or change a cap (root): budget +20, budget --deadline T")
+    p.add_argument("amount", nargs="?", help="+20 raises the spend cap by 20; 50 sets it")
+    p.add_argument("--deadline", help='a local time like "2026-12-05 08:00" or an ISO 8601 timestamp')
+    p.add_argument("--runtime", help="a runtime cap since boot, e.g. 12h")
+    p.set_defaults(fn=cmd_budget)
     p = sub.add_parser("check-config", help="validate the config without starting anything")
     p.add_argument("path", nargs="?")
     p.set_defaults(fn=cmd_check_config)

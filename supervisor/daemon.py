@@ -107,6 +107,15 @@ class Daemon:
                                   stop_machine=lambda why: stop_now(self.guard, why))
         self.training.before_start = self.health.check_start
 
+        from supervisor.hooks.runner import Hooks
+        from supervisor.money.guard import MoneyGuard
+
+        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
+                           facts=lambda: self._hook_facts(hostname))
+        self.alerts.on_alert = self._on_alert
+        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.guard.cap_stop)
+        self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
+
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
@@ -157,6 +166,21 @@ class Daemon:
         self.sync.request_sync()
         self.guard.on_training_ended(info)
         self.guard.poll_soon()
+
+    def _hook_facts(self, hostname: str) -> dict[str, object]:
+        """What every hook is told besides its event's own facts: the host, the target, and the newest
+        checkpoint the target holds."""
+        from supervisor.spot.decide import newest_unit
+
+        newest = newest_unit([h for h in self.spot._holdings() if h.on_target])
+        return {"host": hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
+                "checkpoint": newest.unit if newest else ""}
+
+    def _on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
+        if kind == "preemption":
+            self.hooks.fire("preemption", {"reason": subject, "alert_key": key})
+        if not kind.startswith("hook"):
+            self.hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
         """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
@@ -301,6 +325,8 @@ class Daemon:
             "orchestrator": self.orchestrator,
             "preemption": self.spot.status(),
             "health": self.health.status(),
+            "budget": self.money.status(),
+            "hooks": self.hooks.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -315,6 +341,7 @@ class Daemon:
             "sync": self._h_sync,
             "keepalive": self._h_keepalive,
             "health": self._h_health,
+            "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -389,6 +416,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
+    Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer

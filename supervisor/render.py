@@ -45,6 +45,7 @@ def render_status(st: dict) -> str:
         lines.append(f"gpus      none ({st['gpu_error']})")
     lines.extend(sync_lines(st))
     lines.extend(idle_lines(st))
+    lines.extend(budget_lines(st))
     lines.extend(preemption_lines(st))
     lines.extend(health_lines(st))
     alerts = st.get("alerts") or []
@@ -209,6 +210,31 @@ def target_info_lines(info: dict) -> list[str]:
              f"branch {info.get('revision') or 'main'}"]
     if info.get("warning"):
         lines.append(f"          WARNING: {info['warning']}")
+    return lines
+
+
+def budget_lines(st: dict) -> list[str]:
+    """`budget  spend cap 50.00 USD at 12:10 (in 2h)  stop begins 11:55  spent 38.20 USD` and the projection."""
+    b = st.get("budget") or {}
+    cap = b.get("cap")
+    if not cap:
+        return []
+    now = st.get("now") or 0
+    cur = b.get("currency") or ""
+    name = {"max_cost": f"spend cap {b.get('max_cost') or 0:.2f} {cur}", "deadline": "deadline",
+            "max_runtime": f"runtime cap {format_duration(b.get('max_runtime_s') or 0)}"}.get(cap["kind"], cap["kind"])
+    head = f"budget    {name} at {_clock(cap['at'], now)}  stop begins {_clock(cap['act_at'], now)}"
+    if b.get("spent") is not None:
+        head += f"  spent {b['spent']:.2f} {cur}"
+    lines = [head]
+    p = b.get("projection") or {}
+    if p.get("eta_at"):
+        need = f"{p['need_cost']:.2f} {cur} " if p.get("need_cost") is not None else ""
+        fits = "fits" if p.get("fits") else "does NOT fit: stops before the end"
+        ck = f", last checkpoint before the stop about checkpoint-{p['last_checkpoint']}" if p.get("last_checkpoint") else ""
+        lines.append(f"          at this rate the run needs {need}(ETA {_clock(p['eta_at'], now)}): {fits}{ck}")
+    if b.get("acted"):
+        lines.append(f"          stop asked for {b['acted']}")
     return lines
 
 

@@ -211,6 +211,28 @@ class HealthConfig:
 
 
 @dataclass
+class BudgetConfig:
+    max_cost: float | None = _k("optfloat", None, min=0)
+    deadline: str = _k("str", "")
+    max_runtime: float | None = _k("optduration", None, min=60)
+    warn_at: float = _k("float", 0.8, min=0.05, max=1.0)
+    margin: float = _k("duration", 300.0)
+
+
+HOOK_EVENTS = ("finish", "idle_warning", "stop", "preemption", "final_sync_done", "alert")
+
+
+@dataclass
+class HookConfig:
+    """One [[hooks]] entry (an array of tables: the loader reads it apart from the sections)."""
+
+    run: str = _k("str", "")
+    events: list[str] = _k("strlist", [])
+    timeout: float = _k("duration", 600.0, min=1)
+    required: bool = _k("bool", False)
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -232,6 +254,8 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    hooks: list[HookConfig] = field(default_factory=list, metadata={"internal": True})  # [[hooks]]: load.py
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -240,7 +264,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
-    "health": HealthConfig,
+    "health": HealthConfig, "budget": BudgetConfig,
 }
 
 

@@ -149,6 +149,17 @@ def exposition(st: dict) -> str:
     f.add(P + "cost_spent", "gauge", "Money spent on the current training so far.", cost.get("spent"), cur)
     f.add(P + "cost_to_finish", "gauge", "Money the training will cost until it finishes (estimate).",
           cost.get("eta_cost"), cur)
+    b = _d(st.get("budget"))
+    cap, proj = _d(b.get("cap")), _d(b.get("projection"))
+    bl = {"currency": b.get("currency") or "", "cap": cap.get("kind") or ""}
+    f.add(P + "budget_max_cost", "gauge", "The spend cap (budget.max_cost, money since boot).", b.get("max_cost"), bl)
+    f.add(P + "budget_spent", "gauge", "Money since this machine booted at price_per_hour.", b.get("spent"), bl)
+    f.add(P + "budget_cap_seconds_left", "gauge", "Seconds until the first cap (spend, deadline, runtime).",
+          cap.get("left_s"), bl)
+    f.add(P + "budget_stop_seconds_left", "gauge", "Seconds until the stop for the first cap begins.",
+          cap.get("act_left_s"), bl)
+    f.add(P + "budget_projected_cost", "gauge", "Money the run needs to its end at this rate, since boot.",
+          proj.get("need_cost"), bl)
 
     gpus = _l(st.get("gpus"))
     f.add(P + "gpus", "gauge", "GPUs the daemon sees.", len(gpus))
