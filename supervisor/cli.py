@@ -248,6 +248,26 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete (or with --dry-run list) every local checkpoint the disk wing may delete (root only)."""
+    res = _req(args, "prune", {"dry_run": bool(args.dry_run)}, timeout=PRUNE_TIMEOUT_S)
+    if not res.get("ok"):
+        sys.stderr.write(f"prune: {res.get('error')}\n")
+        return EXIT_FAIL
+    for path in res.get("would_delete") or []:
+        sys.stdout.write(f"would delete {path}\n")
+    for path in res.get("deleted") or []:
+        sys.stdout.write(f"deleted {path}\n")
+    for path, why in sorted((res.get("kept") or {}).items()):
+        sys.stdout.write(f"kept    {path}: {why}\n")
+    if not (res.get("would_delete") or res.get("deleted") or res.get("kept")):
+        sys.stdout.write("no checkpoints found\n")
+    return EXIT_OK
+
+
+PRUNE_TIMEOUT_S = 900.0   # the content check of every folder to delete runs first
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from supervisor.config import resolve_path
 
@@ -339,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("duration", nargs="?")
     p.add_argument("--cancel", action="store_true")
     p.set_defaults(fn=cmd_keepalive)
+    p = sub.add_parser("prune", help="delete local checkpoints verified off the machine (root)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted and why the rest stays")
+    p.set_defaults(fn=cmd_prune)
     p = sub.add_parser("check-config", help="validate the config without starting anything")
     p.add_argument("path", nargs="?")
     p.set_defaults(fn=cmd_check_config)

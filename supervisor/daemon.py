@@ -86,8 +86,13 @@ class Daemon:
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
                                     store=self.store)
+        from supervisor.disk.watch import DiskWatch
+
+        self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
+                              quiet=max(cfg.sync.quiet_period, 5.0))
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
-        self.hostcheck = HostCheck(self.ctx, disk_paths)
+        # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
+        self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)
 
         from supervisor.idle.guard import IdleGuard
         from supervisor.progress.stallwatch import StallWatch
@@ -278,6 +283,7 @@ class Daemon:
             "metrics": self.metrics.status(),
             "orchestrator": self.orchestrator,
             "preemption": self.spot.status(),
+            "disk": self.disk.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -291,6 +297,7 @@ class Daemon:
             "run": self._h_run,
             "sync": self._h_sync,
             "keepalive": self._h_keepalive,
+            "prune": self._h_prune,
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -331,6 +338,12 @@ class Daemon:
         return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
                 "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50]}
 
+    def _h_prune(self, a: dict) -> Any:
+        dry = a.get("dry_run", False)
+        if not isinstance(dry, bool):
+            raise RequestError('"dry_run" must be true or false')
+        return self.disk.prune_now(dry_run=dry)
+
     def _h_keepalive(self, a: dict) -> Any:
         if a.get("cancel"):
             return self.guard.cancel_keepalive()
@@ -366,6 +379,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
+    Duty("disk", lambda c: 10.0, lambda d: d.disk.poll()),  # before the host check: it learns what we cover
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed

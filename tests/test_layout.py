@@ -22,6 +22,7 @@ MAY_IMPORT = {
     "spot": {"notify", "training"},
     "sync": {"notify", "training"},
     "fleet": set(),
+    "disk": {"notify", "training", "sync"},
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.
 WINGS[:] = sorted(MAY_IMPORT)

@@ -203,6 +203,13 @@ class PreemptionConfig:
 
 
 @dataclass
+class DiskConfig:
+    alert_before: float | None = _k("optduration", None, min=0)
+    prune: str = _k("choice", "off", choices=("off", "synced"))
+    keep_local: int = _k("int", 2, min=1)
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -223,6 +230,7 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    disk: DiskConfig = field(default_factory=DiskConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -231,6 +239,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
+    "disk": DiskConfig,
 }
 
 
