@@ -89,7 +89,7 @@ class Daemon:
         from supervisor.disk.watch import DiskWatch
 
         self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
-                              quiet=max(cfg.sync.quiet_period, 5.0))
+                              quiet=cfg.sync.quiet_period)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
         self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)

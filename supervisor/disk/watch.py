@@ -91,6 +91,7 @@ class DiskWatch:
                 kept.update(p.kept)
                 would += p.delete
                 deleted += done
+        self.poll()  # status shows what is left at once
         return {"ok": True, "dry_run": dry_run, "would_delete": would if dry_run else [], "deleted": deleted,
                 "kept": kept}
 
