@@ -47,6 +47,9 @@ class DiskWatch:
         self._devs: set[int] = set()
         self._alerted: set[str] = set()
         self._large: dict[int, tuple[float, list]] = {}
+        # folders a delete refused after their proof (files the target does not hold, changed): not
+        # asked about again while they stay as they were, so the next older-but-fine one gets its turn
+        self._blocked: dict[str, tuple[dict, str]] = {}
         self._lock = threading.Lock()           # one prune at a time (the duty and `supervisorctl prune`)
         self._snap: dict = {"prune": self.cfg.prune, "keep_local": self.cfg.keep_local, "filesystems": []}
         self.last_prune: dict | None = None
@@ -170,10 +173,12 @@ class DiskWatch:
         assert self.sync is not None
         local = self._local(folders, now, writers=True)
         best = self._best(folders)
-        believed = [p for p, h in holdings.items() if h.get("on_target")]
+        blocked = self._still_blocked()
+        believed = [p for p, h in holdings.items() if h.get("on_target") and p not in blocked]
         ask = to_check(local, best, self.cfg.keep_local, free, need, believed)
         answers = self.sync.prove_held(ask, PROOF_TIMEOUT_S) if ask else {}
         proofs = {p: Proof(bool(a.get("ok")), a.get("reason", "")) for p, a in answers.items()}
+        proofs.update({p: Proof(False, why) for p, why in blocked.items()})
         for c in local:
             proofs.setdefault(c.path, Proof(False, "not on the target yet (the sync is behind)"))
         p = plan(local, best, self.cfg.keep_local, proofs, free, need)
@@ -188,6 +193,7 @@ class DiskWatch:
             if why is None:
                 gone.append(path)
             else:
+                self._blocked[path] = (probe.files(path), why)
                 p.kept[path] = why
                 p.freed -= sizes[path]
         p.enough = need is None or free + p.freed >= need
@@ -223,6 +229,12 @@ class DiskWatch:
         log.warning("disk_pruned" if not errors else "disk_prune_failed", path=path, unit=entry["unit"],
                     bytes=nbytes, by=by, error=errors[0] if errors else None)
         return errors[0] if errors else None
+
+    def _still_blocked(self) -> dict[str, str]:
+        for path, (snap, _) in list(self._blocked.items()):
+            if not os.path.isdir(path) or probe.files(path) != snap:
+                del self._blocked[path]   # gone, or changed: judge it afresh
+        return {p: why for p, (_, why) in self._blocked.items()}
 
     @staticmethod
     def _why_kept(p: Plan) -> str:

@@ -1,0 +1,82 @@
+"""DiskWatch against a real sync engine and a local target (no mount needed): what a prune keeps
+and why -- files the target does not hold, the Trainer's best checkpoint named by a relative path,
+a file open in a folder, no target at all."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from supervisor.clock import SystemClock
+from supervisor.config import from_dict
+from supervisor.context import Context
+from supervisor.disk.watch import DiskWatch
+from supervisor.notify.alerts import Alerts
+from supervisor.statefile import StateStore
+from supervisor.sync.engine import SyncEngine
+from tests.fixtures.hf_writer import HFWriter
+from tests.fixtures.nvml import make_ctx
+from tests.fixtures.sync_engine import engine_config
+
+
+@pytest.fixture
+def setup(tmp_path):
+    made = []
+
+    def make(sync: dict | None = None, steps=(1, 2, 3, 4), **disk):
+        out, target = tmp_path / "out", tmp_path / "target"
+        target.mkdir(exist_ok=True)
+        w = HFWriter(out)
+        for s in steps:
+            w.checkpoint(s)
+        sync = {"target": str(target), "watch": [str(out)], "quiet_period": "0.1s", **(sync or {})}
+        cfg = from_dict(engine_config(tmp_path, sync, disk={"keep_local": 1, **disk}))
+        clock = SystemClock()
+        alerts = Alerts(cfg.alerts, clock, cfg.state_dir, None)
+        e = SyncEngine.from_config(cfg, clock, alerts)
+        e.start()
+        made.append(e)
+        assert e.wait_idle(30).ok
+        return w, out, DiskWatch(Context(cfg, clock, StateStore(cfg.state_dir), alerts), e, [str(out)], quiet=0.1)
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def test_files_the_target_does_not_hold_keep_a_folder_and_the_next_one_goes(setup, tmp_path):
+    w, out, disk = setup({"exclude": ["**/notes.txt"]})
+    (out / "checkpoint-1" / "notes.txt").write_text("mine, never synced")
+    os.utime(out / "checkpoint-1" / "notes.txt", (0, 0))
+    r = disk.prune_now()
+    assert r["kept"][str(out / "checkpoint-1")] == "holds files the target does not: notes.txt"
+    assert sorted(os.path.basename(p) for p in r["deleted"]) == ["checkpoint-2", "checkpoint-3"]
+    # asked again, unchanged: not checked again, same answer
+    r = disk.prune_now(dry_run=True)
+    assert r["kept"][str(out / "checkpoint-1")] == "holds files the target does not: notes.txt"
+    assert (out / "checkpoint-1" / "notes.txt").exists()
+
+
+def test_best_by_relative_path_and_a_file_open_stay(setup):
+    w, out, disk = setup()
+    state = out / "checkpoint-4" / "trainer_state.json"
+    st = json.loads(state.read_text())
+    st["best_model_checkpoint"] = "out/checkpoint-2"     # relative to the training's folder, as written
+    state.write_text(json.dumps(st))
+    os.utime(state, (0, 0))
+    with open(out / "checkpoint-3" / "optimizer.pt", "rb"):
+        r = disk.prune_now()
+    assert r["kept"][str(out / "checkpoint-2")] == "the Trainer's best_model_checkpoint"
+    assert r["kept"][str(out / "checkpoint-3")] == "being written"
+    assert r["kept"][str(out / "checkpoint-4")].startswith("among the newest 1")
+    assert [os.path.basename(p) for p in r["deleted"]] == ["checkpoint-1"]
+
+
+def test_no_target_nothing_is_deleted(tmp_path):
+    ctx = make_ctx(tmp_path, SystemClock(), {})
+    (tmp_path / "out" / "checkpoint-1").mkdir(parents=True)
+    r = DiskWatch(ctx, None, [str(tmp_path / "out")]).prune_now()
+    assert not r["ok"] and "nothing is deleted" in r["error"]
+    assert (tmp_path / "out" / "checkpoint-1").is_dir()
