@@ -192,3 +192,15 @@ def test_prune_never_deletes_best_written_kept_or_unverified(ops, keep_local):
             for path in p.delete:
                 del local[int(path.rsplit("-", 1)[1])]
                 free += 10
+
+
+def test_metrics_carry_the_disk_block():
+    from supervisor.fleet.metrics import exposition
+
+    text = exposition({"disk": {"deleted": 3, "freed_bytes": 24 * MIB, "filesystems": [
+        {"mount": "/workspace", "free_bytes": 41 * GIB, "total_bytes": 500 * GIB, "full_in_s": 7800.0,
+         "checkpoint_bytes": 38 * GIB, "checkpoints": 6, "verified_off": 4}]}})
+    assert 'train_supervisor_disk_free_bytes{mount="/workspace"} 44023414784' in text
+    assert 'train_supervisor_disk_full_in_seconds{mount="/workspace"} 7800' in text
+    assert 'train_supervisor_disk_checkpoints_off_machine{mount="/workspace"} 4' in text
+    assert "train_supervisor_disk_pruned_total 3" in text
