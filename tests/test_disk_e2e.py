@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -31,6 +32,7 @@ from tests.fixtures.hf_writer import safetensors_bytes, torch_zip_bytes
 from tests.fixtures.sync_engine import ListMailer, engine_config
 from tests.waiting import wait_until
 
+REPO = Path(__file__).resolve().parents[1]
 MIB = 1024**2
 FS_BYTES = 64 * MIB
 SAVES = 30
@@ -58,8 +60,9 @@ def tmpfs():
 class Trainer:
     """checkpoint-N/: model.safetensors and optimizer.pt (8 MiB together), trainer_state.json last."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, report_dir: Path | None = None):
         self.out = out
+        self.report_dir = report_dir or out.parent
         out.mkdir(parents=True, exist_ok=True)
         self.sha: dict[str, dict[str, str]] = {}     # checkpoint -> file -> sha256 of what was written
         self.enospc_at: float | None = None
@@ -72,11 +75,11 @@ class Trainer:
                 ("optimizer.pt", torch_zip_bytes(512 * 1024 - 2048, step)),
                 ("trainer_state.json", json.dumps(state).encode())]
 
-    def save(self, step: int) -> bool:
+    def save(self, step: int, files: list[tuple[str, bytes]] | None = None) -> bool:
         d = self.out / f"checkpoint-{step}"
         try:
             d.mkdir(exist_ok=True)
-            for name, data in self.files(step):
+            for name, data in files or self.files(step):
                 with open(d / name, "wb") as f:
                     f.write(data)
                 self.sha.setdefault(d.name, {})[name] = hashlib.sha256(data).hexdigest()
@@ -89,11 +92,47 @@ class Trainer:
         return True
 
     def run(self, n: int, every: float) -> None:
-        t0 = time.monotonic()
-        for step in range(1, n + 1):
-            if not self.save(step):
-                return
-            time.sleep(max(0.0, t0 + step * every - time.monotonic()))
+        """Save n checkpoints, one every `every` seconds, in a process of its own (as a trainer
+        is: this test process's threads then share no lock with it), until ENOSPC."""
+        subprocess.run([sys.executable, "-c", TRAINER, str(self.out), str(n), str(every), str(self.report)],
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, check=True, timeout=n * every + 60)
+        self.read_report()
+
+    @property
+    def report(self) -> Path:
+        return self.report_dir / "trainer.jsonl"
+
+    def read_report(self) -> None:
+        """What the trainer process reported so far (a save is reported once it is whole)."""
+        self.saved = 0
+        for line in self.report.read_text().splitlines():
+            e = json.loads(line)
+            if "enospc_at" in e:
+                self.enospc_at = e["enospc_at"]
+            else:
+                self.sha[e["checkpoint"]] = e["sha"]
+                self.saved += 1
+
+
+# the trainer process: Trainer.save, timed; reports each save's sha256s and the first ENOSPC
+# (time.monotonic is CLOCK_MONOTONIC: comparable with this process's)
+TRAINER = r"""
+import sys, json, time
+from pathlib import Path
+from tests.test_disk_e2e import Trainer
+out, n, every, report = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+t = Trainer(out)
+t0 = time.monotonic()
+with open(report, "w") as rep:
+    for step in range(1, n + 1):
+        data = t.files(step)          # made before its turn: the save itself is only the writing
+        time.sleep(max(0.0, t0 + (step - 1) * every - time.monotonic()))
+        if not t.save(step, data):
+            rep.write(json.dumps({"enospc_at": t.enospc_at}) + "\n")
+            break
+        rep.write(json.dumps({"checkpoint": f"checkpoint-{step}", "sha": t.sha[f"checkpoint-{step}"]}) + "\n")
+        rep.flush()
+"""
 
 
 class Rig:
@@ -107,11 +146,12 @@ class Rig:
         self.mailer = ListMailer()
         self.alerts = Alerts(self.cfg.alerts, clock, self.cfg.state_dir, self.mailer, hostname="testbox")
         self.sync = SyncEngine.from_config(self.cfg, clock, self.alerts)
-        self.trainer = Trainer(self.out)
+        self.trainer = Trainer(self.out, tmp)
         self.checks: list[tuple[str, list[str]]] = []   # (unit, problems) at each delete, from the journal line
         self.disk = DiskWatch(Context(self.cfg, clock, StateStore(self.cfg.state_dir), self.alerts), self.sync,
                               [str(self.out)], quiet=0.15, before_delete=self.check_target)
         self.alert_at: float | None = None
+        self.min_free: int | None = None     # the least free space the poller saw (a measure of the margin)
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
@@ -123,7 +163,9 @@ class Rig:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self.disk.poll()
+            st = self.disk.poll()
+            for fs in st["filesystems"]:
+                self.min_free = fs["free_bytes"] if self.min_free is None else min(self.min_free, fs["free_bytes"])
             if self.alert_at is None and any(a["kind"] == "disk_forecast" for a in self.alerts.active()):
                 self.alert_at = time.monotonic()
             self._stop.wait(0.05)
@@ -136,20 +178,32 @@ class Rig:
 
     def check_target(self, entry: dict) -> None:
         """At the moment of a delete (the journal's intent line is written, the folder not yet
-        removed): the target holds the unit complete, byte for byte, with its manifest."""
+        removed): what the target holds of the unit, by one listing (kept short: the trainer's
+        next save waits on nobody). After the run each object is read back and hashed; an ETag
+        unchanged since this moment (an MD5 of the content here) proves the bytes were there then."""
         unit = entry["unit"]
-        problems = []
-        objs = self.s3.objects(self.prefix)
-        if f"{unit}/_MANIFEST.json" not in objs:
-            problems.append("no manifest")
-        for name, sha in self.trainer.sha[unit].items():
-            key = f"{self.prefix}/{unit}/{name}"
-            if f"{unit}/{name}" not in objs or hashlib.sha256(self.s3.get(key)).hexdigest() != sha:
-                problems.append(f"{name} missing or different")
+        objs = self.s3.objects(f"{self.prefix}/{unit}")
         last = json.loads(Path(self.disk.journal.path).read_text().splitlines()[-1])
-        if last != entry:
-            problems.append("the intent line is not the journal's last line")
-        self.checks.append((unit, problems))
+        self.checks.append((unit, objs, last == entry))
+
+    def check_deletes(self) -> list[str]:
+        """The target held every deleted unit complete, byte for byte, with its manifest, at the delete."""
+        problems = []
+        self.trainer.read_report()
+        for unit, objs, intent_last in self.checks:
+            if not intent_last:
+                problems.append(f"{unit}: the intent line was not the journal's last line")
+            if "_MANIFEST.json" not in objs:
+                problems.append(f"{unit}: no manifest on the target at the delete")
+            for name, sha in self.trainer.sha[unit].items():
+                o = objs.get(name)
+                key = f"{self.prefix}/{unit}/{name}"
+                if o is None:
+                    problems.append(f"{unit}/{name}: not on the target at the delete")
+                elif self.s3.objects(f"{self.prefix}/{unit}")[name]["etag"] != o["etag"] or \
+                        hashlib.sha256(self.s3.get(key)).hexdigest() != sha:
+                    problems.append(f"{unit}/{name}: other bytes on the target")
+        return problems
 
 
 @pytest.fixture
@@ -170,6 +224,7 @@ def test_prune_on_thirty_saves_fit_a_disk_for_seven_and_all_reach_the_target(rig
     r = rig("synced")
     r.trainer.run(SAVES, SAVE_EVERY)
     assert r.trainer.enospc_at is None and r.trainer.saved == SAVES
+    print(f"least free seen: {r.min_free / MIB:.1f} MiB")
     # every checkpoint on the target, byte for byte, with its manifest
     want = {f"checkpoint-{s}" for s in range(1, SAVES + 1)}
     wait_until(lambda: {h["unit"] for h in r.sync.holdings() if h["on_target"]} >= {
@@ -183,7 +238,7 @@ def test_prune_on_thirty_saves_fit_a_disk_for_seven_and_all_reach_the_target(rig
     journal = [json.loads(x) for x in Path(r.disk.journal.path).read_text().splitlines()]
     deleted = [e for e in journal if e["event"] == "deleted"]
     assert len(deleted) >= SAVES - 8 and len(r.checks) == len([e for e in journal if e["event"] == "delete"])
-    assert all(not problems for _, problems in r.checks), [c for c in r.checks if c[1]]
+    assert r.check_deletes() == []
     assert all(e["verified_at"] <= e["at"] for e in journal)
     # never the best, never the newest keep_local
     left = sorted(int(p.name.split("-")[1]) for p in r.out.iterdir())

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("disk")
 
-PROOF_TIMEOUT_S = 300.0      # the content check of the folders to delete (HEADs, or rehashing a local target)
 LARGE_EVERY_S = 300.0        # "other large folders" are measured at most this often (only while alerting)
 
 
@@ -176,7 +175,7 @@ class DiskWatch:
         blocked = self._still_blocked()
         believed = [p for p, h in holdings.items() if h.get("on_target") and p not in blocked]
         ask = to_check(local, best, self.cfg.keep_local, free, need, believed)
-        answers = self.sync.prove_held(ask, PROOF_TIMEOUT_S) if ask else {}
+        answers = self.sync.prove_held(ask) if ask else {}
         proofs = {p: Proof(bool(a.get("ok")), a.get("reason", "")) for p, a in answers.items()}
         proofs.update({p: Proof(False, why) for p, why in blocked.items()})
         for c in local:

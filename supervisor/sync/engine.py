@@ -42,7 +42,7 @@ from supervisor.sync.final import FinalJob
 from supervisor.sync.health import AlertSink, Health
 from supervisor.sync.ledger import Ledger, LedgerBusy
 from supervisor.sync.policy import Policy, hf_cache_roots, is_cache_dir
-from supervisor.sync.proof import ProofJob, Proofs
+from supervisor.sync.proof import Proofs
 from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
 from supervisor.sync.targets import make_target, target_identity
@@ -124,7 +124,6 @@ class SyncEngine(Answers, Proofs):
         self._cut_short = False       # this pass stopped early to look for a newer checkpoint first
         self._finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
         self._idle_waits: Waiters[_IdleJob, FinalSyncResult] = Waiters()
-        self._proofs: Waiters[ProofJob, dict] = Waiters()  # the disk wing's content checks (proof.py)
         self._watcher = None
         if self.enabled:
             assert self.url is not None
@@ -191,7 +190,6 @@ class SyncEngine(Answers, Proofs):
         if self.ledger is not None and (t is None or not t.is_alive()):
             self.ledger.close()
         self._answer_all("sync engine stopped")  # the worker does this as it ends; not if it hangs
-        self._close_proofs("sync engine stopped")
 
     # --- the SyncView API -------------------------------------------------------------------------
     def request_sync(self) -> None:
@@ -296,7 +294,6 @@ class SyncEngine(Answers, Proofs):
                 self._wake.clear()
         finally:
             self._answer_all("sync engine stopped")
-            self._close_proofs("sync engine stopped")
             if self.ledger is not None:
                 self.ledger.close()
 
@@ -315,7 +312,7 @@ class SyncEngine(Answers, Proofs):
         seconds: with the system clock that is exact, and a FakeClock is re-read every pass."""
         now = self.clock.monotonic()
         with self._lock:
-            if self._requested or self._proofs.tickets():
+            if self._requested:
                 return 0.0
             cap = REAL_MAX_WAIT if isinstance(self.clock, SystemClock) else LOOP_MAX_WAIT
             t = min(cap, self._next_rescan - now)
@@ -340,7 +337,6 @@ class SyncEngine(Answers, Proofs):
                 return
             self._note_error("")
         assert self.ledger is not None
-        self._answer_proofs()  # a prune waits on it: before any upload, also during a backoff
         now = self.clock.monotonic()
         with self._lock:
             due = (self._requested or bool(self._finals.tickets()) or now >= self._next_rescan
