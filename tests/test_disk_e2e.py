@@ -150,7 +150,7 @@ class Rig:
         self.checks: list[tuple[str, list[str]]] = []   # (unit, problems) at each delete, from the journal line
         self.disk = DiskWatch(Context(self.cfg, clock, StateStore(self.cfg.state_dir), self.alerts), self.sync,
                               [str(self.out)], quiet=0.15, before_delete=self.check_target)
-        self.alert_at: float | None = None
+        self.alert_at: float | None = None   # when the "disk full" mail reached the mailer
         self.min_free: int | None = None     # the least free space the poller saw (a measure of the margin)
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
@@ -166,8 +166,9 @@ class Rig:
             st = self.disk.poll()
             for fs in st["filesystems"]:
                 self.min_free = fs["free_bytes"] if self.min_free is None else min(self.min_free, fs["free_bytes"])
-            if self.alert_at is None and any(a["kind"] == "disk_forecast" for a in self.alerts.active()):
-                self.alert_at = time.monotonic()
+            self.alerts.tick()   # the daemon's alerts duty: delivers what is due
+            if self.alert_at is None and any("disk full" in s for s in self.mailer.subjects()):
+                self.alert_at = time.monotonic()   # the mail arrived
             self._stop.wait(0.05)
 
     def close(self) -> None:
@@ -256,6 +257,9 @@ def test_prune_off_the_alert_comes_before_the_first_enospc(rig):
     assert r.alert_at is not None and r.alert_at < r.trainer.enospc_at
     a = next(a for a in r.alerts.active() if a["kind"] == "disk_forecast")
     assert a["subject"].startswith("disk full")
+    body = next(b for subj, b in r.mailer.sent if "disk full" in subj)
+    assert "What fills it:" in body and "checkpoints (" in body and "already off the machine" in body
+    assert 'prune = "synced"' in body   # what would free space
     assert not any(e for e in r.disk.journal.recent(50))  # prune off: nothing deleted
     assert len(list(r.out.iterdir())) >= 6
 

@@ -56,6 +56,8 @@ class DiskWatch:
     # --- what the daemon asks -------------------------------------------------------------------
     def covers(self, dev: int) -> bool:
         """Is this filesystem watched here (HostCheck leaves its "almost full" alert to us)?"""
+        if not self._devs:
+            self._filesystems()  # asked before our first poll (the duties start together)
         return dev in self._devs
 
     def status(self) -> dict:
