@@ -80,3 +80,20 @@ def test_no_target_nothing_is_deleted(tmp_path):
     r = DiskWatch(ctx, None, [str(tmp_path / "out")]).prune_now()
     assert not r["ok"] and "nothing is deleted" in r["error"]
     assert (tmp_path / "out" / "checkpoint-1").is_dir()
+
+
+def test_probe_finds_nested_checkpoints_not_caches_nor_inside_a_dataset(tmp_path, monkeypatch):
+    from supervisor.disk import probe
+
+    for p in ("out/run1/checkpoint-5", "out/checkpoint-7", "huggingface/hub/checkpoint-1", "models--x/checkpoint-2",
+              "data/checkpoint-3"):
+        (tmp_path / p).mkdir(parents=True)
+        (tmp_path / p / "trainer_state.json").write_text("{}")
+    for i in range(30):
+        (tmp_path / "data" / f"shard-{i}").mkdir()
+    (tmp_path / "out" / "checkpoint-7" / "link").symlink_to("/etc")
+    monkeypatch.setattr(probe, "WIDE_DIR", 20)
+    found = {os.path.relpath(f.path, tmp_path): f for f in probe.checkpoints(str(tmp_path))}
+    assert set(found) == {"out/run1/checkpoint-5", "out/checkpoint-7"}
+    assert found["out/checkpoint-7"].has_state and found["out/checkpoint-7"].step == 7
+    assert probe.files(str(tmp_path / "out" / "checkpoint-7"))["link"] == (-1, 0, 0)  # never followed

@@ -9,11 +9,13 @@ import os
 import stat
 from dataclasses import dataclass
 
+from supervisor.sync.policy import is_cache_dir
 from supervisor.training.checkpoints import checkpoint_step
 
 STATE_FILE = "trainer_state.json"
 STATE_MAX_BYTES = 16 << 20     # a trainer_state.json larger than this is not read (log_history grows)
 FIND_DEPTH = 3                 # checkpoint-N folders this deep under a watched folder are found
+WIDE_DIR = 10000               # a folder with more entries is a dataset, not an output folder: not entered
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,17 @@ def checkpoints(root: str, depth: int = FIND_DEPTH) -> list[Folder]:
 
     def walk(d: str, level: int) -> None:
         try:
-            entries = list(os.scandir(d))
+            with os.scandir(d) as it:
+                entries = []
+                for e in it:
+                    entries.append(e)
+                    if level and len(entries) > WIDE_DIR:
+                        return
         except OSError:
             return
         for e in entries:
             try:
-                if not e.is_dir(follow_symlinks=False):
+                if not e.is_dir(follow_symlinks=False) or is_cache_dir(e.name):
                     continue
             except OSError:
                 continue
