@@ -248,6 +248,8 @@ def test_prune_on_thirty_saves_fit_a_disk_for_seven_and_all_reach_the_target(rig
     fs = st["filesystems"][0]
     assert st["deleted"] == len(deleted) and fs["verified_off"] >= 2
     assert " verified off the machine" in fs["line"] and "per checkpoint every" in fs["line"]
+    # prune kept up with a healthy sync: no "disk full" alert left standing
+    assert fs["prune_keeps_up"] and not [a for a in r.alerts.active() if a["kind"] == "disk_forecast"]
 
 
 def test_prune_off_the_alert_comes_before_the_first_enospc(rig):

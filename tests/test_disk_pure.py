@@ -5,7 +5,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.disk.forecast import MIN_ALERT_BEFORE, Save, alert_window, forecast, need_for, rate, remember
+from supervisor.disk.forecast import (
+    MIN_ALERT_BEFORE,
+    Save,
+    alert_window,
+    forecast,
+    keeps_up,
+    need_for,
+    rate,
+    remember,
+)
 from supervisor.disk.prune import Local, Proof, plan, protected, to_check
 from supervisor.notify.mails import disk as words
 
@@ -54,6 +63,23 @@ def test_short_when_the_next_save_does_not_fit_and_pruning_counts():
     g = forecast(9 * MIB, 64 * MIB, saves(2, 8 * MIB, 2, now - 1), now, reclaimable=16 * MIB)
     assert g.short  # free space alone is short: time to prune
     assert "short" not in g.reasons  # but with what pruning frees, the next save fits
+
+
+def test_prune_that_keeps_up_means_no_full_in_but_a_save_that_does_not_fit_still_alerts():
+    now = 100.0
+    hist = saves(4, 8 * MIB, 2, now - 1)
+    # 64 MiB: 2 kept + the best + one being written + one waiting for the sync fit
+    assert keeps_up(20 * MIB, 40 * MIB, 8 * MIB, 3) and not keeps_up(5 * MIB, 40 * MIB, 8 * MIB, 5)
+    f = forecast(20 * MIB, 64 * MIB, hist, now, steady=True)
+    assert f.full_in is None and f.reasons == () and f.keeps_up
+    g = forecast(20 * MIB, 64 * MIB, hist, now)
+    assert g.reasons == ("forecast",) and not g.keeps_up
+    h = forecast(5 * MIB, 64 * MIB, hist, now, steady=True)
+    assert h.reasons == ("short",) and not h.keeps_up
+    fs = {"mount": "/w", "free_bytes": 20 * MIB, "total_bytes": 64 * MIB, "full_in_s": None, "checkpoint_bytes": 8 * MIB,
+          "interval_s": 120, "prune_keeps_up": True, "checkpoints": 5, "verified_off": 3}
+    assert words.line(fs) == ("/w 20 MiB free of 64 MiB; prune keeps it free (8 MiB per checkpoint every 2 min); "
+                              "5 checkpoints here, 3 verified off the machine")
 
 
 def test_low_percent_is_folded_in_without_checkpoints():

@@ -36,6 +36,7 @@ class Forecast:
     alert_before: float
     reasons: tuple[str, ...]     # why to alert now: "forecast", "short" (the next save does not fit), "low"
     reclaimable: int = 0         # bytes pruning may free (verified off the machine, not kept)
+    keeps_up: bool = False       # prune on, sync healthy, room for the kept ones and two saves: never full
 
     @property
     def alert(self) -> bool:
@@ -76,6 +77,16 @@ def rate(saves: list[Save]) -> tuple[int | None, float | None]:
     return per, interval
 
 
+def keeps_up(free: int, checkpoint_bytes: int, per: int | None, kept: int) -> bool:
+    """With prune on and a sync that is not failing, every save makes an older checkpoint deletable
+    once it is off the machine: the disk never fills if it holds the `kept` checkpoints that must
+    stay (keep_local and the best) plus one being written and one waiting for the sync, with margin.
+    `checkpoint_bytes`: what the checkpoints here take now (free again once pruned)."""
+    if not per:
+        return False
+    return free + checkpoint_bytes >= kept * per + need_for(per) + per
+
+
 def alert_window(configured: float | None, interval: float | None) -> float:
     """disk.alert_before, or by default 2 save intervals and at least 15 minutes."""
     if configured is not None:
@@ -84,9 +95,11 @@ def alert_window(configured: float | None, interval: float | None) -> float:
 
 
 def forecast(free: int, total: int, saves: list[Save], now: float, alert_before: float | None = None,
-             reclaimable: int = 0, min_free_pct: float = 0.0) -> Forecast:
+             reclaimable: int = 0, min_free_pct: float = 0.0, steady: bool = False) -> Forecast:
     """The forecast for one filesystem. `reclaimable`: what pruning may free (0 when it is off);
-    `min_free_pct`: alerts.disk_free_min_pct, the plain "almost full" threshold folded in here."""
+    `min_free_pct`: alerts.disk_free_min_pct, the plain "almost full" threshold folded in here;
+    `steady`: keeps_up() holds (prune on, sync healthy): no "full in", only a next save that does
+    not fit now alerts."""
     per, interval = rate(saves)
     window = alert_window(alert_before, interval)
     reasons: list[str] = []
@@ -106,6 +119,9 @@ def forecast(free: int, total: int, saves: list[Save], now: float, alert_before:
         full_in = next_at - now + left * interval
     if avail < need:
         reasons.insert(0, "short")
+    elif steady:
+        full_in = None
     elif full_in is not None and full_in < window:
         reasons.insert(0, "forecast")
-    return Forecast(free, total, per, interval, need, left, full_in, window, tuple(reasons), reclaimable)
+    return Forecast(free, total, per, interval, need, left, full_in, window, tuple(reasons), reclaimable,
+                    steady and avail >= need)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from supervisor.disk import probe
-from supervisor.disk.forecast import Forecast, Save, forecast, remember
+from supervisor.disk.forecast import Forecast, Save, forecast, keeps_up, rate, remember
 from supervisor.disk.journal import Journal
 from supervisor.disk.prune import Local, Plan, Proof, plan, protected, to_check
 from supervisor.notify.mails import disk as words
@@ -111,7 +111,10 @@ class DiskWatch:
         pruning = self.cfg.prune == "synced" and self.sync is not None
         reclaim = sum(c.bytes for c in protected(local, best, self.cfg.keep_local)[0] if c.path in on_target) \
             if pruning else 0
-        fc = self._forecast(free, total, hist, now, reclaim)
+        here = [f for f in folders if f.has_state]
+        steady = pruning and not self._sync_failing() and keeps_up(
+            free, sum(f.bytes for f in folders), rate(hist)[0], self.cfg.keep_local + len(best))
+        fc = self._forecast(free, total, hist, now, reclaim, steady)
         why = ""
         if pruning and fc.short:
             with self._lock:
@@ -124,16 +127,17 @@ class DiskWatch:
             if not p.enough:
                 why = self._why_kept(p)
                 reclaim = 0   # what the ledger believes could go did not pass the check: do not count on it
+                steady = False
             else:
                 reclaim = sum(c.bytes for c in protected(self._local(folders, now, writers=False), best,
                                                          self.cfg.keep_local)[0] if c.path in on_target)
-            fc = self._forecast(free, total, hist, now, reclaim)
-        here = [f for f in folders if f.has_state]
+            fc = self._forecast(free, total, hist, now, reclaim, steady)
+            here = [f for f in folders if f.has_state]
         info = {"mount": mount, "paths": paths, "free_bytes": free, "total_bytes": total,
                 "free_pct": 100.0 * free / total if total else 100.0,
                 "full_in_s": fc.full_in, "alert_before_s": fc.alert_before, "checkpoint_bytes": fc.per_checkpoint,
                 "interval_s": fc.interval, "need_bytes": fc.need, "saves_left": fc.saves_left,
-                "reclaimable_bytes": fc.reclaimable, "checkpoints": len(here),
+                "reclaimable_bytes": fc.reclaimable, "prune_keeps_up": fc.keeps_up, "checkpoints": len(here),
                 "checkpoints_bytes": sum(f.bytes for f in here),
                 "verified_off": sum(1 for f in here if f.path in on_target), "reasons": list(fc.reasons),
                 "alert": fc.alert}
@@ -141,9 +145,13 @@ class DiskWatch:
         self._alert(dev, info, folders, why)
         return info
 
-    def _forecast(self, free: int, total: int, hist: list[Save], now: float, reclaim: int) -> Forecast:
+    def _forecast(self, free: int, total: int, hist: list[Save], now: float, reclaim: int,
+                  steady: bool = False) -> Forecast:
         return forecast(free, total, hist, now, self.cfg.alert_before, reclaim,
-                        self.ctx.config.alerts.disk_free_min_pct)
+                        self.ctx.config.alerts.disk_free_min_pct, steady)
+
+    def _sync_failing(self) -> bool:
+        return self.sync is None or bool(getattr(self.sync.health, "failing", True))
 
     def _alert(self, dev: int, info: dict, folders: list[probe.Folder], why: str) -> None:
         key = f"disk:forecast:{info['mount']}"

@@ -44,6 +44,8 @@ def line(fs: dict) -> str:
             out += f" ({size(per)} per checkpoint" + (f" every {span(every)})" if every else ")")
         if fs.get("reclaimable_bytes"):
             out += f", counting {size(fs['reclaimable_bytes'])} prune may free"
+    elif per and fs.get("prune_keeps_up"):
+        out += f"; prune keeps it free ({size(per)} per checkpoint" + (f" every {span(every)})" if every else ")")
     elif per:
         out += f"; {size(per)} per checkpoint" + (f" every {span(every)}" if every else "")
     n = fs.get("checkpoints", 0)
