@@ -156,9 +156,9 @@ class DiskWatch:
     def _alert(self, dev: int, info: dict, folders: list[probe.Folder], why: str) -> None:
         key = f"disk:forecast:{info['mount']}"
         if not info["alert"]:
-            if key in self._alerted:
-                self.ctx.alerts.resolve(key)
-                self._alerted.discard(key)
+            # also one raised before a daemon restart (Alerts keeps it): resolving an inactive key is a no-op
+            self.ctx.alerts.resolve(key)
+            self._alerted.discard(key)
             return
         info["large_folders"] = self._large_folders(dev, info["paths"], folders)
         mail = words.disk_full_soon(info, self.cfg.prune, self.cfg.keep_local, why)
