@@ -97,3 +97,13 @@ def test_probe_finds_nested_checkpoints_not_caches_nor_inside_a_dataset(tmp_path
     assert set(found) == {"out/run1/checkpoint-5", "out/checkpoint-7"}
     assert found["out/checkpoint-7"].has_state and found["out/checkpoint-7"].step == 7
     assert probe.files(str(tmp_path / "out" / "checkpoint-7"))["link"] == (-1, 0, 0)  # never followed
+
+
+def test_prune_is_roots_alone():
+    from supervisor.control import Peer, refusal
+    from supervisor.daemon import MEMBER_COMMANDS
+
+    assert "prune" not in MEMBER_COMMANDS
+    assert refusal("prune", Peer(1, 0, 0), MEMBER_COMMANDS, owner_uid=0) is None
+    why = refusal("prune", Peer(1, 4321, 4321), MEMBER_COMMANDS, owner_uid=0)
+    assert why is not None and "only root" in why
