@@ -230,3 +230,21 @@ def test_metrics_carry_the_disk_block():
     assert 'train_supervisor_disk_full_in_seconds{mount="/workspace"} 7800' in text
     assert 'train_supervisor_disk_checkpoints_off_machine{mount="/workspace"} 4' in text
     assert "train_supervisor_disk_pruned_total 3" in text
+
+
+def test_config_names_and_checks():
+    import pytest
+
+    from supervisor.config import ConfigError, from_dict
+
+    c = from_dict({})
+    assert (c.disk.alert_before, c.disk.prune, c.disk.keep_local) == (None, "off", 2)
+    c = from_dict({"disk": {"alert_before": "45m", "prune": "synced", "keep_local": 3},
+                   "sync": {"target": "/tmp/t", "watch": ["/tmp/w"]}})
+    assert (c.disk.alert_before, c.disk.prune, c.disk.keep_local) == (2700.0, "synced", 3)
+    with pytest.raises(ConfigError) as e:
+        from_dict({"disk": {"prune": "synced", "keep_local": 0}})
+    text = str(e.value)
+    assert 'disk.prune: "synced" needs sync.target and sync.watch' in text and "disk.keep_local" in text
+    with pytest.raises(ConfigError, match="disk.prune"):
+        from_dict({"disk": {"prune": "all"}})
