@@ -107,3 +107,30 @@ def test_prune_is_roots_alone():
     assert refusal("prune", Peer(1, 0, 0), MEMBER_COMMANDS, owner_uid=0) is None
     why = refusal("prune", Peer(1, 4321, 4321), MEMBER_COMMANDS, owner_uid=0)
     assert why is not None and "only root" in why
+
+
+def test_a_parent_swapped_for_a_symlink_after_the_check_does_not_send_the_delete_elsewhere(tmp_path):
+    from supervisor.disk import probe
+
+    ctx = make_ctx(tmp_path, SystemClock(), {})
+    out, decoy = tmp_path / "out", tmp_path / "decoy"
+    for d in (out / "checkpoint-1", decoy / "checkpoint-1"):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 10)
+    disk = DiskWatch(ctx, None, [str(out)])
+    proof = {"unit": "checkpoint-1", "files": {r: list(v) for r, v in probe.files(str(out / "checkpoint-1")).items()},
+             "checked_at": 1.0}
+    pfd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        out.rename(tmp_path / "out-moved")        # the training user swaps the folder for a symlink
+        out.symlink_to(decoy)
+        assert disk._delete_at(pfd, str(out / "checkpoint-1"), "checkpoint-1", proof, 10, "hand") is None
+    finally:
+        os.close(pfd)
+    assert (decoy / "checkpoint-1" / "model.safetensors").exists()       # untouched
+    assert not (tmp_path / "out-moved" / "checkpoint-1").exists()        # the one checked is the one deleted
+    # and a folder whose files are not the verified ones is refused, naming why
+    (tmp_path / "out-moved" / "checkpoint-2").mkdir()
+    (tmp_path / "out-moved" / "checkpoint-2" / "a").write_text("1")
+    why = disk._delete(str(tmp_path / "out-moved" / "checkpoint-2"), {"files": {}}, 1, "hand")
+    assert why == "holds files the target does not: a"

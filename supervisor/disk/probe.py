@@ -14,6 +14,7 @@ from supervisor.training.checkpoints import checkpoint_step
 
 STATE_FILE = "trainer_state.json"
 STATE_MAX_BYTES = 16 << 20     # a trainer_state.json larger than this is not read (log_history grows)
+UNREADABLE = "\0unreadable"    # files(): a folder that could not be read whole
 FIND_DEPTH = 3                 # checkpoint-N folders this deep under a watched folder are found
 WIDE_DIR = 10000               # a folder with more entries is a dataset, not an output folder: not entered
 
@@ -60,19 +61,27 @@ def usage(path: str) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def files(folder: str) -> dict[str, tuple[int, int, int]]:
-    """rel -> (size, mtime_ns, inode) of every regular file under `folder`, symlinks not followed
-    (a symlink is listed with size -1, so it never matches what was verified)."""
+def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, int]]:
+    """rel -> (size, mtime_ns, inode) of every regular file under `folder` (relative to `dir_fd`
+    when given), symlinks never followed: one is listed with size -1, so it never matches what was
+    verified."""
     out: dict[str, tuple[int, int, int]] = {}
-    for top, dirs, names in os.walk(folder, followlinks=False):
-        for n in names + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
-            p = os.path.join(top, n)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            rel = os.path.relpath(p, folder)
-            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino) if stat.S_ISREG(st.st_mode) else (-1, 0, 0)
+    try:
+        # each fd fwalk yields is open only until the next step: stat inside the loop
+        for top, dirs, names, fd in os.fwalk(folder, dir_fd=dir_fd, follow_symlinks=False):
+            for n in names + dirs:
+                try:
+                    st = os.stat(n, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                rel = os.path.relpath(os.path.join(top, n), folder)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino) if stat.S_ISREG(st.st_mode) else (-1, 0, 0)
+    except FileNotFoundError:
+        return out
+    except OSError:
+        out[UNREADABLE] = (-1, 0, 0)   # a walk that failed half-way never matches what was verified
     return out
 
 

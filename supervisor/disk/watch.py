@@ -211,9 +211,22 @@ class DiskWatch:
 
     def _delete(self, path: str, proof: dict, nbytes: int, by: str) -> str | None:
         """Delete one folder the plan allows, after checking it still holds exactly the files the
-        target was just seen to hold and no process has one open. None when deleted, else why not."""
+        target was just seen to hold and no process has one open. None when deleted, else why not.
+        The check and the removal both go through one open handle on the parent folder: a parent
+        swapped for a symlink meanwhile (the training user owns it) cannot send the delete elsewhere."""
+        parent, name = os.path.split(path)
+        try:
+            pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            return f"cannot open {parent}: {e.strerror or e}"
+        try:
+            return self._delete_at(pfd, path, name, proof, nbytes, by)
+        finally:
+            os.close(pfd)
+
+    def _delete_at(self, pfd: int, path: str, name: str, proof: dict, nbytes: int, by: str) -> str | None:
         verified = {rel: tuple(v) for rel, v in (proof.get("files") or {}).items()}
-        now_files = probe.files(path)
+        now_files = probe.files(name, dir_fd=pfd)
         if now_files != verified:
             extra = sorted(set(now_files) - set(verified))
             changed = sorted(r for r in set(now_files) & set(verified) if now_files[r] != verified[r])
@@ -230,7 +243,7 @@ class DiskWatch:
         if self.before_delete is not None:
             self.before_delete(entry)
         errors: list[str] = []
-        shutil.rmtree(path, onerror=lambda _f, p, e: errors.append(f"{p}: {e[1]}"))
+        shutil.rmtree(name, dir_fd=pfd, onerror=lambda _f, p, e: errors.append(f"{p}: {e[1]}"))
         done = {**entry, "event": "deleted" if not errors else "delete_failed", "at": self.ctx.clock.time()}
         if errors:
             done["error"] = errors[0]
