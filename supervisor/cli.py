@@ -248,6 +248,9 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+PRUNE_TIMEOUT_S = 900.0   # the content check of every folder to delete runs first
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     """Delete (or with --dry-run list) every local checkpoint the disk wing may delete (root only)."""
     res = _req(args, "prune", {"dry_run": bool(args.dry_run)}, timeout=PRUNE_TIMEOUT_S)
@@ -263,9 +266,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if not (res.get("would_delete") or res.get("deleted") or res.get("kept")):
         sys.stdout.write("no checkpoints found\n")
     return EXIT_OK
-
-
-PRUNE_TIMEOUT_S = 900.0   # the content check of every folder to delete runs first
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

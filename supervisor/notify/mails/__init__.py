@@ -8,6 +8,7 @@ One module per subject, so the words for a subsystem sit together:
   progress.py  the early estimate
   sync.py      sync failing
   gpu.py       GPU memory at its limit, GPU lost, Xid meanings, CUDA/host OOM and NCCL advice, host checks
+  disk.py      the disk forecast line and "disk full soon": what fills it, what would free space
 
 Times are written with `supervisor.timefmt` (local time with its zone) and sizes/durations with
 `supervisor.durations`, so every mail reads the same way.
