@@ -258,6 +258,25 @@ def cmd_budget(args: argparse.Namespace) -> int:
         req["runtime"] = args.runtime
     res = _req(args, "budget", req)
     sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+
+
+PRUNE_TIMEOUT_S = 900.0   # the content check of every folder to delete runs first
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete (or with --dry-run list) every local checkpoint the disk wing may delete (root only)."""
+    res = _req(args, "prune", {"dry_run": bool(args.dry_run)}, timeout=PRUNE_TIMEOUT_S)
+    if not res.get("ok"):
+        sys.stderr.write(f"prune: {res.get('error')}\n")
+        return EXIT_FAIL
+    for path in res.get("would_delete") or []:
+        sys.stdout.write(f"would delete {path}\n")
+    for path in res.get("deleted") or []:
+        sys.stdout.write(f"deleted {path}\n")
+    for path, why in sorted((res.get("kept") or {}).items()):
+        sys.stdout.write(f"kept    {path}: {why}\n")
+    if not (res.get("would_delete") or res.get("deleted") or res.get("kept")):
+        sys.stdout.write("no checkpoints found\n")
     return EXIT_OK
 
 
@@ -367,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", help='a local time like "2026-12-05 08:00" or an ISO 8601 timestamp')
     p.add_argument("--runtime", help="a runtime cap since boot, e.g. 12h")
     p.set_defaults(fn=cmd_budget)
+
+    p = sub.add_parser("prune", help="delete local checkpoints verified off the machine (root)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted and why the rest stays")
+    p.set_defaults(fn=cmd_prune)
     p = sub.add_parser("check-config", help="validate the config without starting anything")
     p.add_argument("path", nargs="?")
     p.set_defaults(fn=cmd_check_config)

@@ -86,8 +86,13 @@ class Daemon:
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
                                     store=self.store)
+        from supervisor.disk.watch import DiskWatch
+
+        self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
+                              quiet=cfg.sync.quiet_period)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
-        self.hostcheck = HostCheck(self.ctx, disk_paths)
+        # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
+        self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)
 
         from supervisor.idle.guard import IdleGuard
         from supervisor.progress.stallwatch import StallWatch
@@ -327,6 +332,7 @@ class Daemon:
             "health": self.health.status(),
             "budget": self.money.status(),
             "hooks": self.hooks.status(),
+            "disk": self.disk.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -342,6 +348,7 @@ class Daemon:
             "keepalive": self._h_keepalive,
             "health": self._h_health,
             "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
+            "prune": self._h_prune,
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -382,6 +389,12 @@ class Daemon:
         return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
                 "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50]}
 
+    def _h_prune(self, a: dict) -> Any:
+        dry = a.get("dry_run", False)
+        if not isinstance(dry, bool):
+            raise RequestError('"dry_run" must be true or false')
+        return self.disk.prune_now(dry_run=dry)
+
     def _h_keepalive(self, a: dict) -> Any:
         if a.get("cancel"):
             return self.guard.cancel_keepalive()
@@ -419,6 +432,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
+    Duty("disk", lambda c: 10.0, lambda d: d.disk.poll()),  # before the host check: it learns what we cover
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed

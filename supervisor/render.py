@@ -44,6 +44,7 @@ def render_status(st: dict) -> str:
     elif st.get("gpu_error"):
         lines.append(f"gpus      none ({st['gpu_error']})")
     lines.extend(sync_lines(st))
+    lines.extend(disk_lines(st))
     lines.extend(idle_lines(st))
     lines.extend(budget_lines(st))
     lines.extend(preemption_lines(st))
@@ -196,6 +197,20 @@ def sync_lines(st: dict) -> list[str]:
     elif err:
         lines.append(f"          last error: {err}")
     return lines
+
+
+def disk_lines(st: dict) -> list[str]:
+    """The `disk` block: one forecast line per filesystem, then the last deletes (README "Disk space")."""
+    dk = st.get("disk") or {}
+    out = [f"disk      {fs.get('line', '')}" for fs in dk.get("filesystems") or []]
+    if out and dk.get("prune") == "synced":
+        out.append(f"          prune synced, keep_local {dk.get('keep_local')}: {dk.get('deleted', 0)} deleted "
+                   f"({format_bytes(dk.get('freed_bytes', 0))})")
+    for e in [e for e in dk.get("recent") or [] if e.get("event") in ("deleted", "delete_failed")][-3:]:
+        what = "deleted" if e["event"] == "deleted" else f"delete FAILED ({e.get('error', '')})"
+        out.append(f"          {what} {e.get('path')} ({format_bytes(e.get('bytes', 0))}, verified on "
+                   f"{e.get('target', 'the target')} {_clock(e.get('verified_at'), st.get('now') or 0)})")
+    return out
 
 
 def target_info_lines(info: dict) -> list[str]:

@@ -22,6 +22,7 @@ STATUS_KEYS = {
     "idle": {"state", "idle_since", "warn_at", "stop_at", "reasons", "keepalive_until"},
     "stop": {"action", "planned_at"},
     "cost": {"price_per_hour", "currency", "spent", "eta_cost"},
+    "disk": {"prune", "keep_local", "filesystems", "deleted", "freed_bytes", "recent", "last_prune"},
 }
 PROGRESS_KEYS = {"step", "max_steps", "epoch", "loss", "tokens_per_s", "eta_s"}
 

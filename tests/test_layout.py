@@ -24,6 +24,7 @@ MAY_IMPORT = {
     "fleet": set(),
     "hooks": {"notify"},
     "money": {"notify", "training", "progress"},
+    "disk": {"notify", "training", "sync"},
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.
 WINGS[:] = sorted(MAY_IMPORT)

@@ -56,6 +56,9 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
             problems.append(f"stop.final_sync[{i}]: expected an absolute path, got {show_value(p)}")
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
+    if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):
+        problems.append('disk.prune: "synced" needs sync.target and sync.watch (only what the target '
+                        'verifiably holds is ever deleted)')
     if cfg.email is not None:
         e = cfg.email
         if not e.to:

@@ -233,6 +233,13 @@ class HookConfig:
 
 
 @dataclass
+class DiskConfig:
+    alert_before: float | None = _k("optduration", None, min=0)
+    prune: str = _k("choice", "off", choices=("off", "synced"))
+    keep_local: int = _k("int", 2, min=1)
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -256,6 +263,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     hooks: list[HookConfig] = field(default_factory=list, metadata={"internal": True})  # [[hooks]]: load.py
+    disk: DiskConfig = field(default_factory=DiskConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -264,7 +272,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
-    "health": HealthConfig, "budget": BudgetConfig,
+    "health": HealthConfig, "budget": BudgetConfig, "disk": DiskConfig,
 }
 
 

@@ -201,6 +201,23 @@ def exposition(st: dict) -> str:
     f.add(P + "sync_uploaded_files_total", "counter", "Files uploaded.", sync.get("uploaded_files"))
     f.add(P + "sync_uploaded_bytes_total", "counter", "Bytes uploaded.", sync.get("uploaded_bytes"))
 
+    disk = _d(st.get("disk"))
+    for fs in _l(disk.get("filesystems")):
+        fs = _d(fs)
+        lab = {"mount": fs.get("mount") or ""}
+        f.add(P + "disk_free_bytes", "gauge", "Free bytes on a training filesystem.", fs.get("free_bytes"), lab)
+        f.add(P + "disk_size_bytes", "gauge", "Size of a training filesystem.", fs.get("total_bytes"), lab)
+        f.add(P + "disk_full_in_seconds", "gauge", "Forecast: seconds until the save that would not fit.",
+              fs.get("full_in_s"), lab)
+        f.add(P + "disk_checkpoint_bytes", "gauge", "Size of the newest checkpoint.", fs.get("checkpoint_bytes"), lab)
+        f.add(P + "disk_checkpoints_local", "gauge", "Complete checkpoints on this filesystem.",
+              fs.get("checkpoints"), lab)
+        f.add(P + "disk_checkpoints_off_machine", "gauge", "Of those, verified off the machine.",
+              fs.get("verified_off"), lab)
+    f.add(P + "disk_pruned_total", "counter", "Local checkpoints deleted once verified on the target.",
+          disk.get("deleted"))
+    f.add(P + "disk_pruned_bytes_total", "counter", "Bytes those deletes freed.", disk.get("freed_bytes"))
+
     counts: dict[tuple[str, str], int] = {}
     for a in _l(st.get("alerts")):
         a = _d(a)

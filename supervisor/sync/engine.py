@@ -42,6 +42,7 @@ from supervisor.sync.final import FinalJob
 from supervisor.sync.health import AlertSink, Health
 from supervisor.sync.ledger import Ledger, LedgerBusy
 from supervisor.sync.policy import Policy, hf_cache_roots, is_cache_dir
+from supervisor.sync.proof import Proofs
 from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
 from supervisor.sync.targets import make_target, target_identity
@@ -74,7 +75,7 @@ class _IdleJob:
     started_ok: int      # uploaded count when it began
 
 
-class SyncEngine(Answers):
+class SyncEngine(Answers, Proofs):
     """Implements interfaces.SyncView; `start()` once.
 
     cfg: the [sync] section; state_dir: where the ledger lives; alerts: where "sync failing" goes

@@ -9,6 +9,7 @@ One module per subject, so the words for a subsystem sit together:
   sync.py      sync failing
   money.py     the caps' projection warning, the stop for a cap, a failed hook
   gpu.py       GPU memory at its limit, GPU lost, Xid meanings, CUDA/host OOM and NCCL advice, host checks
+  disk.py      the disk forecast line and "disk full soon": what fills it, what would free space
 
 Times are written with `supervisor.timefmt` (local time with its zone) and sizes/durations with
 `supervisor.durations`, so every mail reads the same way.
