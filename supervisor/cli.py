@@ -258,6 +258,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
         req["runtime"] = args.runtime
     res = _req(args, "budget", req)
     sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+    return EXIT_OK
 
 
 PRUNE_TIMEOUT_S = 900.0   # the content check of every folder to delete runs first
