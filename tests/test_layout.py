@@ -21,6 +21,7 @@ MAY_IMPORT = {
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
     "sync": {"notify", "training"},
+    "resume": {"notify", "training", "sync"},
     "fleet": set(),
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.

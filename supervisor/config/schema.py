@@ -203,6 +203,12 @@ class PreemptionConfig:
 
 
 @dataclass
+class ResumeConfig:
+    from_target: bool = _k("bool", False)
+    if_unreachable: str = _k("choice", "wait", choices=("wait", "start_fresh"))
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -223,6 +229,7 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -231,6 +238,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
+    "resume": ResumeConfig,
 }
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from supervisor.sync.policy import MANIFEST_NAME
+
 
 class TargetError(Exception):
     """The target failed; the batch stops and is retried with backoff."""
@@ -289,3 +291,50 @@ class _Recording:
 
     def cancelled(self) -> bool:
         return self.sink.cancelled()
+
+
+# --- the read side (resume) ------------------------------------------------------------------
+
+class Reader(Protocol):
+    """What a restore asks of a target: every key with its size, one small file's bytes, and a
+    unit's files downloaded into a folder here. Every target kind implements it."""
+
+    def list_keys(self) -> dict[str, int]:
+        """Every file under the target's base (relative key -> size; -1 when the target does
+        not say)."""
+        ...
+
+    def read_file(self, key: str) -> bytes | None:
+        """A small file's bytes (a manifest, trainer_state.json); None when it is not there."""
+        ...
+
+    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+                 progress: Callable[[int], None]) -> None:
+        """`unit_key/rel` into `dest_dir/rel` for each (rel, size), reporting bytes as they
+        arrive. Raises TargetError; the caller verifies the content."""
+        ...
+
+
+def reader(target: object) -> Reader:
+    """The target's read side; TargetError naming the kind when it has none."""
+    for name in ("list_keys", "read_file", "download"):
+        if not callable(getattr(target, name, None)):
+            raise TargetError(f"{getattr(target, 'display', type(target).__name__)}: this target cannot be "
+                              "read back (no restore support)")
+    return target  # type: ignore[return-value]
+
+
+def read_manifest(target: object, unit_key: str) -> bytes | None:
+    return reader(target).read_file(join_key(unit_key, MANIFEST_NAME))
+
+
+def list_units(target: object) -> tuple[dict[str, int], dict[str, bytes | None]]:
+    """The target's keys, and each unit folder's manifest bytes (None: it has none)."""
+    keys = reader(target).list_keys()
+    units: dict[str, bytes | None] = {}
+    for k in keys:
+        if k.endswith("/" + MANIFEST_NAME):
+            units[k[: -len(MANIFEST_NAME) - 1]] = None
+    for u in list(units):
+        units[u] = read_manifest(target, u)
+    return keys, units
