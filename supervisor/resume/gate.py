@@ -48,7 +48,7 @@ class ResumeGate:
         self.hostname = hostname or cfg.hostname or socket.gethostname()
         self.retry_base_s = retry_base_s
         self.progress = Progress()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._st: dict[str, Any] = {"state": "idle"}
