@@ -164,3 +164,36 @@ def test_hub_target(make_engine, fake_hub, tmp_path):
     check_restored(w, tmp_path / "b" / "out", rs.restore(), e)
     assert json.loads((tmp_path / "b" / "out" / "checkpoint-20" / "trainer_state.json").read_bytes())[
         "global_step"] == 20
+
+
+def test_one_shot_restore_without_the_daemon(make_engine, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.fixtures.toml_writer import to_toml
+
+    sync = {"target": str(tmp_path / "remote")}
+    w = machine_a(make_engine, sync, tmp_path / "a" / "out")
+    out_b = tmp_path / "b" / "out"
+    out_b.mkdir(parents=True)
+    (out_b / ".checkpoint-10.tsync-dead").mkdir()  # left by a restore cut short
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(to_toml({"state_dir": str(tmp_path / "state-b"), "sync": {**sync, "watch": [str(out_b)]}}))
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "supervisor.resume", "--config", str(cfg), *a],
+                              capture_output=True, text=True, timeout=60)
+
+    listed = json.loads(run("--list").stdout)
+    assert [(u["unit"], u["state"], u["step"]) for u in listed["units"]] == [
+        ("checkpoint-20", "complete", 20), ("checkpoint-10", "complete", 10)]
+    dry = json.loads(run("--dry-run").stdout)
+    assert dry["unit"] == "checkpoint-20" and dry["dry_run"] and not (out_b / "checkpoint-20").exists()
+    r = run("--checkpoint", "checkpoint-10")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["path"] == str(out_b / "checkpoint-10")
+    assert sorted(p.name for p in out_b.iterdir()) == ["checkpoint-10"]  # the stale staging folder is gone
+    assert {p.name: p.read_bytes() for p in (out_b / "checkpoint-10").iterdir()} == w.contents["checkpoint-10"]
+    again = json.loads(run("--checkpoint", "checkpoint-10").stdout)
+    assert again["already_here"]
+    assert run("--checkpoint", "checkpoint-99").returncode == 1

@@ -161,6 +161,9 @@ class Restorer:
             log.warning("resume_set_aside", path=dest, aside=aside, note="differs from the target's copy")
         parent = os.path.dirname(dest)
         os.makedirs(parent, exist_ok=True)
+        for old in os.listdir(parent):  # a restore cut short (the daemon stopped, the machine went) left these
+            if old.startswith(f".{u.name}.tsync-"):
+                shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
         stage = os.path.join(parent, f".{u.name}.tsync-{secrets.token_hex(4)}")
         os.makedirs(stage)
         try:
