@@ -83,6 +83,11 @@ def test_a_killed_machines_run_continues_on_a_fresh_one_from_its_newest_complete
     assert any("resumed on box-b from checkpoint-20" in s for s in mails), mails
     listing = b.ctl("resume", "--list")
     assert listing.returncode == 0 and "checkpoint-40" in listing.stdout, listing
+    dry = b.ctl("resume", "--dry-run")
+    assert dry.returncode == 0 and f"would restore checkpoint-40 (step 40) -> {out_b / 'checkpoint-40'}" in dry.stdout
+    again = b.ctl("resume", "--checkpoint", "checkpoint-20")
+    assert again.returncode == 0 and "already here checkpoint-20" in again.stdout, again
+    assert "resume    resumed on box-b from checkpoint-20" in b.ctl("status").stdout
 
 
 def test_the_training_gets_the_newest_local_checkpoint_and_no_stale_variable(make_daemon, tmp_path, monkeypatch):

@@ -197,3 +197,17 @@ def test_one_shot_restore_without_the_daemon(make_engine, tmp_path):
     again = json.loads(run("--checkpoint", "checkpoint-10").stdout)
     assert again["already_here"]
     assert run("--checkpoint", "checkpoint-99").returncode == 1
+
+
+def test_keep_last_counts_the_restored_units_with_the_new_ones(make_engine, tmp_path):
+    sync = {"target": str(tmp_path / "remote"), "keep_last": 2}
+    w = machine_a(make_engine, {"target": sync["target"]}, tmp_path / "a" / "out")
+    out_b = tmp_path / "b" / "out"
+    e, rs = machine_b(make_engine, sync, out_b)
+    assert rs.restore().unit.key == "checkpoint-20"
+    e.start()
+    HFWriter(out_b).checkpoint(30)
+    r = e.wait_idle(60)
+    assert r.ok and r.uploaded_files == len(w.checkpoint_files(30)), r
+    # checkpoint-10 (machine A's, never on B) was counted too: the two newest stay
+    assert sorted(p.name for p in (tmp_path / "remote").iterdir()) == ["checkpoint-20", "checkpoint-30"]
