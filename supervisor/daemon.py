@@ -104,6 +104,7 @@ class Daemon:
         self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname)
         self.training.extra_env = self.resume.env
         self.training.gate = self.resume.gate
+        self.resume.busy = lambda: self.training.state in TRAINING_ALIVE
 
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},

@@ -110,3 +110,25 @@ def test_status_shows_the_restores_progress():
     assert resume_lines({"resume": {"enabled": False, "state": "idle"}}) == []
 
 
+
+
+def test_a_running_training_is_never_restored_under(tmp_path):
+    gate, engine, _, _ = gate_for(tmp_path, tmp_path / "nowhere", tmp_path / "out", "wait")
+    gate.busy = lambda: True
+    try:
+        assert gate.gate(lambda: {"state": "refused by start()"}) == {"state": "refused by start()"}
+        assert gate.status()["state"] == "idle"
+    finally:
+        engine.close()
+
+
+def test_from_target_needs_a_target_and_watched_folders():
+    import pytest
+
+    from supervisor.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        from_dict({"resume": {"from_target": True}})
+    assert any(p.startswith("resume.from_target: needs sync.target and sync.watch") for p in e.value.problems)
+    with pytest.raises(ConfigError):
+        from_dict({"resume": {"if_unreachable": "retry"}})

@@ -52,6 +52,9 @@ class ResumeGate:
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._st: dict[str, Any] = {"state": "idle"}
+        # the training runs already (set by the daemon): then start() itself refuses, and no restore
+        # may write into the folders under it
+        self.busy: Callable[[], bool] = lambda: False
 
     # --- what the training gets -----------------------------------------------------------------
     def local(self) -> tuple[str, int] | None:
@@ -64,7 +67,7 @@ class ResumeGate:
 
     # --- the gate -------------------------------------------------------------------------------
     def gate(self, start: Callable[[], dict]) -> dict:
-        if not self.cfg.resume.from_target or not self.engine.enabled or self.local() is not None:
+        if not self.cfg.resume.from_target or not self.engine.enabled or self.busy() or self.local() is not None:
             return start()
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
