@@ -29,10 +29,10 @@ def _hf_env(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
 
 
-def machine_a(make_engine, sync: dict, out: Path) -> HFWriter:
+def machine_a(make_engine, sync: dict, out: Path, **kw) -> HFWriter:
     w = HFWriter(out)
-    w.checkpoint(10)
-    w.checkpoint(20)
+    w.checkpoint(10, **kw)
+    w.checkpoint(20, **kw)
     e = make_engine({**sync, "watch": [str(out)]}, state="state-a")
     r = e.wait_idle(60)
     assert r.ok, r.error
@@ -127,15 +127,17 @@ def test_s3_target(make_engine, s3_server, s3_prefix, tmp_path):
 
 
 def test_s3_damaged_object_falls_back(make_engine, s3_server, s3_prefix, tmp_path):
-    sync = s3_server.sync_config(s3_prefix, part_size="5MiB")
-    w = machine_a(make_engine, sync, tmp_path / "a" / "out")
-    key = f"{s3_prefix}/checkpoint-20/model.safetensors"
+    # optimizer.pt over one 16 MiB range: fetched in two ranges, hashed in order as they land
+    sync = s3_server.sync_config(s3_prefix)
+    w = machine_a(make_engine, sync, tmp_path / "a" / "out", optimizer_bytes=20 << 20)
+    key = f"{s3_prefix}/checkpoint-20/optimizer.pt"
     data = bytearray(s3_server.get(key))
-    data[-1] ^= 0x01
+    data[17 << 20] ^= 0x01  # in the second range; same size, other bytes
     s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=bytes(data))
     e, rs = machine_b(make_engine, sync, tmp_path / "b" / "out")
     res = rs.restore()
-    assert res.unit.key == "checkpoint-10" and res.fallbacks[0][0] == "checkpoint-20"
+    assert res.unit.key == "checkpoint-10"
+    assert res.fallbacks == [("checkpoint-20", "optimizer.pt: sha256 differs from the manifest")]
     assert {p.name: p.read_bytes() for p in (tmp_path / "b" / "out" / "checkpoint-10").iterdir()} == \
         w.contents["checkpoint-10"]
     e.close()

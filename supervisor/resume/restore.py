@@ -27,7 +27,7 @@ from supervisor.resume.choose import COMPLETE, UnitInfo, choose, judge, local_re
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Root
-from supervisor.sync.targets.base import TargetError, join_key, read_manifest, reader
+from supervisor.sync.targets.base import TargetError, join_key, list_units, reader
 
 log = get_logger("resume")
 
@@ -110,15 +110,14 @@ class Restorer:
 
     # --- what the target holds -----------------------------------------------------------------
     def survey(self, name: str | None = None) -> Survey:
-        keys = reader(self.target).list_keys()
+        keys, manifests = list_units(self.target, SURVEY_THREADS)
 
         def one(k: str) -> UnitInfo:
-            u = judge(k, read_manifest(self.target, k) if f"{k}/_MANIFEST.json" in keys else None, keys)
+            u = judge(k, manifests.get(k), keys)
             if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
                 u = with_state(u, reader(self.target).read_file(join_key(k, STATE_NAME)))
             return u
 
-        # a LoRA run holds dozens of units: their small reads go together, not one round trip each
         with ThreadPoolExecutor(SURVEY_THREADS, thread_name_prefix="resume-survey") as pool:
             units = list(pool.map(one, unit_keys(keys)))
         ch = choose(units, name)
@@ -175,8 +174,9 @@ class Restorer:
         os.makedirs(stage)
         try:
             self.progress.begin(u.key, u.total_bytes)
-            reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], stage, self.progress.add)
-            bad = _verify(stage, u)
+            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], stage,
+                                                self.progress.add)
+            bad = _compare(stage, u, sums) if isinstance(sums, dict) else _verify(stage, u)
             if bad:
                 raise Damaged("; ".join(bad[:3]))
             self._record_files(u, stage, dest)
@@ -240,6 +240,22 @@ def _verify(folder: str, u: UnitInfo) -> list[str]:
         found = list(pool.map(check, files))
     order = {f.path: i for i, f in enumerate(u.files)}
     return [p for _, p in sorted((order[f.path], p) for f, p in zip(files, found, strict=True) if p)]
+
+
+def _compare(folder: str, u: UnitInfo, sums: dict[str, str]) -> list[str]:
+    """Sizes here and the sha256s the target computed while writing (S3), against the manifest."""
+    bad = []
+    for f in u.files:
+        try:
+            n = os.stat(os.path.join(folder, f.path)).st_size
+        except OSError as e:
+            bad.append(f"{f.path}: {e.strerror or e}")
+            continue
+        if n != f.size:
+            bad.append(f"{f.path}: size {n}, manifest says {f.size}")
+        elif sums.get(f.path) != f.sha256:
+            bad.append(f"{f.path}: sha256 differs from the manifest")
+    return bad
 
 
 def _epoch(iso: str) -> float | None:

@@ -9,6 +9,9 @@ and never abort the batch.
 Optional capabilities (the engine asks through the functions at the end of this module, so a
 target without them needs nothing): `put_units` lands several complete units, manifests included,
 in one step (the Hub: one commit), and `describe` adds facts for status.
+
+The read side (resume): every target kind is also a `Reader` (`list_keys`, `read_file`, `download`);
+`list_units` and `read_manifest` build on it.
 """
 
 from __future__ import annotations
@@ -309,9 +312,11 @@ class Reader(Protocol):
         ...
 
     def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
-                 progress: Callable[[int], None]) -> None:
+                 progress: Callable[[int], None]) -> dict[str, str] | None:
         """`unit_key/rel` into `dest_dir/rel` for each (rel, size), reporting bytes as they
-        arrive. Raises TargetError; the caller verifies the content."""
+        arrive. Raises TargetError. Returns rel -> sha256 of the bytes written when it hashed them
+        on the way (S3), else None and the caller hashes the files; either way the caller checks
+        them against the manifest."""
         ...
 
 
@@ -328,13 +333,13 @@ def read_manifest(target: object, unit_key: str) -> bytes | None:
     return reader(target).read_file(join_key(unit_key, MANIFEST_NAME))
 
 
-def list_units(target: object) -> tuple[dict[str, int], dict[str, bytes | None]]:
-    """The target's keys, and each unit folder's manifest bytes (None: it has none)."""
+def list_units(target: object, threads: int = 8) -> tuple[dict[str, int], dict[str, bytes | None]]:
+    """The target's keys, and each folder holding a manifest with that manifest's bytes (None: it
+    vanished between the listing and the read), the reads several at a time (a LoRA run holds
+    dozens of units: one round trip each would add up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     keys = reader(target).list_keys()
-    units: dict[str, bytes | None] = {}
-    for k in keys:
-        if k.endswith("/" + MANIFEST_NAME):
-            units[k[: -len(MANIFEST_NAME) - 1]] = None
-    for u in list(units):
-        units[u] = read_manifest(target, u)
-    return keys, units
+    units = sorted(k[: -len(MANIFEST_NAME) - 1] for k in keys if k.endswith("/" + MANIFEST_NAME))
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="list-units") as pool:
+        return keys, dict(zip(units, pool.map(lambda u: read_manifest(target, u), units), strict=True))

@@ -210,22 +210,28 @@ class LocalTarget:
         except OSError as e:
             raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str, progress) -> None:
+    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str, progress) -> dict[str, str]:
+        """Copies, hashing the bytes as they are written (rel -> sha256)."""
+        sums: dict[str, str] = {}
         for rel, _size in files:
             src = self._dest(f"{unit_key}/{rel}")
             dest = os.path.join(dest_dir, rel)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
+            h = hashlib.sha256()
             try:
                 with open(src, "rb") as fi, open(dest, "wb") as fo:
                     while chunk := fi.read(CHUNK):
                         if self.bucket:
                             self.bucket.take(len(chunk))
+                        h.update(chunk)
                         fo.write(chunk)
                         progress(len(chunk))
             except FileNotFoundError:
                 raise TargetError(f"{src}: not on the target") from None
             except OSError as e:
                 raise TargetError(f"{src}: {e.strerror or e}") from None
+            sums[rel] = h.hexdigest()
+        return sums
 
 
 def _write_all(fd: int, data: bytes) -> None:
