@@ -132,3 +132,30 @@ def test_from_target_needs_a_target_and_watched_folders():
     assert any(p.startswith("resume.from_target: needs sync.target and sync.watch") for p in e.value.problems)
     with pytest.raises(ConfigError):
         from_dict({"resume": {"if_unreachable": "retry"}})
+
+
+def test_every_complete_unit_damaged_is_no_quiet_fresh_start(tmp_path):
+    remote, out = tmp_path / "remote", tmp_path / "out"
+    w = HFWriter(tmp_path / "a-out")
+    w.checkpoint(20)
+    a = SyncEngine.from_config(from_dict({"state_dir": str(tmp_path / "state-a"), "sync": {
+        "target": str(remote), "watch": [str(w.out)], "quiet_period": "0.3s"}}), SystemClock())
+    a.start()
+    assert a.wait_idle(30).ok
+    a.close()
+    opt = remote / "checkpoint-20" / "optimizer.pt"
+    data = bytearray(opt.read_bytes())
+    data[100] ^= 0xFF
+    opt.write_bytes(bytes(data))
+    gate, engine, alerts, mailer = gate_for(tmp_path, remote, out, "wait")
+    started = threading.Event()
+    try:
+        gate.gate(lambda: (started.set(), {})[1])
+        st = wait_until(lambda: (s := gate.status())["state"] == "failed" and s, 10, what="failed")
+        assert "optimizer.pt: sha256 differs" in st["error"] and not started.is_set()
+        assert alerts.flush(10)
+        assert any("every complete checkpoint" in s for s in mailer.subjects())
+        assert not (out / "checkpoint-20").exists()
+    finally:
+        gate.close()
+        engine.close()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.interfaces import RequestError
 from supervisor.notify.mails import resume as words
 from supervisor.resume.local import newest_local
-from supervisor.resume.restore import NothingToRestore, Progress, Restorer, saved_epoch
+from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Restorer, saved_epoch
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets import make_target
 from supervisor.sync.targets.base import TargetError
@@ -85,6 +85,17 @@ class ResumeGate:
         while not self._closing.is_set():
             try:
                 res = self._restorer().restore()
+            except AllDamaged as e:
+                fresh = self.cfg.resume.if_unreachable == "start_fresh"
+                log.error("resume_all_damaged", error=str(e), then="start fresh" if fresh else "not starting")
+                if self.alerts is not None:
+                    m = words.all_damaged(self.hostname, self.engine.display, str(e), fresh)
+                    self.alerts.event(f"resume:damaged:{int(self.clock.time())}", "resume_damaged", "critical",
+                                      m.subject, m.body)
+                self._set(state="fresh" if fresh else "failed", error=str(e))
+                if fresh:
+                    self._start(start)
+                return
             except NothingToRestore as e:
                 log.info("resume_nothing_on_target", why=str(e))
                 self._set(state="fresh", note=words.nothing_on_target(self.hostname, self.engine.display, str(e)))

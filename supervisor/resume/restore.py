@@ -41,6 +41,11 @@ class NothingToRestore(Exception):
     """The target is reachable and holds no complete unit (or not the one asked for)."""
 
 
+class AllDamaged(NothingToRestore):
+    """Complete units are on the target, but none of them matched its manifest when downloaded:
+    there is work to resume from, so this is never a quiet fresh start."""
+
+
 @dataclass
 class Survey:
     units: list[UnitInfo]                 # every unit on the target, newest first
@@ -154,7 +159,7 @@ class Restorer:
                      fallbacks=len(fallbacks))
             return res
         why = "; ".join(f"{k}: {w}" for k, w in fallbacks) or "; ".join(f"{u.key}: {u.why}" for u in sv.skipped)
-        raise NothingToRestore(f"no complete checkpoint{' named ' + name if name else ''} on the target"
+        raise (AllDamaged if fallbacks else NothingToRestore)(f"no complete checkpoint{' named ' + name if name else ''} on the target"
                                + (f" ({why})" if why else ""))
 
     def _fetch(self, u: UnitInfo, dest: str) -> bool:
@@ -277,4 +282,4 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-__all__ = ["Damaged", "NothingToRestore", "Progress", "Restorer", "Result", "Survey", "TargetError", "saved_epoch"]
+__all__ = ["AllDamaged", "Damaged", "NothingToRestore", "Progress", "Restorer", "Result", "Survey", "TargetError", "saved_epoch"]

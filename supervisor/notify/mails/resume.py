@@ -65,5 +65,15 @@ def unreachable(host: str, target: str, error: str, next_try_s: float, if_unreac
                 f"target {target} could not be read:\n  {error}\n\n{then}\n")
 
 
+def all_damaged(host: str, target: str, error: str, started_fresh: bool) -> Mail:
+    then = ("The training was started FROM SCRATCH (resume.if_unreachable = \"start_fresh\")." if started_fresh else
+            "The training was NOT started. Restore an older unit by hand (`supervisorctl resume --list`, then "
+            "`supervisorctl resume --checkpoint NAME` and `supervisorctl start`), or set resume.from_target = false "
+            "to start from scratch.")
+    return Mail(f"{host}: every complete checkpoint on {target} failed its check",
+                f"The training was about to start and this machine holds no complete checkpoint. The target holds "
+                f"complete ones, but none matched its manifest when downloaded:\n  {error}\n\n{then}\n")
+
+
 def nothing_on_target(host: str, target: str, why: str) -> str:
     return f"{host}: no complete checkpoint on {target} to resume from{' (' + why + ')' if why else ''}; started fresh"
