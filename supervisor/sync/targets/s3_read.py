@@ -20,6 +20,7 @@ from supervisor.sync.targets.s3_wire import NotFound
 
 RANGE_MIN = 16 << 20
 HASH_CHUNK = 8 << 20
+READ_BUF = 1 << 20
 SMALL_MAX = 64 << 20
 
 
@@ -92,24 +93,25 @@ class S3Reader:
         fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
         off = start
         whole = hashlib.sha256() if end < 0 else None  # one GET for the whole file: hashed as it arrives
+        buf = memoryview(bytearray(READ_BUF))  # read into one buffer: no new bytes object per chunk
         try:
             while True:
                 try:
-                    chunk = body.read(1 << 20)
+                    got = body.readinto(buf)
                 except Exception as e:  # noqa: BLE001 - a connection dropped mid-body
                     raise TargetError(f"S3 get {key}: {type(e).__name__}: {e}") from None
-                if not chunk:
+                if not got:
                     break
                 if self.limiter:
-                    self.limiter.take(len(chunk))
+                    self.limiter.take(got)
                 if whole is not None:
-                    whole.update(chunk)
-                view = memoryview(chunk)
+                    whole.update(buf[:got])
+                view = buf[:got]
                 while view:
                     n = os.pwrite(fd, view, off)
                     view = view[n:]
                     off += n
-                progress(len(chunk))
+                progress(got)
         finally:
             os.close(fd)
             body.close()
