@@ -159,3 +159,13 @@ def test_every_complete_unit_damaged_is_no_quiet_fresh_start(tmp_path):
     finally:
         gate.close()
         engine.close()
+
+
+def test_prometheus_shows_the_wait_and_the_restores_progress():
+    from supervisor.fleet.metrics import exposition as render
+
+    text = render({"resume": {"enabled": True, "state": "restoring",
+                              "progress": {"bytes_done": 5, "bytes_total": 9}}})
+    assert "train_supervisor_resume_waiting 0" in text
+    assert "train_supervisor_resume_restored_bytes 5" in text and "train_supervisor_resume_restore_total_bytes 9" in text
+    assert "train_supervisor_resume_waiting 1" in render({"resume": {"enabled": True, "state": "waiting"}})

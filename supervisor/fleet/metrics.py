@@ -209,6 +209,17 @@ def exposition(st: dict) -> str:
         f.add(P + "notify_last_success_timestamp_seconds", "gauge", "When the channel last delivered.",
               ch.get("last_ok_at"), lab)
 
+    rs = _d(st.get("resume"))
+    if rs.get("enabled"):
+        f.add(P + "resume_waiting", "gauge", "1 while a training start waits for the target to restore a checkpoint.",
+              rs.get("state") == "waiting")
+        if rs.get("state") == "restoring":
+            prog = _d(rs.get("progress"))
+            f.add(P + "resume_restored_bytes", "gauge", "Bytes of the checkpoint being restored that are here.",
+                  prog.get("bytes_done"))
+            f.add(P + "resume_restore_total_bytes", "gauge", "Bytes of the checkpoint being restored.",
+                  prog.get("bytes_total"))
+
     orch = _d(st.get("orchestrator"))
     if orch.get("name"):
         f.add(P + "orchestrator_info", "gauge", "1 when an outer orchestrator (SkyPilot, dstack) was detected.",
