@@ -84,7 +84,7 @@ class ResumeGate:
         attempt = 0
         while not self._closing.is_set():
             try:
-                res = self._restorer().restore()
+                res = self._with(lambda rs: rs.restore())
             except AllDamaged as e:
                 fresh = self.cfg.resume.if_unreachable == "start_fresh"
                 log.error("resume_all_damaged", error=str(e), then="start fresh" if fresh else "not starting")
@@ -145,7 +145,7 @@ class ResumeGate:
 
     # --- on demand (supervisorctl resume) -------------------------------------------------------
     def units(self) -> dict:
-        sv = self._restorer(record=False).survey()
+        sv = self._with(lambda rs: rs.survey(), record=False)
         return {"target": self.engine.display, "units": [u.to_json() for u in sv.units],
                 "newest_complete": sv.order[0].key if sv.order else None}
 
@@ -155,9 +155,9 @@ class ResumeGate:
                 raise RequestError("a restore is already under way")
         try:
             if dry_run:
-                return self._restorer(record=False).restore(checkpoint, dry_run=True).to_json()
+                return self._with(lambda rs: rs.restore(checkpoint, dry_run=True), record=False).to_json()
             self._set(state="restoring", error="")
-            res = self._restorer().restore(checkpoint)
+            res = self._with(lambda rs: rs.restore(checkpoint))
         except NothingToRestore as e:
             self._set(state="idle")
             raise RequestError(str(e)) from None
@@ -167,13 +167,17 @@ class ResumeGate:
         self._set(state="done", result=res.to_json(), error="")
         return res.to_json()
 
-    def _restorer(self, record: bool = True) -> Restorer:
+    def _with(self, fn: Callable[[Restorer], Any], record: bool = True) -> Any:
+        """fn on a Restorer over a target of its own (one client for the whole restore), closed after."""
         if not self.engine.enabled:
             raise RequestError("no sync.target configured: nothing to resume from")
         url = self.engine.url
         target = make_target(url, self.cfg.sync, self.cfg.state_dir)
-        return Restorer(target, self.engine.ledger if record else None, list(self.engine.roots), self.clock.time,
-                        etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress)
+        try:
+            return fn(Restorer(target, self.engine.ledger if record else None, list(self.engine.roots),
+                               self.clock.time, etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress))
+        finally:
+            target.close()
 
     # --- status ---------------------------------------------------------------------------------
     def _set(self, **kw: Any) -> None:
