@@ -95,6 +95,9 @@ def cmd_idle_check(args: argparse.Namespace) -> int:
 
 
 def _print_training(res: dict) -> None:
+    if res.get("resuming"):
+        sys.stdout.write(f"{res.get('note')}\n")
+        return
     pid = f" (pid {res['pid']})" if res.get("pid") else ""
     sys.stdout.write(f"{res.get('session', 'train')}: {res.get('state')}{pid}\n")
 
@@ -234,6 +237,29 @@ def cmd_sync(args: argparse.Namespace) -> int:
     for p in res.get("unsynced") or []:
         sys.stderr.write(f"  not synced: {p}\n")
     return EXIT_FAIL
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from supervisor.durations import format_bytes
+
+    if args.list:
+        res = _req(args, "resume", {"list": True}, timeout=300)
+        sys.stdout.write(f"{res['target']}: newest complete: {res.get('newest_complete') or '-'}\n")
+        for u in res["units"]:
+            step = "-" if u.get("step") is None else str(u["step"])
+            sys.stdout.write(f"  {u['unit']:<32} step {step:>8}  {u['state']:<11} {format_bytes(u['bytes']):>10}  "
+                             f"saved {u.get('saved_at') or '-'} on {u.get('host') or '-'}"
+                             f"{'  (' + u['why'] + ')' if u.get('why') else ''}\n")
+        return EXIT_OK
+    res = _req(args, "resume", {"checkpoint": args.checkpoint, "dry_run": args.dry_run}, timeout=24 * 3600)
+    for s in res.get("skipped") or []:
+        sys.stdout.write(f"skipped {s['unit']}: {s['why']}\n")
+    for s in res.get("fallbacks") or []:
+        sys.stdout.write(f"not used {s['unit']}: {s['why']}\n")
+    verb = "would restore" if res.get("dry_run") else ("already here" if res.get("already_here") else "restored")
+    sys.stdout.write(f"{verb} {res['unit']} (step {res.get('step')}) -> {res['path']} "
+                     f"({format_bytes(res['bytes'])}, {res['seconds']}s)\n")
+    return EXIT_OK
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
@@ -378,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="block until the target holds everything")
     p.add_argument("--timeout", type=float, default=3600)
     p.set_defaults(fn=cmd_sync)
+    p = sub.add_parser("resume", help="the target's checkpoints (--list), or restore the newest complete one")
+    p.add_argument("--list", action="store_true", help="show the target's units: step, complete or not, size")
+    p.add_argument("--checkpoint", metavar="NAME", help="restore this unit instead of the newest complete one")
+    p.add_argument("--dry-run", action="store_true", help="say what would be restored, download nothing")
+    p.set_defaults(fn=cmd_resume)
     p = sub.add_parser("keepalive", help="postpone the idle stop, e.g. 2h")
     p.add_argument("duration", nargs="?")
     p.add_argument("--cancel", action="store_true")

@@ -121,6 +121,13 @@ class Daemon:
         self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.guard.cap_stop)
         self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
 
+        from supervisor.resume.gate import ResumeGate
+
+        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname)
+        self.training.extra_env = self.resume.env
+        self.training.gate = self.resume.gate
+        self.resume.busy = lambda: self.training.state in TRAINING_ALIVE
+
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
@@ -292,6 +299,7 @@ class Daemon:
             pass
         self.control.close()
         self.spot.close()
+        self.resume.close()
         self.metrics.close()
         self.sync.close()
         self.gpu.close()
@@ -333,6 +341,7 @@ class Daemon:
             "budget": self.money.status(),
             "hooks": self.hooks.status(),
             "disk": self.disk.status(),
+            "resume": self.resume.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -340,7 +349,7 @@ class Daemon:
         return {
             "ping": lambda a: {"pong": True, "version": __version__},
             "status": lambda a: self.status(),
-            "start": lambda a: self._guarded(self.training.start),
+            "start": lambda a: self._guarded(lambda: self.resume.gate(self.training.start)),
             "stop": lambda a: self._guarded(self.training.stop, starts=False),
             "restart": lambda a: self._guarded(self.training.restart),
             "run": self._h_run,
@@ -349,6 +358,7 @@ class Daemon:
             "health": self._h_health,
             "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
             "prune": self._h_prune,
+            "resume": self._h_resume,
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -373,7 +383,8 @@ class Daemon:
             raise RequestError('"run" needs "argv": a non-empty list of strings')
         if sum(len(x) for x in argv) > 16384:
             raise RequestError("command longer than 16 KiB")
-        return self._guarded(lambda: self.training.start(command=command_line(argv), adhoc=True))
+        return self._guarded(lambda: self.resume.gate(
+            lambda: self.training.start(command=command_line(argv), adhoc=True)))
 
     def _h_sync(self, a: dict) -> Any:
         wait = a.get("wait", False)
@@ -394,6 +405,20 @@ class Daemon:
         if not isinstance(dry, bool):
             raise RequestError('"dry_run" must be true or false')
         return self.disk.prune_now(dry_run=dry)
+
+    def _h_resume(self, a: dict) -> Any:
+        """`supervisorctl resume --list` / `resume [--checkpoint NAME] [--dry-run]`."""
+        from supervisor.sync.targets.base import TargetError
+
+        try:
+            if a.get("list"):
+                return self.resume.units()
+            if not a.get("dry_run") and self.training.state in TRAINING_ALIVE:
+                raise RequestError("the training is running: stop it before restoring a checkpoint under it")
+            name = a.get("checkpoint")
+            return self.resume.restore_now(str(name) if name else None, bool(a.get("dry_run")))
+        except TargetError as e:
+            raise RequestError(str(e)) from None
 
     def _h_keepalive(self, a: dict) -> Any:
         if a.get("cancel"):

@@ -49,6 +49,7 @@ def render_status(st: dict) -> str:
     lines.extend(budget_lines(st))
     lines.extend(preemption_lines(st))
     lines.extend(health_lines(st))
+    lines.extend(resume_lines(st))
     alerts = st.get("alerts") or []
     if alerts:
         for a in alerts[:5]:
@@ -330,6 +331,32 @@ def preemption_lines(st: dict) -> list[str]:
         out.append(f"preempt   the previous machine was preempted at {_clock(prev.get('noticed_at'), now)}; "
                    f"newest {newest} {made}")
     return out
+
+
+def resume_lines(st: dict) -> list[str]:
+    """The restore from the target before a start: progress, the wait while unreachable, the result."""
+    r = st.get("resume") or {}
+    state = r.get("state")
+    if not r.get("enabled") and state in (None, "idle"):
+        return []
+    if state == "restoring":
+        p = r.get("progress") or {}
+        eta = p.get("eta_s")
+        return [f"resume    restoring {p.get('unit') or '...'}: {_mib(p.get('bytes_done'))} of "
+                f"{_mib(p.get('bytes_total'))} MiB at {_mib(p.get('rate_bps'))} MiB/s"
+                f"{', ETA ' + format_duration(eta) if eta is not None else ''}"]
+    if state == "waiting":
+        return [f"resume    WAITING for the target (try {r.get('attempts')}, next in "
+                f"{format_duration(r.get('next_try_in_s'))}): {r.get('error')}"]
+    if state == "done":
+        return [f"resume    {r.get('line') or 'restored'}"]
+    if state in ("fresh", "failed"):
+        return [f"resume    {state}: {r.get('note') or r.get('error') or ''}"]
+    return [f"resume    on; resume from {r.get('resume_from') or 'nothing here yet'}"]
+
+
+def _mib(n: float | None) -> str:
+    return f"{(n or 0) / 2**20:.1f}"
 
 
 def notify_lines(st: dict) -> list[str]:

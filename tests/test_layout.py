@@ -21,6 +21,7 @@ MAY_IMPORT = {
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
     "sync": {"notify", "training"},
+    "resume": {"notify", "training", "sync"},
     "fleet": set(),
     "hooks": {"notify"},
     "money": {"notify", "training", "progress"},

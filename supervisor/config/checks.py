@@ -54,6 +54,8 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     for i, p in enumerate(cfg.stop.final_sync):
         if not os.path.isabs(p):
             problems.append(f"stop.final_sync[{i}]: expected an absolute path, got {show_value(p)}")
+    if cfg.resume.from_target and not (cfg.sync.target and cfg.sync.watch):
+        problems.append("resume.from_target: needs sync.target and sync.watch (where to restore from and into)")
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
     if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):

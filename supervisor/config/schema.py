@@ -240,6 +240,12 @@ class DiskConfig:
 
 
 @dataclass
+class ResumeConfig:
+    from_target: bool = _k("bool", False)
+    if_unreachable: str = _k("choice", "wait", choices=("wait", "start_fresh"))
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -264,6 +270,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     hooks: list[HookConfig] = field(default_factory=list, metadata={"internal": True})  # [[hooks]]: load.py
     disk: DiskConfig = field(default_factory=DiskConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -272,7 +279,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
-    "health": HealthConfig, "budget": BudgetConfig, "disk": DiskConfig,
+    "health": HealthConfig, "budget": BudgetConfig, "disk": DiskConfig, "resume": ResumeConfig,
 }
 
 

@@ -260,6 +260,16 @@ def exposition(st: dict) -> str:
             f.add(P + "gpu_pcie_link_width", "gauge", "Current PCIe link width.", g.get("pcie_width"), lab)
             f.add(P + "gpu_clock_event_reasons", "gauge", "NVML clock-event (throttle) reasons bitmask.",
                   g.get("throttle"), lab)
+    rs = _d(st.get("resume"))
+    if rs.get("enabled"):
+        f.add(P + "resume_waiting", "gauge", "1 while a training start waits for the target to restore a checkpoint.",
+              rs.get("state") == "waiting")
+        if rs.get("state") == "restoring":
+            prog = _d(rs.get("progress"))
+            f.add(P + "resume_restored_bytes", "gauge", "Bytes of the checkpoint being restored that are here.",
+                  prog.get("bytes_done"))
+            f.add(P + "resume_restore_total_bytes", "gauge", "Bytes of the checkpoint being restored.",
+                  prog.get("bytes_total"))
 
     orch = _d(st.get("orchestrator"))
     if orch.get("name"):

@@ -114,6 +114,10 @@ class Training:
         self.tmux = Tmux(self.state_dir / "tmux.sock")
         self.on_start = on_start
         self.on_end = on_end
+        # set by the daemon (the resume wing): env for every start (TRAIN_SUPERVISOR_RESUME_FROM), and
+        # what autostart goes through (a restore from the target before the start)
+        self.extra_env: Callable[[], dict[str, str]] = dict
+        self.gate: Callable[[Callable[[], dict]], dict] = lambda start: start()
         self._lock = threading.RLock()
         self._runner = ExitWatch()  # the runner, asked every second
         self._pids_memo: tuple[int, float, float, frozenset[int]] | None = None
@@ -274,7 +278,7 @@ class Training:
             run_dir = self.state_dir / "runs" / str(run_id)
             run_dir.mkdir(parents=True, exist_ok=True)
             now = self.ctx.clock.time()
-            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=dict(self.cfg.env),
+            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=self._env(),
                            log=self.cfg.log or str(self.state_dir / "train.log"), user=self.cfg.user or None,
                            run_dir=str(run_dir), started_at=now)
             spec_path = run_dir / "spec.json"
@@ -298,6 +302,15 @@ class Training:
             self._safe(self.on_start, self.info())
         self.poll()
         return self.status()
+
+    def _env(self) -> dict[str, str]:
+        """training.env, plus what the daemon adds; training.env wins (the owner's explicit word)."""
+        try:
+            extra = self.extra_env()
+        except Exception as e:  # noqa: BLE001 - a start never fails for want of a hint
+            log.warning("training_env_hook_failed", error=str(e))
+            extra = {}
+        return {**extra, **self.cfg.env}
 
     def _next_run_id(self) -> int:
         """One above any run this state_dir has seen: a training.json set aside must not make a new
@@ -343,7 +356,7 @@ class Training:
                 return
             self._set(autostart_boot_id=boot_id())
         try:
-            self.start()
+            self.gate(self.start)
         except TrainingError as e:
             log.error("autostart_failed", error=str(e))
 

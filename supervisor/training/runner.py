@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()
+    # set only by the daemon for this start (where to resume from); one inherited from the daemon's
+    # own environment would point a fresh run at a checkpoint that may no longer be there
+    env.pop("TRAIN_SUPERVISOR_RESUME_FROM", None)
     env.update(spec.env)
     log_path = spec.log
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)

@@ -46,6 +46,7 @@ from supervisor.sync.targets.base import (
     join_key,
     open_source,
 )
+from supervisor.sync.targets.rsync_read import RsyncReader
 from supervisor.syncurl import TargetURL
 
 log = get_logger("sync.rsync")
@@ -85,7 +86,7 @@ def _pdeathsig() -> None:
         pass
 
 
-class RsyncTarget:
+class RsyncTarget(RsyncReader):
     def __init__(self, url: TargetURL, cfg: SyncConfig, work_dir: str | Path):
         self.url = url
         self.cfg = cfg
