@@ -271,8 +271,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
+    for w in _warnings(cfg):
+        sys.stderr.write(f"warning: {w}\n")
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
+
+
+def _warnings(cfg: Config) -> list[str]:
+    """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo."""
+    from supervisor.training.safeopen import open_folder_warning
+
+    out = []
+    if cfg.training.user:
+        w = open_folder_warning(cfg.training.log or str(Path(cfg.state_dir) / "train.log"), cfg.training.user)
+        out += [w] if w else []
+    return out
 
 
 def _channel_problems(cfg: Config) -> list[str]:
@@ -364,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as e:  # one line, never a traceback, whatever broke between us and the daemon
+        sys.stderr.write(f"supervisorctl: {e.strerror or e}\n")
+        return 4
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class Daemon:
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
-                                    store=self.store)
+                                    store=self.store, user=cfg.training.user or None)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         self.hostcheck = HostCheck(self.ctx, disk_paths)
 

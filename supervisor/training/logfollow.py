@@ -29,6 +29,7 @@ import structlog
 from supervisor import records
 from supervisor.interfaces import LineListener
 from supervisor.statefile import StateStore, set_aside
+from supervisor.training.safeopen import UnsafeLog, open_log
 
 log = structlog.get_logger("logfollow")
 
@@ -59,7 +60,10 @@ class LogFollower:
     def __init__(self, path: str, listeners: Sequence[LineListener], start_at_end: bool = False,
                  max_bytes_per_poll: int = 4 * 1024 * 1024, max_line: int = 64 * 1024,
                  max_backlog: int = 64 * 1024 * 1024, partial_flush_s: float = 5.0,
-                 store: StateStore | None = None, max_replay: int = 8 * 1024 * 1024):
+                 store: StateStore | None = None, max_replay: int = 8 * 1024 * 1024,
+                 user: str | None = None):
+        self.user = user   # training.user: the log is opened as the runner opens it (safeopen)
+        self._unsafe = ""
         self.listeners = list(listeners)
         self.max_bytes_per_poll = max_bytes_per_poll
         self.max_line = max_line
@@ -226,7 +230,12 @@ class LogFollower:
     # --- internals -----------------------------------------------------------------------------
     def _open(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = open_log(self.path, os.O_RDONLY | os.O_NONBLOCK, self.user)
+        except UnsafeLog as e:
+            if self._unsafe != str(e):  # once, not every poll
+                self._unsafe = str(e)
+                log.warning("log_unsafe", path=self.path, error=str(e))
+            return False
         except OSError:
             return False
         try:

@@ -26,6 +26,7 @@ from supervisor.notify.mails import describe_exit
 from supervisor.redact import redact
 from supervisor.statefile import Reserve, atomic_write
 from supervisor.timefmt import when
+from supervisor.training.safeopen import open_log
 
 BANNER_PREFIX = "===== train-supervisor run "
 # Signals meant for the job: the runner lets them pass and outlives them (USR1/USR2: a spot notice's
@@ -116,9 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()
     env.update(spec.env)
-    log_path = spec.log
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
+    # opened so that root never follows a path the training user controls (safeopen's docstring)
+    try:
+        fd = open_log(spec.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, spec.user, make_dirs=True)
+    except OSError as e:
+        msg = f"train-supervisor: cannot start the training: cannot open its log safely: {e}\n"
+        sys.stdout.write(msg)
+        _record(spec, 127, None)
+        return 127
+    log = os.fdopen(fd, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
     log.write(f"\n{banner(spec.run_id, time.time(), spec.command)}\n".encode(errors="replace"))
     kwargs: dict = {}
     if spec.user:
