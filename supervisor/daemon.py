@@ -50,6 +50,9 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
+        from supervisor.wiring import register_secrets
+
+        register_secrets(cfg)   # masked by value in every message from now on (supervisor.redact)
         dir_problems = secure_state_dir(cfg.state_dir, cfg.socket_group)
         self.store = StateStore(cfg.state_dir)
         for problem in dir_problems:
