@@ -91,6 +91,11 @@ def banner(run_id: int, started: float, command: str) -> str:
     return f"{BANNER_PREFIX}{run_id} started {when(started)}: {shown}"
 
 
+def run_banner(run_id: int | None) -> str | None:
+    """How the banner of run `run_id` starts (None: no run yet)."""
+    return f"{BANNER_PREFIX}{run_id} started" if run_id else None
+
+
 def is_banner(line: str) -> bool:
     """A line the runner wrote about the run (its start or end), not the job's output."""
     return line.startswith(BANNER_PREFIX)
