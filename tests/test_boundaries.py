@@ -124,8 +124,8 @@ def test_a_trickling_member_cannot_lock_root_out_of_the_socket(member, group_dae
                  .encode() + b"\n")
 
     pid, r = _as(member, trickle)
+    f = os.fdopen(r, "rb")
     try:
-        f = os.fdopen(r, "rb")
         assert f.readline() == b"ready\n"
         t0 = time.monotonic()
         for verb in (["status"], ["keepalive", "1h"], ["keepalive", "--cancel"], ["stop", "--no-wait"]):
@@ -138,6 +138,7 @@ def test_a_trickling_member_cannot_lock_root_out_of_the_socket(member, group_dae
         # the whole-request deadline (5 s) cuts every trickler, whatever it sends
         assert report["still_open"] == 0 and report["longest"] < 8, report
     finally:
+        f.close()
         os.waitpid(pid, 0)
 
 
