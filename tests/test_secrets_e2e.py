@@ -6,6 +6,7 @@ traceback; mails are read back from a real SMTP server (aiosmtpd), status and th
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -31,8 +32,11 @@ def _mails(smtp) -> list[str]:
     return out
 
 
-def test_secrets_by_value_never_reach_mails_status_or_journal(tmp_path: Path, make_daemon, smtp_server, fake_nvml):
+def test_secrets_by_value_never_reach_mails_webhooks_status_or_journal(tmp_path: Path, make_daemon, smtp_server,
+                                                                       fake_nvml, receiver):
     fake_nvml.write([gpu(util=0)])
+    whsec = tmp_path / "whsec"
+    whsec.write_text("whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode() + "\n")
     stopped = tmp_path / "stopped.txt"
     stop_cmd = (f"true sshpass -p {SECRETS[0]} ssh root@box; true aws configure set aws_secret_access_key "
                 f"{SECRETS[1]}; true mysql -p{SECRETS[2]}; true provider stop --key {SECRETS[3]}; "
@@ -48,6 +52,7 @@ def test_secrets_by_value_never_reach_mails_status_or_journal(tmp_path: Path, ma
         "stop": {"action": "command", "command": stop_cmd, "retry_interval": "1s"},
         "email": {"to": ["me@example.com"], "from": "sup@gpu-box", "smtp_host": "127.0.0.1",
                   "smtp_port": smtp_server.port, "security": "none"},
+        "notify": {"webhook_url": f"http://127.0.0.1:{receiver.port}/hook", "webhook_secret_file": str(whsec)},
         "alerts": {"first_delay": "0s"},
     })
     assert d.ctl("start").returncode == 0
@@ -67,6 +72,12 @@ def test_secrets_by_value_never_reach_mails_status_or_journal(tmp_path: Path, ma
             assert s not in m, f"{s!r} in a mail:\n{m}"
         assert "sshpass" not in m and "aws configure" not in m
     assert any("run the configured stop.command" in m for m in mails), mails
+    hooks = wait_until(lambda: (lambda g: g if len(g) >= len(mails) else None)(receiver.got()), 20,
+                       interval=0.2, what="the webhook deliveries")
+    for h in hooks:
+        text = h.body.decode("utf-8", "replace")
+        for s in SECRETS:
+            assert s not in text and s.replace("/", "\\/") not in text, f"{s!r} in a webhook delivery"
     st = json.dumps(d.status())
     journal = d.log_text()
     for s in SECRETS:
