@@ -23,7 +23,7 @@ from pathlib import Path
 
 from supervisor import records
 from supervisor.notify.mails import describe_exit
-from supervisor.redact import redact
+from supervisor.redact import redact, register, secret_name
 from supervisor.statefile import Reserve, atomic_write
 from supervisor.timefmt import when
 from supervisor.training.safeopen import open_log
@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()
     env.update(spec.env)
+    # the banner is redacted in this process: the daemon's registry of secret values is not here
+    register(*[v for k, v in spec.env.items() if secret_name(k)])
     # opened so that root never follows a path the training user controls (safeopen's docstring)
     try:
         fd = open_log(spec.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, spec.user, make_dirs=True)
