@@ -15,7 +15,7 @@ from pathlib import Path
 
 from supervisor.config import Config, ConfigError, load, parse
 from supervisor.control import ClientError, RequestError, request
-from supervisor.render import render_alerts, render_status
+from supervisor.render import render_alerts, render_health, render_status
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -248,6 +248,19 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_budget(args: argparse.Namespace) -> int:
+    req: dict = {}
+    if args.amount is not None:
+        req["amount"] = args.amount
+    if args.deadline is not None:
+        req["deadline"] = args.deadline
+    if args.runtime is not None:
+        req["runtime"] = args.runtime
+    res = _req(args, "budget", req)
+    sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+    return EXIT_OK
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from supervisor.config import resolve_path
 
@@ -328,6 +341,16 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """A fresh GPU health check. Exit 0 OK, 1 BAD, 3 DEGRADED or UNKNOWN, 4 daemon unreachable."""
+    res = _req(args, "health", timeout=60.0)
+    if args.json:
+        sys.stdout.write(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(render_health(res) + "\n")
+    return {"OK": EXIT_OK, "BAD": EXIT_FAIL}.get(res.get("verdict") or "", EXIT_NOT_RUNNING)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="supervisorctl", description="control train-supervisor")
     ap.add_argument("--config", help="config file (for the socket path)")
@@ -372,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("duration", nargs="?")
     p.add_argument("--cancel", action="store_true")
     p.set_defaults(fn=cmd_keepalive)
+    p = sub.add_parser("budget", help="show or change a cap (root): budget +20, budget --deadline T")
+    p.add_argument("amount", nargs="?", help="+20 raises the spend cap by 20; 50 sets it")
+    p.add_argument("--deadline", help='a local time like "2026-12-05 08:00" or an ISO 8601 timestamp')
+    p.add_argument("--runtime", help="a runtime cap since boot, e.g. 12h")
+    p.set_defaults(fn=cmd_budget)
     p = sub.add_parser("check-config", help="validate the config without starting anything")
     p.add_argument("path", nargs="?")
     p.set_defaults(fn=cmd_check_config)
@@ -379,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=30)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_alerts)
+    p = sub.add_parser("health", help="check the GPUs now: OK, DEGRADED or BAD, and what to do")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_health)
     return ap
 
 

@@ -43,7 +43,7 @@ log = structlog.get_logger("daemon")
 # What a socket_group member (any peer but root and the daemon's own user) may ask: read and nudge.
 # start/restart/run start a process as root; stop ends someone's training (and, with
 # on_finish = "stop", stops the machine): those stay root's. A new command is root's until added here.
-MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync"})
+MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync", "health"})
 
 
 class Daemon:
@@ -104,6 +104,23 @@ class Daemon:
 
         self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
 
+        from supervisor.gpu.healthwatch import HealthWatch
+        from supervisor.idle.guard import stop_now
+
+        # GPU health: preflight at start and before every training start (Training's hook), faults live
+        self.health = HealthWatch(self.ctx, self.gpu.probe, self.training, rate=self._run_rate,
+                                  stop_machine=lambda why: stop_now(self.guard, why))
+        self.training.before_start = self.health.check_start
+
+        from supervisor.hooks.runner import Hooks
+        from supervisor.money.guard import MoneyGuard
+
+        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
+                           facts=lambda: self._hook_facts(hostname))
+        self.alerts.on_alert = self._on_alert
+        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.guard.cap_stop)
+        self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
+
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
@@ -155,6 +172,21 @@ class Daemon:
         self.guard.on_training_ended(info)
         self.guard.poll_soon()
 
+    def _hook_facts(self, hostname: str) -> dict[str, object]:
+        """What every hook is told besides its event's own facts: the host, the target, and the newest
+        checkpoint the target holds."""
+        from supervisor.spot.decide import newest_unit
+
+        newest = newest_unit([h for h in self.spot._holdings() if h.on_target])
+        return {"host": hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
+                "checkpoint": newest.unit if newest else ""}
+
+    def _on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
+        if kind == "preemption":
+            self.hooks.fire("preemption", {"reason": subject, "alert_key": key})
+        if not kind.startswith("hook"):
+            self.hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
+
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
         """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
         while it waits for a delivery (a flush before a stop) and status() may need that lock, so
@@ -188,6 +220,16 @@ class Daemon:
         finally:
             self.guard.poll_if_due()
 
+    def _run_rate(self) -> tuple[int | None, float | None]:
+        """The current run and its step rate (the progress tracker's window): the health watch compares
+        it with the rate at the run's start."""
+        p = self.progress.snapshot(self.clock.time())
+        return p.get("run_id"), p.get("steps_per_s")
+
+    def _h_health(self, a: dict) -> dict:
+        self.health.preflight("on request", alert=False)
+        return self.health.status()
+
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
@@ -205,6 +247,9 @@ class Daemon:
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
         self.sync.start()
         self.spot.boot()
+        # with a burn-in, autostart waits for it: the run must not share the GPUs with the load test
+        burn_first = bool(self.cfg.health.burn_in and self.cfg.training.autostart)
+        self.health.boot(then=self.training.maybe_autostart if burn_first else None)
         self.control.start()
         c = self.cfg
         if self._metrics_on():
@@ -214,7 +259,8 @@ class Daemon:
             for duty in DUTIES:
                 self._every(duty)
             self.scheduler.start()
-        self.training.maybe_autostart()
+        if not burn_first:
+            self.training.maybe_autostart()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,
                  socket=c.socket, state_dir=c.state_dir)
@@ -284,6 +330,9 @@ class Daemon:
             "metrics": self.metrics.status(),
             "orchestrator": self.orchestrator,
             "preemption": self.spot.status(),
+            "health": self.health.status(),
+            "budget": self.money.status(),
+            "hooks": self.hooks.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -297,6 +346,8 @@ class Daemon:
             "run": self._h_run,
             "sync": self._h_sync,
             "keepalive": self._h_keepalive,
+            "health": self._h_health,
+            "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -371,7 +422,9 @@ DUTIES: tuple[Duty, ...] = (
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
+    Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
+    Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed

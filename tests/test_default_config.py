@@ -13,7 +13,8 @@ from supervisor import config as C
 from supervisor.configdoc import uncomment
 
 # Keys whose commented line shows an example rather than the default (the default is "unset").
-EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host"}
+EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host",
+            "budget.max_cost", "budget.deadline", "budget.max_runtime"}
 
 KEY_LINE = re.compile(r"^#?([a-z0-9_]+) = (.+)$")
 SECTION_LINE = re.compile(r"^#?\[([a-z_]+)\]$")

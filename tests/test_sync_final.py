@@ -179,6 +179,38 @@ def test_a_remote_copy_damaged_in_place_is_found_and_repaired(make_engine, hf_wr
     assert r.ok and r.uploaded_files == 0, r
 
 
+@pytest.mark.parametrize("kind", ["local", "rsync"])
+def test_a_final_sync_checks_by_content_only_what_came_since_the_last_one(make_engine, hf_writer, tmp_path,
+                                                                           request, kind):
+    """A stop's cost grows with what is new: the files a final sync checked by content are
+    checked again by size only (one listing), what came since by content; a copy of an old file
+    that lost bytes is still found and sent again."""
+    remote = Remote(kind, tmp_path, request)
+    out = hf_writer.out
+    hf_writer.checkpoint(4)
+    hf_writer.age(60)
+    e = make_engine({**remote.sync, "watch": [str(out)]})
+    assert e.final_sync([str(out)], 120).ok
+    first = {k: v.checked for k, v in e.ledger.files.items()}
+    assert first and all(first.values()), first  # each file checked by content once
+    hf_writer.checkpoint(8)
+    hf_writer.age(60, out / "checkpoint-8")
+    truncated = remote.path / "checkpoint-4" / "optimizer.pt"
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    r = e.final_sync([str(out)], 120)
+    assert r.ok and r.uploaded_files == len(hf_writer.contents["checkpoint-8"]) + 1, r
+    assert remote.read("checkpoint-4/optimizer.pt") == hf_writer.contents["checkpoint-4"]["optimizer.pt"]
+    now = {k: v.checked for k, v in e.ledger.files.items()}
+    kept = [k for k in first if k != "checkpoint-4/optimizer.pt"]
+    assert all(now[k] == first[k] for k in kept), "an old copy was hashed again"
+    new = [k for k in now if k.startswith("checkpoint-8/")] + ["checkpoint-4/optimizer.pt"]
+    assert all(now[k] > max(first.values()) for k in new), now
+    # and it survives a restart: a new engine on the same state dir trusts the same records
+    e.close()
+    e2 = make_engine({**remote.sync, "watch": [str(out)]}, start=False)
+    assert {k: v.checked for k, v in e2.ledger.files.items()} == now
+
+
 def test_sha256sum_output_is_read_with_escaped_names():
     from supervisor.sync.targets.rsync import _parse_sums
 

@@ -204,3 +204,25 @@ def test_twin_finds_another_key_with_the_same_content_after_any_change(tmp_path)
         assert lg.twin("a" * 64, 300_000, besides="x") is None, step
         lg.compact()
         lg.close()
+
+
+def test_a_content_check_is_recorded_for_the_version_checked_and_survives_compaction(tmp_path):
+    lg = Ledger(tmp_path, "t")
+    lg.done("a", e(1))
+    lg.done("b", e(2))
+    lg.checked({"a": e(1).sha256, "b": e(3).sha256, "gone": "0" * 64}, at=100.0)
+    assert lg.get("a").checked == 100.0
+    assert lg.get("b").checked == 0.0  # another version was checked: not this one
+    lg.done("a", e(4))  # sent again: its new version was never checked
+    assert lg.get("a").checked == 0.0
+    lg.checked({"a": e(4).sha256}, at=200.0)
+    lg.close()
+    lg = Ledger(tmp_path, "t")  # replayed from the journal
+    assert lg.get("a").checked == 200.0 and lg.get("b").checked == 0.0
+    lg.compact()
+    lg.close()
+    lg = Ledger(tmp_path, "t")  # read from the snapshot
+    assert lg.get("a").checked == 200.0 and lg.get("a").sha256 == e(4).sha256
+    assert Entry.unpack(e(5).pack()) == e(5)  # an entry never checked packs as before (older readers)
+    assert len(e(5).pack()) == 6
+    lg.close()

@@ -7,6 +7,7 @@ import os
 import re
 
 from supervisor.config.schema import (
+    HOOK_EVENTS,
     PREEMPTION_PROVIDERS,
     TRAINING_SIGNALS,
     Config,
@@ -14,6 +15,7 @@ from supervisor.config.schema import (
     show_value,
 )
 from supervisor.syncurl import parse_target
+from supervisor.timefmt import parse_moment
 
 
 def cross_checks(cfg: Config, problems: list[str]) -> None:
@@ -77,6 +79,7 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     _notify_checks(cfg, problems)
     _metrics_checks(cfg, problems)
     _preemption_checks(cfg, problems)
+    _budget_checks(cfg, problems)
     if not os.path.isabs(cfg.state_dir):
         problems.append(f"state_dir: expected an absolute path, got {show_value(cfg.state_dir)}")
     if not os.path.isabs(cfg.socket):
@@ -103,6 +106,29 @@ def _notify_checks(cfg: Config, problems: list[str]) -> None:
                         "\"whsec_...\" secret; the receiver checks each request's signature with it)")
     if n.webhook_secret_file and not n.webhook_url:
         problems.append("notify.webhook_url: required with notify.webhook_secret_file")
+
+
+def _budget_checks(cfg: Config, problems: list[str]) -> None:
+    b = cfg.budget
+    if b.max_cost is not None and cfg.price_per_hour is None:
+        problems.append("budget.max_cost: needs price_per_hour (the money since boot is counted at it)")
+    if b.deadline:
+        try:
+            parse_moment(b.deadline)
+        except ValueError as e:
+            problems.append(f"budget.deadline: {e}")
+    for i, h in enumerate(cfg.hooks):
+        if not h.run.strip():
+            problems.append(f"hooks[{i}].run: required (the command to run)")
+        if not h.events:
+            problems.append(f"hooks[{i}].events: at least one of {', '.join(HOOK_EVENTS)}")
+        for e in h.events:
+            if e not in HOOK_EVENTS:
+                problems.append(f"hooks[{i}].events: unknown event {show_value(e)}; expected any of "
+                                f"{', '.join(HOOK_EVENTS)}")
+        if h.required and "stop" not in h.events:
+            problems.append(f"hooks[{i}].required: only a hook on \"stop\" can hold anything up; "
+                            "add \"stop\" to its events or drop required")
 
 
 def _metrics_checks(cfg: Config, problems: list[str]) -> None:

@@ -204,6 +204,36 @@ class PreemptionConfig:
 
 
 @dataclass
+class HealthConfig:
+    # 0: the GPU count NVML reported the first time this state_dir saw it (health.json)
+    expect_gpus: int = _k("int", 0, min=0, max=64)
+    burn_in: float = _k("duration", 0.0, max=600)
+    on_bad: str = _k("choice", "alert", choices=("alert", "refuse", "stop"))
+
+
+@dataclass
+class BudgetConfig:
+    max_cost: float | None = _k("optfloat", None, min=0)
+    deadline: str = _k("str", "")
+    max_runtime: float | None = _k("optduration", None, min=60)
+    warn_at: float = _k("float", 0.8, min=0.05, max=1.0)
+    margin: float = _k("duration", 300.0)
+
+
+HOOK_EVENTS = ("finish", "idle_warning", "stop", "preemption", "final_sync_done", "alert")
+
+
+@dataclass
+class HookConfig:
+    """One [[hooks]] entry (an array of tables: the loader reads it apart from the sections)."""
+
+    run: str = _k("str", "")
+    events: list[str] = _k("strlist", [])
+    timeout: float = _k("duration", 600.0, min=1)
+    required: bool = _k("bool", False)
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -224,6 +254,9 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    hooks: list[HookConfig] = field(default_factory=list, metadata={"internal": True})  # [[hooks]]: load.py
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -232,6 +265,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
+    "health": HealthConfig, "budget": BudgetConfig,
 }
 
 

@@ -148,6 +148,17 @@ def exposition(st: dict) -> str:
     f.add(P + "cost_spent", "gauge", "Money spent on the current training so far.", cost.get("spent"), cur)
     f.add(P + "cost_to_finish", "gauge", "Money the training will cost until it finishes (estimate).",
           cost.get("eta_cost"), cur)
+    b = _d(st.get("budget"))
+    cap, proj = _d(b.get("cap")), _d(b.get("projection"))
+    bl = {"currency": b.get("currency") or "", "cap": cap.get("kind") or ""}
+    f.add(P + "budget_max_cost", "gauge", "The spend cap (budget.max_cost, money since boot).", b.get("max_cost"), bl)
+    f.add(P + "budget_spent", "gauge", "Money since this machine booted at price_per_hour.", b.get("spent"), bl)
+    f.add(P + "budget_cap_seconds_left", "gauge", "Seconds until the first cap (spend, deadline, runtime).",
+          cap.get("left_s"), bl)
+    f.add(P + "budget_stop_seconds_left", "gauge", "Seconds until the stop for the first cap begins.",
+          cap.get("act_left_s"), bl)
+    f.add(P + "budget_projected_cost", "gauge", "Money the run needs to its end at this rate, since boot.",
+          proj.get("need_cost"), bl)
 
     gpus = _l(st.get("gpus"))
     f.add(P + "gpus", "gauge", "GPUs the daemon sees.", len(gpus))
@@ -207,6 +218,30 @@ def exposition(st: dict) -> str:
         f.add(P + "notify_queued", "gauge", "Messages waiting for the channel.", ch.get("queued"), lab)
         f.add(P + "notify_last_success_timestamp_seconds", "gauge", "When the channel last delivered.",
               ch.get("last_ok_at"), lab)
+
+    h = _d(st.get("health"))
+    if h.get("verdict"):
+        f.enum(P + "gpu_health", "GPU health verdict (supervisorctl health): 1 for the current one.", h["verdict"],
+               ["OK", "DEGRADED", "BAD", "UNKNOWN"])
+        for fd in _l(h.get("findings")):
+            fd = _d(fd)
+            f.add(P + "gpu_health_problem", "gauge", "1 per health finding, by GPU, check and level.", 1,
+                  {"gpu": "" if fd.get("gpu") is None else fd["gpu"], "check": fd.get("check") or "",
+                   "level": fd.get("level") or ""})
+        for lf in _l(h.get("live")):
+            lf = _d(lf)
+            f.add(P + "gpu_health_live_fault", "gauge", "1 per GPU fault seen during the run.", 1,
+                  {"key": lf.get("key") or ""})
+        for g in _l(h.get("gpus")):
+            g = _d(g)
+            lab = {"gpu": g.get("index")}
+            f.add(P + "gpu_temperature_celsius", "gauge", "GPU temperature.", g.get("temp_c"), lab)
+            f.add(P + "gpu_power_watts", "gauge", "GPU power draw.", g.get("power_w"), lab)
+            f.add(P + "gpu_ecc_uncorrected_volatile", "gauge", "Uncorrectable ECC errors since the driver loaded.",
+                  g.get("ecc_uncorrected_volatile"), lab)
+            f.add(P + "gpu_pcie_link_width", "gauge", "Current PCIe link width.", g.get("pcie_width"), lab)
+            f.add(P + "gpu_clock_event_reasons", "gauge", "NVML clock-event (throttle) reasons bitmask.",
+                  g.get("throttle"), lab)
 
     orch = _d(st.get("orchestrator"))
     if orch.get("name"):

@@ -140,7 +140,7 @@ class StopRecord:
     id: str
     boot_id: str
     cycle: int
-    reason: str                  # idle | finished
+    reason: str                  # idle | finished | max_cost | deadline | max_runtime
     action: str
     planned_at: float            # wall time the stop began
     phase: StopPhase = P.FINAL_SYNC
@@ -185,8 +185,11 @@ def move(rec: StopRecord, new: StopPhase) -> None:
 
 
 def may_act_without_sync(stop: StopConfig, idle_cost: float | None, max_idle_cost: float | None,
-                         currency: str) -> str:
-    """Why the action may run although the final sync did not verify ("" = it may not)."""
+                         currency: str, cap: str = "") -> str:
+    """Why the action may run although the final sync did not verify ("" = it may not). `cap`: the
+    moment of a cap (spend, deadline, runtime) has come, said in words."""
+    if cap:
+        return cap
     if stop.stop_even_if_sync_fails:
         return "stop.stop_even_if_sync_fails is set"
     if max_idle_cost is not None and idle_cost is not None and idle_cost >= max_idle_cost:
@@ -301,6 +304,15 @@ class StopSequence:
             rec.last_error = f"final sync failed: {r.error or 'not verified'}"
             rec.next_try_mono = mono + self.cfg.retry_interval
             rec.note(wall, rec.last_error)
+        self.save()
+
+    def hold(self, why: str, wall: float, mono: float) -> None:
+        """Something other than the sync holds the stop (a required hook failed): retry as after a
+        failed final sync."""
+        rec = self._rec()
+        rec.last_error = why
+        rec.next_try_mono = mono + self.cfg.retry_interval
+        rec.note(wall, why)
         self.save()
 
     def force(self, why: str, wall: float) -> None:

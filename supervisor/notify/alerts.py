@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -98,6 +99,8 @@ class Alerts:
         if channels is None:
             channels = [EmailChannel(mailer)] if mailer is not None else []
         self.channels: dict[str, Channel] = {c.name: c for c in channels}
+        # told (key, kind, severity, subject) of each alert raised or event (the [[hooks]] "alert" event)
+        self.on_alert: Callable[[str, str, str, str], None] | None = None
         self.state = AlertState(channels=list(self.channels))
         self.problems: list[str] = []
         self._lock = threading.Lock()
@@ -127,6 +130,7 @@ class Alerts:
                 self.state.records[key] = r
                 self._log_event("raised", r)
                 self._dirty = True
+                self._tell(r)
             elif r.stale_since is not None:
                 self._dirty = True
             r.last_seen, r.body, r.subject, r.stale_since = now, body, sanitize_subject(subject), None
@@ -162,6 +166,8 @@ class Alerts:
             r.kind, r.subject, r.body, r.last_seen = kind, sanitize_subject(subject), body, now
             r.severity, r.condition, r.active, r.stale_since = severity_value(severity), False, False, None
             self._log_event("suppressed" if dup else "event", r)
+            if not dup:
+                self._tell(r)
             if not dup:
                 self._queue(Mail(key, kind, r.subject, body, now, replaceable=True, severity=r.severity))
                 r.last_mailed = now
@@ -315,6 +321,13 @@ class Alerts:
                             "failing_since": h.failing_since,
                             "last_error": h.last_error or None, "next_try": min(retry) if retry else None})
             return out
+
+    def _tell(self, r: Record) -> None:
+        if self.on_alert is not None:
+            try:
+                self.on_alert(r.key, r.kind, r.severity, r.subject)
+            except Exception:  # noqa: BLE001 - a listener never holds up an alert
+                log.exception("alert_listener_failed")
 
     def _kick(self) -> None:
         if not self.channels:

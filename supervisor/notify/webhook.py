@@ -155,6 +155,7 @@ _FACTS: dict[str, tuple[str, ...]] = {
     "gpu_mem_limit": ("gpus", "training"),
     "gpu_failed": ("gpus", "gpu_error"),
     "gpu_xid": ("gpus", "training"),
+    "gpu_health": ("health", "training"),
     "training_stalled": ("training", "gpus", "cost"),
     "idle_warning": ("idle", "stop", "cost", "sync"),
     "stop_cancelled": ("idle", "stop"),

@@ -99,8 +99,9 @@ class Answers:
                 log.info("sync_final_verified", paths=j.paths, files=len(expected))
                 continue
             manifests = final.manifest_units(scope)
+            deep = final.unchecked(expected, self.ledger.get)
             try:
-                lost = self.target.missing({**expected, **final.manifest_keys(manifests)})
+                lost = self.target.missing({**expected, **final.manifest_keys(manifests)}, deep=deep)
             except TargetError as e:
                 self._failed(f"verifying final sync: {e}", e)
                 return
@@ -108,6 +109,8 @@ class Answers:
                 self._requested = True  # send what was lost, or scan once more for what is new
             if not lost:
                 j.verified = fp
+                self.ledger.checked(final.versions(deep, self.ledger.get), self.clock.time())
+                log.info("sync_final_checked", by_content=len(deep), by_listing=len(expected) - len(deep))
                 continue
             j.verify_rounds += 1
             log.warning("sync_final_verify_lost", files=lost[:10], count=len(lost), round=j.verify_rounds)

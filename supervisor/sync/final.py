@@ -48,6 +48,18 @@ def expected(scope: Iterable[Unit], current: Callable[[str, int, int], Entry | N
     return out
 
 
+def unchecked(expected: Iterable[str], get: Callable[[str], Entry | None]) -> set[str]:
+    """The keys whose copy on the target was not checked by content since it was sent: what a
+    final sync checks by content. The rest were, in an earlier final sync, and are checked by the
+    target's cheap means (so a stop costs what is new, not everything kept)."""
+    return {k for k in expected if (e := get(k)) is None or not e.checked}
+
+
+def versions(keys: Iterable[str], get: Callable[[str], Entry | None]) -> dict[str, str]:
+    """key -> the sha256 of the version the ledger holds: what a content check vouched for."""
+    return {k: e.sha256 for k in keys if (e := get(k)) is not None and e.sha256}
+
+
 def manifest_units(scope: Iterable[Unit]) -> set[str]:
     """The unit keys whose manifest must be on the target."""
     return {u.key for u in scope if needs_manifest(u)}

@@ -14,6 +14,7 @@ records (a power cut before fsync) can only cause a re-send, never a false "uplo
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -41,15 +42,20 @@ class Entry:
     src: str = ""
     at: float = 0.0
     ino: int = 0        # the source file's inode when it was sent (0: not recorded, older ledgers)
+    # when the target's copy of this version was last checked by content in a final sync (0: not
+    # since it was sent); a later final sync checks such a file by the target's cheap means only
+    checked: float = 0.0
 
     def pack(self) -> list:
         v = [self.size, self.mtime_ns, self.sha256, self.etag, self.src, self.at]
+        if self.checked:
+            return [*v, self.ino, self.checked]
         return [*v, self.ino] if self.ino else v
 
     @staticmethod
     def unpack(v: list) -> Entry:
         return Entry(int(v[0]), int(v[1]), str(v[2]), str(v[3]), str(v[4]), float(v[5]),
-                     int(v[6]) if len(v) > 6 else 0)
+                     int(v[6]) if len(v) > 6 else 0, float(v[7]) if len(v) > 7 else 0.0)
 
 
 class LedgerBusy(Exception):
@@ -175,6 +181,18 @@ class Ledger:
                 self._append(rec)
                 self._apply(rec)
 
+    def checked(self, versions: dict[str, str], at: float) -> None:
+        """The target's copies of these files (key -> the sha256 of the version checked) matched by
+        content at `at`. A key sent again since (another sha256) is left as it is: its new version
+        was not the one checked."""
+        with self._lock:
+            ks = {k: sha for k, sha in versions.items() if (e := self.files.get(k)) is not None and e.sha256 == sha}
+            if ks:
+                rec = {"op": "checked", "ks": ks, "t": at}
+                self._append(rec)
+                self._apply(rec)
+                self._unsynced = True
+
     def manifest_done(self, unit_key: str, digest: str, at: float, commit: str = "") -> None:
         """The unit's manifest is on the target; `commit`: the commit that holds it (the Hub)."""
         rec = {"op": "man", "u": unit_key, "d": digest, "at": at}
@@ -254,6 +272,12 @@ class Ledger:
             self.manifests[rec["u"]] = m
         elif op == "unman":
             self.manifests.pop(rec["u"], None)
+        elif op == "checked":
+            t = float(rec["t"])
+            for k, sha in dict(rec["ks"]).items():
+                e = self.files.get(k)
+                if e is not None and e.sha256 == sha:
+                    self.files[k] = dataclasses.replace(e, checked=t)
         elif op == "gen":
             pass
         else:

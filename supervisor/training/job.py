@@ -103,8 +103,12 @@ class Training:
     """Owns training.json. All changes go through `_move`, under one lock."""
 
     def __init__(self, ctx: Context, on_start: Callable[[TrainingInfo], None] | None = None,
-                 on_end: Callable[[TrainingInfo], None] | None = None):
+                 on_end: Callable[[TrainingInfo], None] | None = None,
+                 before_start: Callable[[], None] | None = None):
         self.ctx = ctx
+        # asked before every start (control, autostart, automatic restart); raising TrainingError
+        # refuses the start with its message (the GPU health preflight with health.on_bad = "refuse")
+        self.before_start = before_start
         self.cfg = ctx.config.training
         self.state_dir = Path(ctx.config.state_dir)
         self.tmux = Tmux(self.state_dir / "tmux.sock")
@@ -247,6 +251,8 @@ class Training:
         return self._runner.alive(self.doc.runner_pid, self.doc.runner_ctime)
 
     def start(self, command: str | None = None, adhoc: bool = False) -> dict:
+        if self.before_start is not None and self.state not in TRAINING_ALIVE:
+            self.before_start()
         with self._lock:
             if self.state in TRAINING_ALIVE:
                 raise TrainingError(f"training is already {self.state.value} (pid {self.doc.child_pid}); "

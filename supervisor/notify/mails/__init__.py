@@ -7,6 +7,7 @@ One module per subject, so the words for a subsystem sit together:
   training.py  training finished / failed, restarted
   progress.py  the early estimate
   sync.py      sync failing
+  money.py     the caps' projection warning, the stop for a cap, a failed hook
   gpu.py       GPU memory at its limit, GPU lost, Xid meanings, CUDA/host OOM and NCCL advice, host checks
 
 Times are written with `supervisor.timefmt` (local time with its zone) and sizes/durations with

@@ -180,6 +180,12 @@ class Stopping:
     plan: StopPlan = StopPlan((), "", "")
     cost: IdleCost | None = None
     interrupted: Interrupted | None = None
+    reason: str = ""               # words for a stop that is neither idleness nor a finished run
+    cap: str = ""                  # the stop is a cap's (supervisor.money): which, in words
+
+
+# A stop for another reason than idleness or a finished run (idle.machine.stop_now): its words.
+STOP_REASONS = {"gpu_bad": "GPU health BAD"}
 
 
 def stopping(f: Stopping) -> Mail:
@@ -193,7 +199,7 @@ def stopping(f: Stopping) -> Mail:
         unsynced = "\n".join(f"  {p}" for p in (s.get("unsynced") or [])[:20])
         what = (f"The final sync did NOT verify ({s.get('error') or '?'}), and the machine stops anyway "
                 f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n")
-    reason = "training finished" if f.finished else f"idle for {format_duration(f.idle_s)}"
+    reason = f.cap or f.reason or ("training finished" if f.finished else f"idle for {format_duration(f.idle_s)}")
     not_whole = not_whole_count(s.get("damaged") or [], s.get("partial_units") or [])
     subject = f"stopping now ({reason}): " + (
         f"final sync verified, {s.get('files', 0)} files at {s.get('target') or 'no target'}"

@@ -19,7 +19,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -117,9 +117,12 @@ class Target(Protocol):
 
     def delete_manifest(self, unit_key: str) -> None: ...
 
-    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+    def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
         """Keys (of key -> (size, etag)) the target does not hold as expected (size -1: only
-        that it exists; etag "": not compared)."""
+        that it exists; etag "": not compared). The keys in `deep` (all when None) are checked by
+        content as this target can (a hash on the target where it computes one); the others by
+        its cheap means (a listing's size, and the store's own checksum where a listing gives
+        one): they were checked by content in an earlier final sync."""
         ...
 
     def delete_prefix(self, unit_key: str) -> None: ...

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from supervisor.config import SyncConfig
@@ -123,7 +124,9 @@ class HfTarget:
         self.repo.commit([hh.CommitOperationDelete(path_in_repo=path)],
                          f"{unit_key or '(top)'}: changed since its manifest; {MANIFEST_NAME} withdrawn")
 
-    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+    def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
+        """By the repo's own record of each file: its size and the LFS sha256 (or git blob id)
+        the Hub computed, against the one it returned at upload; `deep` changes nothing here."""
         paths = {self.repo.path(k): k for k in expected}
         have = self.repo.paths_info(sorted(paths), self.repo.revision)
         out = []

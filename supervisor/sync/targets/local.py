@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 from supervisor.sync._log import get_logger
@@ -149,9 +150,10 @@ class LocalTarget:
         except OSError as e:
             raise TargetError(f"{dest}: cannot remove manifest: {e.strerror or e}") from None
 
-    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
-        """By content: the etag this target records at upload is the file's sha256, and each
-        copy is hashed again here (a copy damaged in place keeps its size and mtime)."""
+    def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
+        """By content for the keys in `deep` (all when None): the etag this target records at
+        upload is the file's sha256, and each such copy is hashed again here (a copy damaged in
+        place keeps its size and mtime). The others, checked by content before, by size."""
         if not self.base.is_dir():
             raise TargetError(f"{self.base}: target folder is missing")
         out = []
@@ -161,7 +163,7 @@ class LocalTarget:
                 st = os.stat(dest, follow_symlinks=False)
                 if not stat.S_ISREG(st.st_mode) or (size >= 0 and st.st_size != size):
                     out.append(key)
-                elif etag and _sha256_file(dest) != etag:
+                elif etag and (deep is None or key in deep) and _sha256_file(dest) != etag:
                     log.warning("sync_target_content_differs", key=key)
                     out.append(key)
             except FileNotFoundError:

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from supervisor.config import SyncConfig
@@ -362,23 +362,22 @@ class RsyncTarget:
                 continue
         return out
 
-    def missing(self, expected: dict[str, tuple[int, str]]) -> list[str]:
+    def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
         """Keys not on the host as expected: absent, or (etag = the sha256 recorded at upload)
-        another content, all hashed by one remote sha256sum; a key with a size but no sha256
-        is compared by size from a listing of its folder."""
-        sums = self._remote_sha256(expected)
-        gone = [k for k in expected if k not in sums]
-        differ = [k for k, (_, sha) in expected.items() if sha and k in sums and sums[k] != sha]
+        another content. The keys to check by content (`deep`; all when None) are hashed by one
+        remote sha256sum; the rest (checked by content before, or without a sha256) are compared
+        by size (-1: presence) from one recursive listing of the target folder."""
+        hashed = {k: v for k, v in expected.items() if v[1] and (deep is None or k in deep)}
+        sums = self._remote_sha256(hashed)
+        gone = [k for k in hashed if k not in sums]
+        differ = [k for k, (_, sha) in hashed.items() if k in sums and sums[k] != sha]
         if differ:
             log.warning("sync_target_content_differs", keys=differ[:10], count=len(differ))
             self._suspect.update(differ)
-        by_size: dict[str, list[str]] = {}
-        for k, (size, sha) in expected.items():
-            if k in sums and not sha and size >= 0:
-                by_size.setdefault(k.rsplit("/", 1)[0] if "/" in k else "", []).append(k)
-        for sub, keys in by_size.items():
-            have = self.listing(sub) if sub else self._top_listing()
-            gone += [k for k in keys if have.get(k) != expected[k][0]]
+        rest = [k for k in expected if k not in hashed]
+        if rest:
+            have = self.listing("")
+            gone += [k for k in rest if k not in have or (expected[k][0] >= 0 and have[k] != expected[k][0])]
         return gone + differ
 
     def _remote_sha256(self, expected: dict[str, tuple[int, str]]) -> dict[str, str]:
@@ -400,20 +399,6 @@ class RsyncTarget:
             raise TargetError(f"{self.display}: cannot hash files on the host to verify them "
                               f"(sha256sum or shasum needed there; exit {r.returncode}): {_tail(r.stderr)}")
         return {k: sha for k, sha in _parse_sums(r.stdout).items() if k in expected}
-
-    def _top_listing(self) -> dict[str, int]:
-        r = self._run([*self._rsync_base(), "--list-only", f"{self.remote_host}:{self._remote()}/"], timeout=300)
-        if r.returncode != 0:
-            raise TargetError(f"{self.display}: listing failed ({r.returncode}): {_tail(r.stderr)}")
-        out = {}
-        for ln in r.stdout.decode(errors="replace").splitlines():
-            parts = ln.split(None, 4)
-            if len(parts) == 5 and parts[0].startswith("-"):
-                try:
-                    out[parts[4]] = int(parts[1].replace(",", ""))
-                except ValueError:
-                    pass
-        return out
 
     def delete_prefix(self, unit_key: str) -> None:
         if not unit_key.strip("/"):
