@@ -330,8 +330,41 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
+    for w in _warnings(cfg):
+        sys.stderr.write(f"warning: {w}\n")
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
+
+
+def _warnings(cfg: Config) -> list[str]:
+    """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo."""
+    from supervisor.training.safeopen import open_folder_warning
+
+    out = []
+    if cfg.training.user:
+        w = open_folder_warning(cfg.training.log or str(Path(cfg.state_dir) / "train.log"), cfg.training.user)
+        out += [w] if w else []
+    if cfg.sync.target.startswith("hf://") and not cfg.sync.hf_allow_public:
+        out += [w for w in [_hub_public_warning(cfg)] if w]
+    return out
+
+
+def _hub_public_warning(cfg: Config) -> str:
+    """Asks the Hub (when it can be reached) whether the hf:// repo is public: the daemon would refuse it."""
+    import tempfile
+
+    from supervisor.sync.targets.hf_repo import HubRepo
+    from supervisor.syncurl import parse_target
+
+    try:
+        url = parse_target(cfg.sync.target)
+    except ValueError:
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        if HubRepo(url, cfg.sync, tmp, dict(os.environ)).is_public():
+            return (f"sync.target {cfg.sync.target}: {url.repo} is a public repo; the daemon refuses to upload "
+                    "there unless sync.hf_allow_public = true")
+    return ""
 
 
 def _channel_problems(cfg: Config) -> list[str]:
@@ -450,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as e:  # one line, never a traceback, whatever broke between us and the daemon
+        sys.stderr.write(f"supervisorctl: {e.strerror or e}\n")
+        return 4
 
 
 if __name__ == "__main__":

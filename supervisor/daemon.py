@@ -36,6 +36,7 @@ from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_st
 from supervisor.states import TRAINING_ALIVE, TrainingState
 from supervisor.systemd_notify import notify, watchdog_interval
 from supervisor.training.job import Training, TrainingError, command_line
+from supervisor.training.runner import run_banner
 
 log = structlog.get_logger("daemon")
 
@@ -50,6 +51,9 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
+        from supervisor.wiring import register_secrets
+
+        register_secrets(cfg)   # masked by value in every message from now on (supervisor.redact)
         dir_problems = secure_state_dir(cfg.state_dir, cfg.socket_group)
         self.store = StateStore(cfg.state_dir)
         for problem in dir_problems:
@@ -85,7 +89,8 @@ class Daemon:
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
-                                    store=self.store)
+                                    store=self.store, user=cfg.training.user or None,
+                                    since=run_banner(self.training.info().run_id))
         from supervisor.disk.watch import DiskWatch
 
         self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
@@ -164,7 +169,7 @@ class Daemon:
                                next_run_time=self._first_run)
 
     def _on_training_start(self, info: TrainingInfo) -> None:
-        self.follower.switch(info.log_path, start_at_end=True)
+        self.follower.switch(info.log_path, start_at_end=True, since=run_banner(info.run_id))
         self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
         self.progress.start_run(info.run_id, info.started_at or self.clock.time())
@@ -247,8 +252,9 @@ class Daemon:
         if before.state in TRAINING_ALIVE and before.started_at:
             self.oom.resume_run(before.started_at)  # also judges a run that ended while no daemon ran
         self.training.adopt()
-        self.follower.switch(self.training.log_path(), start_at_end=True)
         info = self.training.info()
+        # no saved position (killed in the run's first seconds): read from the run's banner
+        self.follower.switch(self.training.log_path(), start_at_end=True, since=run_banner(info.run_id))
         if info.state in (TrainingState.STARTING, TrainingState.RUNNING):
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
         self.sync.start()

@@ -36,6 +36,9 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
         problems.append("max_idle_cost: needs price_per_hour")
     if cfg.progress.budget is not None and cfg.price_per_hour is None:
         problems.append("progress.budget: needs price_per_hour")
+    if not cfg.sync.hf_private and not cfg.sync.hf_allow_public and cfg.sync.target.startswith("hf://"):
+        problems.append("sync.hf_private: false makes a public repo; set sync.hf_allow_public = true "
+                        "if checkpoints are meant to be public")
     if cfg.sync.target:
         try:
             parse_target(cfg.sync.target)

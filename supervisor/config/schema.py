@@ -96,6 +96,7 @@ class SyncConfig:
     known_hosts_file: str = _k("path", "")
     hf_token_file: str = _k("path", "")
     hf_private: bool = _k("bool", True)
+    hf_allow_public: bool = _k("bool", False)
     hf_revision: str = _k("str", "main")
     fail_alert_after: float = _k("duration", 300.0)
     retry_max_backoff: float = _k("duration", 300.0)

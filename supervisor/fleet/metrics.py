@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -305,11 +304,16 @@ class MetricsServer:
         outer = self
 
         # here, not at the top: http.server costs ~1 MiB a daemon without a listener never uses
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
+
+        from supervisor.fleet.listener import BoundedHTTPServer, prefetched_setup
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "train-supervisor"
             sys_version = ""
+
+            def setup(self) -> None:
+                prefetched_setup(self)  # the head was read by the listener, under its deadline
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
@@ -332,24 +336,16 @@ class MetricsServer:
             def log_message(self, *a: Any) -> None:
                 pass
 
-        family = _family(host)
-
-        class Server(ThreadingHTTPServer):
-            address_family = family
-            daemon_threads = True
-
-        self._srv = Server((host, port), Handler)
+        # bounded threads and memory whatever the clients do (listener's docstring)
+        self._srv = BoundedHTTPServer(host, port, Handler, _family(host))
         self.address = self._srv.server_address[:2]
-        self._thread = threading.Thread(target=self._srv.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="metrics-http", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self._srv.start()
         log.info("metrics_listening", address=f"{self.address[0]}:{self.address[1]}")
 
     def close(self) -> None:
-        self._srv.shutdown()
-        self._srv.server_close()
+        self._srv.close()
 
 
 def _family(host: str) -> int:

@@ -378,7 +378,7 @@ class StopSequence:
             env.update(self.command_env)
             pid = start_command(self.cfg.command, exit_file, self.dir / "stop-action.log", env)
             rec.action_pid, rec.action_ctime = pid, _proc_ctime(pid)
-            rec.note(wall, f"stop command started (pid {pid}): {self.cfg.command}")
+            rec.note(wall, f"stop command started (pid {pid})")
             self.save()
             log.warning("stop_command_started", pid=pid, command=self.cfg.command)
         elif code is None:
@@ -394,7 +394,7 @@ class StopSequence:
             msg = f"stop command exited {code}: {self._log_tail()}"
             self._action_failed(rec, msg, wall, mono)
             raise StopActionError(msg)
-        result = f"stop command succeeded: {self.cfg.command}"
+        result = "stop command succeeded"
         self._done(rec, result, wall, mono)
         return result
 
@@ -446,7 +446,8 @@ class StopSequence:
 
 def describe_action(cfg: StopConfig) -> str:
     if cfg.action == "command":
-        return f"run `{cfg.command}`"
+        # never the command's text: it often carries a password or an API key (issue 23)
+        return "run the configured stop.command"
     if cfg.action == "ec2":
         return "ec2 StopInstances on this instance"
     if cfg.action == "dry-run":

@@ -11,12 +11,12 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor.notify.mails.sync import sync_failing, sync_refused
+from supervisor.notify.mails.sync import sync_failing, sync_public_refused, sync_refused
 from supervisor.states import SyncState
 from supervisor.sync._log import get_logger
 from supervisor.sync.backoff import Backoff
 from supervisor.sync.status import Board
-from supervisor.sync.targets.base import AccessDenied, RateLimited
+from supervisor.sync.targets.base import AccessDenied, PublicRepoRefused, RateLimited
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -44,6 +44,7 @@ class Health:
         self.backoff = Backoff()
         self.fired = False
         self.refused = ""      # the target's words while it refuses our credentials
+        self.public = False    # ... because the repo is public (sync.hf_allow_public not set)
 
     @property
     def failing(self) -> bool:
@@ -56,6 +57,7 @@ class Health:
         retry_after = cause.retry_after if isinstance(cause, RateLimited) else None
         with self.board.lock:
             self.refused = error if isinstance(cause, AccessDenied) else ""
+            self.public = isinstance(cause, PublicRepoRefused)
             delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0), retry_after)
             self.board.current = ""
             self.board.move(SyncState.FAILING, failing=True)
@@ -92,7 +94,8 @@ class Health:
             p, err = self.board.pending, self.board.last_error
             self.fired = True
         if self.refused:  # no retry fixes credentials: say so at once, and say which
-            mail = sync_refused(self.target, self.refused, p.files, p.bytes)
+            words = sync_public_refused if self.public else sync_refused
+            mail = words(self.target, self.refused, p.files, p.bytes)
         else:
             mail = sync_failing(self.target, failing_for, err, p.files, p.bytes)
         try:

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from supervisor import records
 from supervisor.notify.mails import describe_exit
-from supervisor.redact import redact
+from supervisor.redact import redact, register, secret_name
 from supervisor.statefile import Reserve, atomic_write
 from supervisor.timefmt import when
+from supervisor.training.safeopen import open_log
 
 BANNER_PREFIX = "===== train-supervisor run "
 # Signals meant for the job: the runner lets them pass and outlives them (USR1/USR2: a spot notice's
@@ -90,6 +91,11 @@ def banner(run_id: int, started: float, command: str) -> str:
     return f"{BANNER_PREFIX}{run_id} started {when(started)}: {shown}"
 
 
+def run_banner(run_id: int | None) -> str | None:
+    """How the banner of run `run_id` starts (None: no run yet)."""
+    return f"{BANNER_PREFIX}{run_id} started" if run_id else None
+
+
 def is_banner(line: str) -> bool:
     """A line the runner wrote about the run (its start or end), not the job's output."""
     return line.startswith(BANNER_PREFIX)
@@ -119,9 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     # own environment would point a fresh run at a checkpoint that may no longer be there
     env.pop("TRAIN_SUPERVISOR_RESUME_FROM", None)
     env.update(spec.env)
-    log_path = spec.log
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
+    # the banner is redacted in this process: the daemon's registry of secret values is not here
+    register(*[v for k, v in spec.env.items() if secret_name(k)])
+    # opened so that root never follows a path the training user controls (safeopen's docstring)
+    try:
+        fd = open_log(spec.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, spec.user, make_dirs=True)
+    except OSError as e:
+        msg = f"train-supervisor: cannot start the training: cannot open its log safely: {e}\n"
+        sys.stdout.write(msg)
+        _record(spec, 127, None)
+        return 127
+    log = os.fdopen(fd, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
     log.write(f"\n{banner(spec.run_id, time.time(), spec.command)}\n".encode(errors="replace"))
     kwargs: dict = {}
     if spec.user:

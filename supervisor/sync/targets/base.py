@@ -38,6 +38,11 @@ class AccessDenied(TargetError):
     until a person fixes them, so an engine may alert at once."""
 
 
+class PublicRepoRefused(AccessDenied):
+    """The Hub repo is public and `sync.hf_allow_public` is not set: nothing is uploaded there (a
+    typo or a reused name must not publish weights trained on private data)."""
+
+
 class RateLimited(TargetError):
     """The target asks us to wait `retry_after` seconds; the next attempt should not come sooner."""
 
