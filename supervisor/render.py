@@ -186,6 +186,8 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
         lines.append(f"          partial {p}")
+    for d in (sy.get("unselected") or [])[:3]:
+        lines.append(f"          NOT SYNCED {d}: looks like a checkpoint, but no sync.include pattern selects it")
     err = sy.get("last_error")
     if err and sy.get("state") == "failing":
         retry = sy.get("next_retry_in_s")

@@ -200,7 +200,9 @@ def sync_summary(r: FinalSyncResult) -> dict:
     return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
             "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50]),
             "damaged": list(getattr(r, "damaged", None) or [])[:50],
-            "partial_units": list(getattr(r, "partial_units", None) or [])[:50]}
+            "partial_units": list(getattr(r, "partial_units", None) or [])[:50],
+            "newest": list(getattr(r, "newest", None) or [])[:50],
+            "unselected": list(getattr(r, "unselected", None) or [])[:50]}
 
 
 class StopSequence:

@@ -95,7 +95,9 @@ class Answers:
             if j.verified == fp:
                 with self._lock:
                     sent = self.board.uploaded_session - j.started_ok
-                    self._finals.settle(t, final.verified(scope, expected, self.display, sent))
+                    r = final.verified(scope, expected, self.display, sent)
+                    r.unselected = list(self.board.unselected)
+                    self._finals.settle(t, r)
                 log.info("sync_final_verified", paths=j.paths, files=len(expected))
                 continue
             manifests = final.manifest_units(scope)
@@ -121,7 +123,8 @@ class Answers:
         files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
         return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
                                uploaded_files=self.board.uploaded_session - started_ok, error=error,
-                               unsynced=list(unsynced or []))
+                               unsynced=list(unsynced or []), unselected=list(self.board.unselected),
+                               newest=sc.newest_checkpoints(self._units.values()) if ok else [])
 
     def _unsynced(self, scope: list[str] | None) -> list[str]:
         return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []

@@ -385,6 +385,7 @@ class SyncEngine(Answers):
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
+            self.board.unselected = sc.unselected(self.scanner.looks, units.values())
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
             self._next_ready = now + ready + READY_MARGIN_S if ready is not None else None

@@ -384,3 +384,35 @@ def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: flo
                     no_marker.append((u.label, idle))
             waiting.append((u.label, reason))
     return Pending(n, b, sorted(waiting), no_marker)
+
+
+# --- what people must be told about ----------------------------------------------------------------
+
+def unselected(looks: Iterable[str], units: Iterable[Unit]) -> list[str]:
+    """Folders that look like checkpoints (`checkpoint-N`, seen by the walk) but hold no file the
+    policy selects: they will never leave the machine, so status and the end mails name them."""
+    held = [u.abspath for u in units if u.selected]
+    return sorted(d for d in set(looks) if not any(within(h, d) or within(d, h) for h in held))
+
+
+def newest_checkpoints(scope: Iterable[Unit]) -> list[str]:
+    """The newest `checkpoint-N` of each run folder in the scope (`tiny/checkpoint-40`), so a
+    "verified" mail shows which training the target holds and a stale one stands out."""
+    best: dict[tuple[str, str], tuple[int, str]] = {}
+    for u in scope:
+        if u.kind != "dir" or not u.selected:
+            continue
+        parent, _, name = u.rel.rpartition("/")
+        step = _step(name)
+        if step is None:
+            continue
+        k = (u.root.path, parent)
+        if k not in best or step > best[k][0]:
+            best[k] = (step, u.label)
+    return sorted(v[1] for v in best.values())
+
+
+def _step(name: str) -> int | None:
+    if name.startswith("checkpoint-") and name[11:].isdigit():
+        return int(name[11:])
+    return None

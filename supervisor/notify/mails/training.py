@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.notify.mails import Mail, describe_exit
-from supervisor.notify.mails.idle import not_whole_text
+from supervisor.notify.mails.idle import held_text, not_whole_text
 from supervisor.timefmt import hm, when
 
 
@@ -47,6 +47,8 @@ class Outputs:
     sync_target: str = ""        # the configured target, for "synced continuously"
     damaged: tuple[str, ...] = ()        # files sent as they are although they fail their format check
     partial_units: tuple[str, ...] = ()  # checkpoints sent as they are although never finished
+    newest: tuple[str, ...] = ()         # the newest checkpoint of each run folder the target holds
+    unselected: tuple[str, ...] = ()     # checkpoint-like folders no include selects: never synced
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,10 @@ def _outputs_text(o: Outputs, workdir: str) -> str:
     if o.ok:
         return (f"Outputs: final sync verified, {o.files} files ({format_bytes(o.bytes)}) at "
                 f"{o.target or '(no target: nothing leaves this machine)'}; folders "
-                f"{', '.join(o.paths) or '(none)'}\n{not_whole_text(o.damaged, o.partial_units)}")
+                f"{', '.join(o.paths) or '(none)'}\n{held_text(o.newest, o.unselected)}"
+                f"{not_whole_text(o.damaged, o.partial_units)}")
     return (f"Outputs: the final sync FAILED ({o.error}); not yet safe:\n"
-            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n")
+            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n" + held_text((), o.unselected))
 
 
 def _next_text(n: Next) -> str:
