@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from supervisor.config import Config, ConfigError, load, parse
+from supervisor.config import Config, ConfigError, load, nothing_watched, parse
 from supervisor.control import ClientError, RequestError, request
 from supervisor.render import render_alerts, render_status
 
@@ -266,11 +266,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
-    problems = _channel_problems(cfg)
+    problems = nothing_watched(cfg) + _channel_problems(cfg)
     if problems:
         for p in problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
+    if cfg.sync.watch_default:
+        sys.stdout.write(f"sync.watch not set: watching {', '.join(cfg.sync.watch)} ({cfg.sync.watch_default})\n")
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
 

@@ -25,7 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
-from supervisor.config import Config, ConfigError, load
+from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
 from supervisor.control import ControlServer, RequestError
 from supervisor.durations import parse_duration
@@ -431,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = load(args.config)
+        if nothing_watched(cfg):
+            raise ConfigError(nothing_watched(cfg))
     except ConfigError as e:
         sys.stderr.write("train-supervisord: refusing to start, the config has problems:\n")
         for p in e.problems:

@@ -85,3 +85,34 @@ def test_a_run_folder_inside_the_watched_folder_is_synced_and_named(tmp_path, ma
     assert "NOT SYNCED" in d.ctl("status").stdout
     subject, body = wait_mail(smtp_server, "stopping now (training finished)")
     assert "tiny/checkpoint-10" in body and str(out / "old" / "checkpoint-1") in body, body
+
+
+def test_a_target_with_nothing_watched_watches_the_workdir_or_the_daemon_refuses(tmp_path, make_daemon, smtp_server,
+                                                                                  fake_nvml):
+    """Never "in sync, 0 files" while checkpoints sit on the machine: with no sync.watch the
+    training's workdir is watched (its checkpoints reach the target and `sync --wait` says so);
+    with no workdir either, check-config and the daemon refuse the config, naming sync.watch."""
+    work, target = tmp_path / "work", tmp_path / "target"
+    work.mkdir()
+    script = writer_script(tmp_path, "HFWriter(Path('run')).checkpoint(3)\n")
+    cfg = base_config(tmp_path, smtp_server, fake_nvml,
+                      training={"command": f"{sys.executable} {script}", "workdir": str(work),
+                                "on_finish": "none"},
+                      sync={"target": str(target), "quiet_period": "1s"})
+    d = make_daemon(cfg)
+    assert "sync.watch not set: watching" in d.ctl("check-config").stdout
+    assert d.status()["sync"]["watch"] == [str(work)]
+    assert d.ctl("start").returncode == 0
+    d.wait_training("FINISHED", timeout=60)
+    r = d.ctl("sync", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (target / "run" / "checkpoint-3" / "_MANIFEST.json").is_file()
+
+    bad = base_config(tmp_path, smtp_server, fake_nvml, training={"command": "python train.py", "workdir": ""},
+                      sync={"target": str(target)})
+    b = make_daemon(bad, start=False, sub="bad")
+    r = b.ctl("check-config")
+    assert r.returncode == 2 and "sync.watch: empty" in r.stderr, r.stderr
+    b.start(wait=False)
+    assert b.proc.wait(30) == 2
+    assert "sync.watch: empty" in b.log_text()
