@@ -125,13 +125,77 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Not sent with `run`: the shell's own bookkeeping and the terminal's (tmux gives the job its own),
+# and LS_COLORS, which alone can be most of the request.
+_RUN_ENV_DROP = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "TMUX", "TMUX_PANE", "LS_COLORS", "COLUMNS", "LINES",
+                           "PS1", "PS2", "PROMPT_COMMAND"})
+RUN_WATCH_S = 5.0  # `run` waits this long to see the job alive (a typo dies in its first second)
+RUN_TAIL_LINES = 15
+
+
+def run_env(environ: dict[str, str]) -> dict[str, str]:
+    """The caller's environment as `run` sends it: their PATH, venv or conda, exported variables."""
+    return {k: v for k, v in environ.items() if k not in _RUN_ENV_DROP and not k.startswith("BASH_FUNC_")}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     argv = [a for a in args.argv if a != "--"] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         sys.stderr.write("usage: supervisorctl run [--] CMD [ARGS...]\n")
         return EXIT_USAGE
-    _print_training(_req(args, "run", {"argv": argv}, timeout=30))
-    return EXIT_OK
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        sys.stderr.write("run: the current folder no longer exists; cd somewhere and try again\n")
+        return EXIT_USAGE
+    res = _req(args, "run", {"argv": argv, "cwd": cwd, "env": run_env(dict(os.environ))}, timeout=30)
+    _print_training(res)
+    return _watch_start(args, res.get("run_id"), res.get("log") or "")
+
+
+def _watch_start(args: argparse.Namespace, run_id: int | None, log_path: str) -> int:
+    """Like a shell, say at once when the command dies in its first seconds (not found, a typo, a
+    missing file): how it ended and its last log lines, with a non-zero exit."""
+    deadline = time.monotonic() + RUN_WATCH_S
+    while True:
+        tr = _req(args, "status")["training"]
+        if tr.get("run_id") != run_id or tr.get("state") not in ("STARTING", "RUNNING") or \
+                time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    state = tr.get("state")
+    if tr.get("run_id") != run_id or state in ("STARTING", "RUNNING", "STOPPING"):
+        _print_training(tr)
+        return EXIT_OK
+    if state == "FINISHED":
+        sys.stdout.write(f"{tr.get('session', 'train')}: FINISHED at once (exit code 0)\n")
+        return EXIT_OK
+    from supervisor.notify.mails import describe_exit
+
+    sys.stderr.write(f"run: the training {state} within its first seconds: "
+                     f"{describe_exit(tr.get('exit_code'), tr.get('signal'))}\n")
+    tail = run_log_tail(log_path, run_id, RUN_TAIL_LINES)
+    if tail:
+        sys.stderr.write(f"last lines of {log_path}:\n" + "".join(f"  {ln}\n" for ln in tail))
+    return EXIT_FAIL
+
+
+def run_log_tail(path: str, run_id: int | None, n: int) -> list[str]:
+    """The last `n` lines run `run_id` wrote to the log (after its banner), without the banners."""
+    from supervisor.training.runner import BANNER_PREFIX, is_banner
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    start = f"{BANNER_PREFIX}{run_id} started"
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(start):
+            lines = lines[i + 1:]
+            break
+    return [ln for ln in lines if not is_banner(ln)][-n:]
 
 
 def cmd_tail(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import sys
@@ -27,7 +28,7 @@ from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, RequestError
+from supervisor.control import ControlServer, Peer, RequestError
 from supervisor.durations import parse_duration
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
@@ -309,13 +310,20 @@ class Daemon:
             why = str(e) if isinstance(e, StateWriteError) else f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")
             raise RequestError(f"{why}; nothing was started") from None
 
-    def _h_run(self, a: dict) -> Any:
+    def _h_run(self, a: dict, peer: Peer | None = None) -> Any:
         argv = a.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
             raise RequestError('"run" needs "argv": a non-empty list of strings')
         if sum(len(x) for x in argv) > 16384:
             raise RequestError("command longer than 16 KiB")
-        return self._guarded(lambda: self.training.start(command=command_line(argv), adhoc=True))
+        cwd, env = run_context(a)
+        if (cwd is not None or env is not None) and (peer is None or peer.uid not in (0, os.geteuid())):
+            # refusal() let this caller through only as root or the daemon's own user; say so again
+            # here, where a process would start in a folder and environment the caller chose
+            raise RequestError("run: only root (or the daemon's own user) may start a process")
+        return self._guarded(lambda: self.training.start(command=command_line(argv), adhoc=True, cwd=cwd, env=env))
+
+    _h_run.wants_peer = True  # type: ignore[attr-defined]
 
     def _h_sync(self, a: dict) -> Any:
         wait = a.get("wait", False)
@@ -415,6 +423,23 @@ def _settle_memory() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def run_context(a: dict) -> tuple[str | None, dict[str, str] | None]:
+    """The folder and environment `supervisorctl run` sends (its caller's), checked."""
+    cwd, env = a.get("cwd"), a.get("env")
+    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
+        raise RequestError('run: "cwd" must be an absolute path')
+    if env is not None:
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise RequestError('run: "env" must map variable names to strings')
+        bad = [k for k, v in env.items() if not _ENV_NAME.fullmatch(k) or "\0" in v]
+        if bad:
+            raise RequestError(f"run: not a valid environment variable: {bad[0][:40]!r}")
+    return cwd, env
 
 
 def _soon():

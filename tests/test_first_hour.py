@@ -5,7 +5,9 @@ Every wait is on a condition with a deadline."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -116,3 +118,58 @@ def test_a_target_with_nothing_watched_watches_the_workdir_or_the_daemon_refuses
     b.start(wait=False)
     assert b.proc.wait(30) == 2
     assert "sync.watch: empty" in b.log_text()
+
+
+def ctl_from_shell(d, cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """supervisorctl as a user's shell runs it: in their folder, with their environment."""
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", "--config", str(d.config_path), *args],
+                          capture_output=True, text=True, env=env, cwd=str(cwd), timeout=60)
+
+
+def test_run_starts_in_the_callers_folder_with_their_venv_and_exports(tmp_path, make_daemon, smtp_server,
+                                                                      fake_nvml):
+    """`supervisorctl run -- python train.py` from a shell with an activated venv and an exported
+    variable: the job finds `python` on the venv's PATH and train.py in the caller's folder, sees
+    the export; a restart after a daemon restart runs it the same way; a command that dies at once
+    makes `run` say so with its last log lines and exit non-zero."""
+    proj = tmp_path / "proj"
+    venv_bin = proj / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    shim = venv_bin / "python"  # the venv's python: on the caller's PATH only
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    shim.chmod(0o755)
+    (proj / "train.py").write_text(
+        "import os, json, sys, time\n"
+        "n = sum(1 for _ in open('runs.txt')) if os.path.exists('runs.txt') else 0\n"
+        "open('runs.txt', 'a').write(json.dumps({'cwd': os.getcwd(), 'my_var': os.environ.get('MY_VAR'),\n"
+        "    'venv': os.environ.get('VIRTUAL_ENV'), 'config_env': os.environ.get('FROM_CONFIG')}) + '\\n')\n"
+        "time.sleep(600)\n")
+    cfg = base_config(tmp_path, smtp_server, fake_nvml,
+                      training={"command": "", "workdir": "", "on_finish": "none", "env": {"FROM_CONFIG": "1"},
+                                "stop_grace": "2s"})
+    d = make_daemon(cfg)
+    daemon_path = "/usr/bin:/bin"
+    d.env["PATH"] = daemon_path  # the daemon's own PATH has no venv (as under systemd)
+    d.terminate()
+    d.start()
+    shell = {**d.env, "PATH": f"{venv_bin}:{daemon_path}", "VIRTUAL_ENV": str(proj / ".venv"), "MY_VAR": "hello"}
+    r = ctl_from_shell(d, proj, shell, "run", "--", "python", "train.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "RUNNING" in r.stdout
+    runs = proj / "runs.txt"
+    wait_until(lambda: runs.exists() and runs.read_text().count("\n") == 1, 30, what="the job ran")
+    first = json.loads(runs.read_text().splitlines()[0])
+    assert first == {"cwd": str(proj), "my_var": "hello", "venv": str(proj / ".venv"), "config_env": "1"}
+
+    d.kill9()  # a daemon restart: the run keeps going, and its restart runs it the same way
+    d.start()
+    assert d.status()["training"]["state"] == "RUNNING"
+    assert d.ctl("restart").returncode == 0
+    wait_until(lambda: runs.read_text().count("\n") == 2, 30, what="the restarted job ran")
+    assert json.loads(runs.read_text().splitlines()[1]) == first
+    assert d.ctl("stop").returncode == 0
+
+    r = ctl_from_shell(d, proj, shell, "run", "--", "no-such-trainer", "--lr", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "exit code 127: command not found" in r.stderr, r.stderr
+    assert "no-such-trainer" in r.stderr and "last lines of" in r.stderr, r.stderr

@@ -246,7 +246,11 @@ class Training:
     def _runner_alive(self) -> bool:
         return self._runner.alive(self.doc.runner_pid, self.doc.runner_ctime)
 
-    def start(self, command: str | None = None, adhoc: bool = False) -> dict:
+    def start(self, command: str | None = None, adhoc: bool = False, cwd: str | None = None,
+              env: dict[str, str] | None = None) -> dict:
+        """Start the training. `cwd`/`env`: `supervisorctl run` from a user's shell, which runs the
+        command where and as that shell would (env is their whole environment); a restart of such
+        a run (restart = on-failure, `restart`, after a daemon restart) reuses its spec's."""
         with self._lock:
             if self.state in TRAINING_ALIVE:
                 raise TrainingError(f"training is already {self.state.value} (pid {self.doc.child_pid}); "
@@ -261,18 +265,25 @@ class Training:
             if not cmd or not cmd.strip():
                 raise TrainingError("no training command: set training.command in the config, "
                                     "or use `supervisorctl run -- CMD`")
-            workdir = self.cfg.workdir or None
+            if adhoc and cwd is None and env is None:
+                prev = self._prev_spec()
+                if prev is not None and prev.env_exact and prev.command == cmd:
+                    cwd, env = prev.workdir, dict(prev.env)
+            workdir = cwd or self.cfg.workdir or None
             if workdir and not os.path.isdir(workdir):
-                raise TrainingError(f"training.workdir {workdir} does not exist")
+                what = "the folder `run` was called in" if cwd else "training.workdir"
+                raise TrainingError(f"{what} {workdir} does not exist")
             run_id = self._next_run_id()
             run_dir = self.state_dir / "runs" / str(run_id)
             run_dir.mkdir(parents=True, exist_ok=True)
             now = self.ctx.clock.time()
-            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=dict(self.cfg.env),
+            # the caller's environment wins over training.env: it is what their shell would run with
+            job_env = dict(self.cfg.env) if env is None else {**self.cfg.env, **env}
+            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=job_env,
                            log=self.cfg.log or str(self.state_dir / "train.log"), user=self.cfg.user or None,
-                           run_dir=str(run_dir), started_at=now)
+                           run_dir=str(run_dir), started_at=now, env_exact=env is not None)
             spec_path = run_dir / "spec.json"
-            atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o644)
+            atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o600)  # holds the env's secrets
             restarts = self.doc.restarts if self.doc.restarting else 0
             self._move(S.STARTING, run_id=run_id, command=cmd, adhoc=adhoc, started_at=now, ended_at=None,
                        exit_code=None, signal=None, run_dir=str(run_dir), log=spec.log, workdir=workdir,
@@ -292,6 +303,14 @@ class Training:
             self._safe(self.on_start, self.info())
         self.poll()
         return self.status()
+
+    def _prev_spec(self) -> RunSpec | None:
+        if not self.doc.run_dir:
+            return None
+        try:
+            return RunSpec.read(Path(self.doc.run_dir) / "spec.json")
+        except (OSError, ValueError):
+            return None
 
     def _next_run_id(self) -> int:
         """One above any run this state_dir has seen: a training.json set aside must not make a new

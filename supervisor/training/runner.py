@@ -53,6 +53,9 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     started_at: float | None = None
+    # `supervisorctl run`: `env` is the caller's whole environment (their PATH, venv, exports), not
+    # additions to the daemon's; kept here so a restart after a daemon restart runs it the same way
+    env_exact: bool = False
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     for s in JOB_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    env = dict(os.environ)
+    env = {} if spec.env_exact else dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()
