@@ -173,3 +173,78 @@ def test_run_starts_in_the_callers_folder_with_their_venv_and_exports(tmp_path, 
     assert r.returncode == 1, r.stdout + r.stderr
     assert "exit code 127: command not found" in r.stderr, r.stderr
     assert "no-such-trainer" in r.stderr and "last lines of" in r.stderr, r.stderr
+
+
+def test_the_target_down_when_the_training_ends_is_told_at_once_and_holds_the_stop(tmp_path, make_daemon,
+                                                                                   smtp_server, fake_nvml):
+    """The final sync at the training's end cannot reach the target: within seconds a mail says the
+    training finished, the final sync is FAILING with its error, which checkpoints are not on the
+    target and that the machine will not stop until they are; the failure clock keeps running (the
+    "sync failing" alert comes after fail_alert_after); once the target is back, they go up, the
+    alert is resolved and the machine stops."""
+    out, target = tmp_path / "out", tmp_path / "target"
+    out.mkdir()
+    go = tmp_path / "go"
+    script = writer_script(tmp_path, "import os, time\n"
+                                     f"w = HFWriter(Path({str(out)!r}))\nw.checkpoint(1)\n"
+                                     f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+                                     "w.checkpoint(2)\n")
+    cfg = base_config(tmp_path, smtp_server, fake_nvml,
+                      training={"command": f"{sys.executable} {script}"},
+                      sync={"target": str(target), "watch": [str(out)], "quiet_period": "1s",
+                            "fail_alert_after": "4s", "retry_max_backoff": "2s"},
+                      stop={"final_sync": [str(out)], "final_sync_timeout": "120s"})
+    d = make_daemon(cfg)
+    assert d.ctl("start").returncode == 0
+    wait_until(lambda: (target / "checkpoint-1" / "_MANIFEST.json").is_file(), 30, what="checkpoint-1 synced")
+    target.rename(tmp_path / "target-away")
+    target.write_text("the disk is not mounted\n")  # the target is down: its folder cannot be made
+    go.touch()
+    d.wait_training("FINISHED", timeout=60)
+    subject, body = wait_mail(smtp_server, "final sync FAILING", timeout=20)
+    assert "training finished; final sync FAILING; " in subject
+    assert "1 checkpoint not on the target; the machine will not stop until they are" in subject, subject
+    assert body.startswith("training finished; final sync FAILING: ") and "cannot create target folder" in body
+    assert "checkpoint-2" in body, body
+    # the failure clock runs on: the engine's own alert comes after fail_alert_after
+    wait_until(lambda: any(a["kind"] == "sync_failing" for a in d.req("alerts")["active"]), 30,
+               what="the sync failing alert")
+    assert not (tmp_path / "stopped.txt").exists()
+
+    target.unlink()
+    (tmp_path / "target-away").rename(target)
+    wait_until(lambda: (target / "checkpoint-2" / "_MANIFEST.json").is_file(), 60, what="checkpoint-2 synced")
+    wait_until(lambda: (tmp_path / "stopped.txt").exists(), 60, what="the stop after the final sync")
+    wait_until(lambda: not any(a["key"] == "stop:failing" for a in d.req("alerts")["active"]), 10,
+               what="the alert resolved")
+
+
+def test_a_final_sync_that_only_cannot_verify_keeps_its_failure_clock(tmp_path, make_daemon, smtp_server,
+                                                                      fake_nvml):
+    """Everything went up during the run, then the target went down: the final sync's check on
+    the target fails, and with nothing left to send the engine used to call that "recovered"
+    before each check, restarting the failure clock every ~1.5 s, so "sync failing" never came."""
+    out, target = tmp_path / "out", tmp_path / "target"
+    out.mkdir()
+    go = tmp_path / "go"
+    script = writer_script(tmp_path, "import os, time\n"
+                                     f"HFWriter(Path({str(out)!r})).checkpoint(1)\n"
+                                     f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n")
+    cfg = base_config(tmp_path, smtp_server, fake_nvml,
+                      training={"command": f"{sys.executable} {script}"},
+                      sync={"target": str(target), "watch": [str(out)], "quiet_period": "1s",
+                            "fail_alert_after": "4s", "retry_max_backoff": "2s"},
+                      stop={"final_sync": [str(out)], "final_sync_timeout": "120s"})
+    d = make_daemon(cfg)
+    assert d.ctl("start").returncode == 0
+    wait_until(lambda: (target / "checkpoint-1" / "_MANIFEST.json").is_file(), 30, what="checkpoint-1 synced")
+    shutil.rmtree(target)
+    target.write_text("the disk is not mounted\n")
+    go.touch()
+    d.wait_training("FINISHED", timeout=60)
+    subject, body = wait_mail(smtp_server, "final sync FAILING", timeout=20)
+    assert "cannot confirm it holds the checkpoints" in subject, subject
+    wait_until(lambda: any(a["kind"] == "sync_failing" for a in d.req("alerts")["active"]), 30,
+               what="the sync failing alert (its clock must not restart)")
+    assert d.status()["sync"]["failing_for_s"] >= 4
+    assert not (tmp_path / "stopped.txt").exists()

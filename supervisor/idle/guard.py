@@ -23,6 +23,7 @@ from supervisor.durations import format_duration
 from supervisor.idle import machine as idle
 from supervisor.idle.activity import Probes
 from supervisor.idle.facts import GuardConfig, Jobs, last_progress, looks_stalled, outputs, run_end, status_of
+from supervisor.idle.finalwatch import EndSync
 from supervisor.idle.machine import (
     AbortStop,
     BeginStop,
@@ -81,6 +82,7 @@ class IdleGuard:
                                     command_env=conf.training_env, runners=runners, env=env)
         self._signals = Signals()
         self._last_info: TrainingInfo | None = None
+        self.end_sync = EndSync(alerts)  # the final sync at a run's end, failing told at once
         self._stop_queued = False
         self._stop_seen = ""
         self._finish_queued: int | None = None
@@ -252,11 +254,7 @@ class IdleGuard:
             log.warning("training_interrupt_failed", error=str(e))
 
     def _final_sync(self) -> FinalSyncResult:
-        try:
-            return self.sync.final_sync(list(self.conf.final_paths), self.conf.stop.final_sync_timeout)
-        except Exception as e:  # noqa: BLE001 - a crashing sync is a failed sync, never a stop
-            log.exception("final_sync_raised")
-            return FinalSyncResult(ok=False, target="", error=f"final sync raised {type(e).__name__}: {e}")
+        return self.end_sync.final(self.sync, list(self.conf.final_paths), self.conf.stop.final_sync_timeout)
 
     def _stop_attempt(self) -> None:
         try:
@@ -352,7 +350,7 @@ class IdleGuard:
 
     def _finish(self, info: TrainingInfo) -> None:
         mode = self.conf.on_finish
-        result = self._final_sync() if mode in ("stop", "idle") else None
+        result = self.end_sync.run(self.sync, self._final_sync, info) if mode in ("stop", "idle") else None
         now = self._now()
         with self._lock:
             if mode == "stop":

@@ -107,6 +107,7 @@ class Answers:
                 self._failed(f"verifying final sync: {e}", e)
                 return
             with self._lock:
+                self.health.recovered()  # the target answered
                 self._requested = True  # send what was lost, or scan once more for what is new
             if not lost:
                 j.verified = fp

@@ -425,8 +425,12 @@ class SyncEngine(Answers):
             work = sc.hold_for_newer(units, work, up.synced, self.cfg.complete_marker, EMERGENCY_QUIET_S)
         if not work:
             with self._lock:
-                if self.health.failing:
-                    self.health.recovered(contacted=False)  # nothing left that could fail
+                # nothing left that could fail, unless a final sync still has to ask the target
+                # whether it holds everything: that check is what fails while the target is down,
+                # and clearing the failure before each try restarted its clock every few seconds,
+                # so the "sync failing" alert never came (issue 29)
+                if self.health.failing and not self._finals.tickets():
+                    self.health.recovered(contacted=False)
             return None
         # newest first; folders one after another in one step (a commit, or one stream of files),
         # except under a spot notice: one folder at a time, looking again after each

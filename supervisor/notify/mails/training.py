@@ -129,6 +129,26 @@ def ended(f: Ended) -> Mail:
     return Mail(subject, body)
 
 
+def final_sync_failing(finished: bool, error: str, units: tuple[str, ...], pending_files: int,
+                       target: str) -> Mail:
+    """The training ended and its final sync cannot reach the target: at once, not when the final
+    sync gives up (final_sync_timeout), for the machine must not stop with work only on its disk."""
+    if units or pending_files:
+        n = f"{len(units)} checkpoint{'s' if len(units) != 1 else ''}" if units else f"{pending_files} files"
+        what = f"{n} not on the target; the machine will not stop until they are"
+    else:  # all sent before, but the target cannot be asked whether it still holds them
+        what = "the target cannot confirm it holds the checkpoints; the machine will not stop until it does"
+    end = "finished" if finished else "FAILED"
+    # the subject is cut at 150 characters: the error (a path, a URL) goes first in the body
+    subject = f"training {end}; final sync FAILING; {what}"
+    body = (f"training {end}; final sync FAILING: {error}; {what}.\n\nTarget: {target or '(unknown)'}\n"
+            + (("Not on the target:\n" + "".join(f"  {u}\n" for u in units[:20]) + "\n") if units else "")
+            + "The machine will not stop until they are: the daemon keeps retrying, and says so here when "
+              "they are safe.\nCheck the target (credentials, bucket, network); `supervisorctl status` shows "
+              "the sync's last error, `supervisorctl sync --wait` retries now.\n")
+    return Mail(subject, body)
+
+
 def restarted(exit_code: int | None, signal: str | None, delay_s: float, command: str, log_path: str) -> Mail:
     """The run failed and restart = "on-failure" starts it again after `delay_s`."""
     return Mail(f"training failed ({describe_exit(exit_code, signal)}); restarting in {int(delay_s)}s",
