@@ -453,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="config file (default $TRAIN_SUPERVISOR_CONFIG or "
                                      "/etc/train-supervisor/config.toml)")
     ap.add_argument("--version", action="version", version=__version__)
+    ap.add_argument("--check-config", action="store_true",
+                    help="exit 0 when the daemon would start with this config, else 2 naming each problem "
+                         "(train-supervisor-start --restart asks first, and keeps the running daemon if not)")
     args = ap.parse_args(argv)
     try:
         cfg = load(args.config)
@@ -463,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in e.problems:
             sys.stderr.write(f"  {p}\n")
         return 2
+    if args.check_config:
+        sys.stdout.write(f"train-supervisord: the config is good: {cfg.source}\n")
+        return 0
     configure(cfg.log_level)
     _few_arenas()
     try:
