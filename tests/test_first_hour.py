@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.hf_writer import HFWriter
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -248,3 +249,26 @@ def test_a_final_sync_that_only_cannot_verify_keeps_its_failure_clock(tmp_path, 
                what="the sync failing alert (its clock must not restart)")
     assert d.status()["sync"]["failing_for_s"] >= 4
     assert not (tmp_path / "stopped.txt").exists()
+
+
+def test_a_sync_failing_alert_raised_before_a_daemon_restart_is_resolved_after_it(tmp_path, make_daemon,
+                                                                                  smtp_server, fake_nvml):
+    out, target = tmp_path / "out", tmp_path / "target"
+    out.mkdir()
+    target.write_text("the disk is not mounted\n")
+    cfg = base_config(tmp_path, smtp_server, fake_nvml, training={"on_finish": "none"},
+                      sync={"target": str(target), "watch": [str(out)], "quiet_period": "1s",
+                            "fail_alert_after": "1s", "retry_max_backoff": "1s"})
+    d = make_daemon(cfg)
+    HFWriter(out).checkpoint(1)
+
+    def failing_alert() -> bool:
+        return any(a["key"] == "sync:failing" for a in d.req("alerts")["active"])
+
+    wait_until(failing_alert, 30, what="the sync failing alert")
+    d.terminate()
+    target.unlink()
+    d.start()
+    wait_until(lambda: (target / "checkpoint-1" / "_MANIFEST.json").is_file(), 30, what="checkpoint-1 synced")
+    wait_until(lambda: not failing_alert(), 15, what="the alert resolved by the new daemon")
+    wait_mail(smtp_server, "RESOLVED", timeout=20)

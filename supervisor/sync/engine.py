@@ -429,7 +429,7 @@ class SyncEngine(Answers):
                 # whether it holds everything: that check is what fails while the target is down,
                 # and clearing the failure before each try restarted its clock every few seconds,
                 # so the "sync failing" alert never came (issue 29)
-                if self.health.failing and not self._finals.tickets():
+                if (self.health.failing or self.health.alerted) and not self._finals.tickets():
                     self.health.recovered(contacted=False)
             return None
         # newest first; folders one after another in one step (a commit, or one stream of files),
