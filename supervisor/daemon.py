@@ -329,6 +329,7 @@ class Daemon:
         wait = a.get("wait", False)
         if not isinstance(wait, bool):
             raise RequestError('"wait" must be true or false')
+        getattr(self.sync, "reload_credentials", lambda: None)()  # a credentials file fixed meanwhile
         self.sync.request_sync()
         if not wait:
             return {"requested": True, "sync": self.sync.status()}

@@ -272,3 +272,25 @@ def test_a_sync_failing_alert_raised_before_a_daemon_restart_is_resolved_after_i
     wait_until(lambda: (target / "checkpoint-1" / "_MANIFEST.json").is_file(), 30, what="checkpoint-1 synced")
     wait_until(lambda: not failing_alert(), 15, what="the alert resolved by the new daemon")
     wait_mail(smtp_server, "RESOLVED", timeout=20)
+
+
+def test_a_fixed_s3_credentials_file_works_without_a_restart(tmp_path, make_daemon, smtp_server, fake_nvml,
+                                                             s3_server, s3_prefix):
+    """The credentials file held a wrong secret: the store refuses (403); the owner fixes the
+    file, and the next try reads it again (boto3 alone reads it once, at the client's birth)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    creds = tmp_path / "aws-credentials"
+    good = s3_server.credentials_file.read_text()
+    creds.write_text(good.replace("aws_secret_access_key = ", "aws_secret_access_key = wrong"))
+    sync = s3_server.sync_config(s3_prefix, watch=[str(out)], quiet_period="1s", retry_max_backoff="1s")
+    sync["credentials_file"] = str(creds)
+    d = make_daemon(base_config(tmp_path, smtp_server, fake_nvml, training={"on_finish": "none"}, sync=sync))
+    HFWriter(out).checkpoint(1)
+    wait_until(lambda: d.status()["sync"]["state"] == "failing", 30, what="the store refusing the key")
+    creds.write_text(good)
+    wait_until(lambda: any(k.endswith("checkpoint-1/_MANIFEST.json") for k in s3_server.objects(s3_prefix)), 30,
+               what="checkpoint-1 on the store with the fixed file")
+    assert "s3_credentials_reread" in d.log_text()
+    r = d.ctl("sync", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -197,6 +197,12 @@ class SyncEngine(Answers):
             self.health.backoff.retry_now()  # the user asked: retry now, whatever the backoff said
         self._wake.set()
 
+    def reload_credentials(self) -> None:
+        """`supervisorctl sync`: the target reads its credentials file again before the next request."""
+        reload = getattr(self.target, "reload_credentials", None)
+        if callable(reload):
+            reload("sync requested")
+
     def emergency(self) -> None:
         """The machine is about to be taken (a spot notice): sync now and keep at it. Until the
         engine closes: no backoff wait between tries; the quiet period shrinks to EMERGENCY_QUIET_S
