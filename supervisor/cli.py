@@ -174,28 +174,14 @@ def _watch_start(args: argparse.Namespace, run_id: int | None, log_path: str) ->
 
     sys.stderr.write(f"run: the training {state} within its first seconds: "
                      f"{describe_exit(tr.get('exit_code'), tr.get('signal'))}\n")
+    from supervisor.training.runner import run_log_tail
+
     tail = run_log_tail(log_path, run_id, RUN_TAIL_LINES)
     if tail:
         sys.stderr.write(f"last lines of {log_path}:\n" + "".join(f"  {ln}\n" for ln in tail))
     return EXIT_FAIL
 
 
-def run_log_tail(path: str, run_id: int | None, n: int) -> list[str]:
-    """The last `n` lines run `run_id` wrote to the log (after its banner), without the banners."""
-    from supervisor.training.runner import BANNER_PREFIX, is_banner
-
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-    start = f"{BANNER_PREFIX}{run_id} started"
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith(start):
-            lines = lines[i + 1:]
-            break
-    return [ln for ln in lines if not is_banner(ln)][-n:]
 
 
 def cmd_tail(args: argparse.Namespace) -> int:

@@ -294,3 +294,18 @@ def test_a_fixed_s3_credentials_file_works_without_a_restart(tmp_path, make_daem
     assert "s3_credentials_reread" in d.log_text()
     r = d.ctl("sync", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_run_failing_in_its_first_minute_mails_its_last_lines_and_books_no_stop(tmp_path, make_daemon,
+                                                                                  smtp_server, fake_nvml):
+    cfg = base_config(tmp_path, smtp_server, fake_nvml,
+                      training={"command": "echo loading the model; no-such-trainer --lr 1e-4"})
+    d = make_daemon(cfg)
+    assert d.ctl("start").returncode == 0
+    d.wait_training("FAILED", timeout=30)
+    subject, body = wait_mail(smtp_server, "training FAILED")
+    assert "exit code 127: command not found" in subject, subject
+    assert "Last lines of the log:" in body and "loading the model" in body and "no-such-trainer" in body, body
+    assert "not stopped for it" in body, body
+    idle = d.status()["idle"]
+    assert idle.get("mode") != "finish" and not (tmp_path / "stopped.txt").exists(), idle

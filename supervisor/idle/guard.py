@@ -22,7 +22,16 @@ from supervisor.context import Context
 from supervisor.durations import format_duration
 from supervisor.idle import machine as idle
 from supervisor.idle.activity import Probes
-from supervisor.idle.facts import GuardConfig, Jobs, last_progress, looks_stalled, outputs, run_end, status_of
+from supervisor.idle.facts import (
+    GuardConfig,
+    Jobs,
+    finish_mode,
+    last_progress,
+    looks_stalled,
+    outputs,
+    run_end,
+    status_of,
+)
 from supervisor.idle.finalwatch import EndSync
 from supervisor.idle.machine import (
     AbortStop,
@@ -349,7 +358,7 @@ class IdleGuard:
         self.jobs.submit("finish", self._finish, info)
 
     def _finish(self, info: TrainingInfo) -> None:
-        mode = self.conf.on_finish
+        mode = finish_mode(self.conf.on_finish, info)
         result = self.end_sync.run(self.sync, self._final_sync, info) if mode in ("stop", "idle") else None
         now = self._now()
         with self._lock:
@@ -445,7 +454,7 @@ class IdleGuard:
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED
-        nxt = run_words.Next(self.conf.on_finish, idle.projection(self.m, self.th, now.wall)["stop_at"],
+        nxt = run_words.Next(finish_mode(self.conf.on_finish, info), idle.projection(self.m, self.th, now.wall)["stop_at"],
                              self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
                              stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
         mail = run_words.ended(run_words.Ended(run_end(info), last_progress(self.progress, now.wall, self.conf.currency),

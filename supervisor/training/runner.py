@@ -98,6 +98,25 @@ def is_banner(line: str) -> bool:
     return line.startswith(BANNER_PREFIX)
 
 
+def run_log_tail(path: str, run_id: int | None, n: int) -> list[str]:
+    """The last `n` lines run `run_id` wrote to the log (after its banner, the banners left out):
+    what a failure mail and `run` show. [] when the log cannot be read."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode("utf-8", "replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return []
+    start = f"{BANNER_PREFIX}{run_id} started"
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(start):
+            lines = lines[i + 1:]
+            break
+    return [ln[:300] for ln in lines if ln.strip() and not is_banner(ln)][-n:]
+
+
 def _signame(n: int) -> str:
     try:
         return signal.Signals(n).name

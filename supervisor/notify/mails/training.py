@@ -21,6 +21,7 @@ class RunEnd:
     ended_at: float | None
     log_path: str
     workdir: str
+    log_tail: tuple[str, ...] = ()   # a failed run's last lines (its own, after its banner)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ def _next_text(n: Next) -> str:
     if n.mode == "idle":
         return (f"\nNext: idle protection decides: a warning after {format_duration(n.warn_after_s)} "
                 f"idle, the stop {format_duration(n.stop_after_warning_s)} later.\n")
+    if n.mode == "early-fail":
+        return ("\nIt failed within its first minute, so the machine is not stopped for it (on_finish applies "
+                "to runs that got going): fix it and start it again. Idle protection still stops an idle machine.\n")
     return "\non_finish = \"none\": nothing is stopped because the training ended.\n"
 
 
@@ -123,9 +127,10 @@ def ended(f: Ended) -> Mail:
     subject = f"training {'finished' if r.finished else 'FAILED'} ({how})"
     if f.next.mode == "stop" and f.next.warned:
         subject += f"; stopping at {hm(f.next.stop_at)}"
+    tail = "".join(f"  {x}\n" for x in r.log_tail)
     body = (f"Training {'finished' if r.finished else 'failed'}: {how} (run {r.run_id}).\n"
             f"Command: {r.command}\n{ran}{_progress_text(f.progress)}{_outputs_text(f.outputs, r.workdir)}"
-            f"Log: {r.log_path}\n{_next_text(f.next)}")
+            f"Log: {r.log_path}\n" + (f"Last lines of the log:\n{tail}" if tail else "") + _next_text(f.next))
     return Mail(subject, body)
 
 
