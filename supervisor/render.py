@@ -250,6 +250,8 @@ def idle_lines(st: dict) -> list[str]:
     if s.get("phase") == "interrupting":
         lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
                      "so it can save; the final sync follows its end")
+    if s.get("how") and state in ("ACTIVE", "IDLE", "WARNED"):
+        lines.append(f"          stops {s['how']}")
     if s.get("last_error"):
         lines.append(f"stop      {s['last_error'][:200]}")
     elif s.get("result"):
@@ -293,9 +295,14 @@ def preemption_lines(st: dict) -> list[str]:
 
 
 def notify_lines(st: dict) -> list[str]:
-    """A line per notification channel that is failing (the working ones say nothing)."""
+    """Where alerts go (or that they go nowhere but here), then a line per failing channel."""
     now = st.get("now") or 0
     out = []
+    if "notify" in st:
+        chans = (st.get("notify") or {}).get("channels") or []
+        out.append("notify    " + (", ".join(f"{c.get('kind') or c.get('name')} ({c.get('target')})" for c in chans)
+                                  if chans else "none: alerts reach only `supervisorctl alerts` and the log; "
+                                  "add [email] or [notify]"))
     for ch in (st.get("notify") or {}).get("channels") or []:
         if ch.get("state") != "failing":
             continue

@@ -309,3 +309,24 @@ def test_a_run_failing_in_its_first_minute_mails_its_last_lines_and_books_no_sto
     assert "not stopped for it" in body, body
     idle = d.status()["idle"]
     assert idle.get("mode") != "finish" and not (tmp_path / "stopped.txt").exists(), idle
+
+
+def test_status_says_how_the_machine_will_stop_and_where_alerts_go(tmp_path, make_daemon, smtp_server, fake_nvml):
+    import os
+
+    cfg = base_config(tmp_path, smtp_server, fake_nvml, training={"on_finish": "none"},
+                      stop={"action": "poweroff"})
+    del cfg["email"]
+    d = make_daemon(cfg)
+    st = d.status()
+    screen = d.ctl("status").stdout
+    if os.path.isdir("/run/systemd/system"):
+        assert st["stop"]["how"] == "by poweroff" and "stops by poweroff" in screen, screen
+    else:
+        assert st["stop"]["how"].startswith("by poweroff — cannot work here: no systemd"), st["stop"]
+        assert "cannot work here: no systemd" in screen, screen
+    assert "notify    none: alerts reach only `supervisorctl alerts`" in screen, screen
+    d2 = make_daemon(base_config(tmp_path, smtp_server, fake_nvml, training={"on_finish": "none"},
+                                 stop={"action": "command", "command": "no-such-cloud-cli stop"}), sub="d2")
+    assert d2.status()["stop"]["how"] == "by `no-such-cloud-cli stop` — cannot work here: no-such-cloud-cli not found"
+    assert "notify    email (" in d2.ctl("status").stdout

@@ -16,7 +16,7 @@ import structlog
 from supervisor.config import Config, IdleConfig, StopConfig
 from supervisor.idle import machine as idle
 from supervisor.idle.machine import IdleMachine, Signals, Thresholds
-from supervisor.idle.stop import StopRecord
+from supervisor.idle.stop import StopRecord, stop_how
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.notify.mails import training as run_words
 from supervisor.notify.mails.stall import LOG_LINES
@@ -182,6 +182,7 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
         },
         "stop": {
             "action": conf.stop.action,
+            "how": stop_how(conf.stop),
             "planned_at": live.planned_at if live else stop_at,
             "phase": live.phase.value if live else None,
             "reason": live.reason if live else (m.stop_reason or None),

@@ -434,6 +434,23 @@ class StopSequence:
         return self.rec
 
 
+def stop_how(cfg: StopConfig) -> str:
+    """How this machine will stop, and whether that can work here: what `status` says, so a
+    stop that cannot happen (poweroff in a container) is seen before it is due."""
+    import shutil
+
+    if cfg.action == "poweroff" and not os.path.isdir("/run/systemd/system"):
+        return ("by poweroff — cannot work here: no systemd (a container?); set stop.action = \"command\" "
+                "with your provider's CLI, e.g. runpodctl stop pod $RUNPOD_POD_ID")
+    if cfg.action == "command":
+        first = cfg.command.split()[0] if cfg.command.split() else ""
+        if first and "=" not in first and not first.startswith(("$", "(", "{")) and shutil.which(first) is None \
+                and not os.path.isfile(first):
+            return f"by `{cfg.command}` — cannot work here: {first} not found"
+        return f"by `{cfg.command}`"
+    return f"by {cfg.action}"
+
+
 def describe_action(cfg: StopConfig) -> str:
     if cfg.action == "command":
         return f"run `{cfg.command}`"
