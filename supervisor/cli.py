@@ -10,11 +10,13 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 from supervisor.config import Config, ConfigError, load, nothing_watched, parse
 from supervisor.control import ClientError, RequestError, request
+from supervisor.durations import format_bytes
 from supervisor.render import render_alerts, render_status
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
@@ -275,15 +277,40 @@ def cmd_sync(args: argparse.Namespace) -> int:
         s = res.get("sync", {})
         sys.stdout.write(f"sync requested ({s.get('target') or 'no target configured'}: {s.get('state')})\n")
         return EXIT_OK
-    res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    done = threading.Event()
+    progress = threading.Thread(target=_sync_progress, args=(args, done), daemon=True)
+    progress.start()
+    try:
+        res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    finally:
+        done.set()
+        progress.join(5)
     if res["ok"]:
         sys.stdout.write(f"in sync: {res['target'] or '(no target configured)'} holds {res['files']} files "
                          f"({res['bytes']} bytes); uploaded {res['uploaded_files']} now\n")
         return EXIT_OK
     sys.stderr.write(f"sync FAILED: {res['error']}\n")
-    for p in res.get("unsynced") or []:
-        sys.stderr.write(f"  not synced: {p}\n")
+    units = res.get("unsynced_units") or []
+    for line in units or [f"{p}" for p in res.get("unsynced") or []]:
+        sys.stderr.write(f"  not synced: {line}\n")
     return EXIT_FAIL
+
+
+SYNC_PROGRESS_S = 5.0
+
+
+def _sync_progress(args: argparse.Namespace, done: threading.Event) -> None:
+    """While `sync --wait` waits: a line every few seconds with what is left and what is moving."""
+    while not done.wait(SYNC_PROGRESS_S):
+        try:
+            s = _req(args, "status", timeout=5).get("sync") or {}
+        except (ClientError, RequestError):
+            continue
+        rate = f" at {format_bytes(s['rate_bps'])}/s" if s.get("rate_bps") else ""
+        now = f", sending {s['current_file']}{rate}" if s.get("current_file") else ""
+        err = f"; last error: {s['last_error']}" if s.get("state") == "failing" and s.get("last_error") else ""
+        sys.stderr.write(f"waiting: {s.get('pending_files', 0)} files ({format_bytes(s.get('pending_bytes', 0))}) "
+                         f"to go, {s.get('state')}{now}{err}\n")
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:

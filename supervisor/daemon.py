@@ -338,7 +338,8 @@ class Daemon:
             raise RequestError('"timeout_s" must be a number of seconds between 0 and 86400')
         r = self.sync.wait_idle(float(timeout))
         return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
-                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50]}
+                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50],
+                "unsynced_units": r.unsynced_units[:50]}
 
     def _h_keepalive(self, a: dict) -> Any:
         if a.get("cancel"):

@@ -330,3 +330,35 @@ def test_status_says_how_the_machine_will_stop_and_where_alerts_go(tmp_path, mak
                                  stop={"action": "command", "command": "no-such-cloud-cli stop"}), sub="d2")
     assert d2.status()["stop"]["how"] == "by `no-such-cloud-cli stop` — cannot work here: no-such-cloud-cli not found"
     assert "notify    email (" in d2.ctl("status").stdout
+
+
+def test_sync_wait_during_a_run_returns_once_what_was_complete_is_up_and_fails_per_folder(
+        tmp_path, make_daemon, smtp_server, fake_nvml):
+    """A training saving a checkpoint every second: `sync --wait` returns once the checkpoints
+    complete when it was called are on the target (a later one is the next call's, or it would
+    never return during a run). With the target down it fails with one line per folder."""
+    out, target = tmp_path / "out", tmp_path / "target"
+    out.mkdir()
+    script = writer_script(tmp_path, "import time\n"
+                                     f"w = HFWriter(Path({str(out)!r}))\n"
+                                     "for step in range(1, 600):\n    w.checkpoint(step)\n    time.sleep(0.7)\n")
+    cfg = base_config(tmp_path, smtp_server, fake_nvml, training={"command": f"{sys.executable} {script}",
+                                                                  "on_finish": "none"},
+                      sync={"target": str(target), "watch": [str(out)], "quiet_period": "1s",
+                            "retry_max_backoff": "1s"})
+    d = make_daemon(cfg)
+    assert d.ctl("start").returncode == 0
+    wait_until(lambda: (out / "checkpoint-3" / "trainer_state.json").exists(), 30, what="three checkpoints")
+    r = d.ctl("sync", "--wait", "--timeout", "40", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (target / "checkpoint-2" / "_MANIFEST.json").is_file()
+    assert d.status()["training"]["state"] == "RUNNING"
+
+    shutil.rmtree(target)
+    target.write_text("the disk is not mounted\n")
+    r = d.ctl("sync", "--wait", "--timeout", "4", timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("  not synced: ")]
+    assert lines and all("files not on the target" in ln for ln in lines), r.stderr
+    assert len(lines) == len({ln.split(":")[1] for ln in lines}) < 100, r.stderr
+    assert d.ctl("stop").returncode == 0

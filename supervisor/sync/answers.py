@@ -56,14 +56,19 @@ class Answers:
             tickets = [t for t in self._idle_waits.tickets() if pass_id >= t.spec.after_pass]
             if not tickets:
                 return
-            if error is None:
-                assert self._up is not None
-                if sc.settling(self._units.values(), self._up.synced):
-                    return
-                error = "; ".join(sc.blocked(self._units.values(), self._up.synced)) or None
+            assert self._up is not None
+            units = list(self._units.values())
             for t in tickets:
-                if error is not None:
-                    r = self._result(False, t.spec.started_ok, error=error, unsynced=self._unsynced(None))
+                if t.spec.want is None:
+                    t.spec.want = sc.wanted(units, self._up.synced)
+                mine = [u for u in units if u.key in t.spec.want]
+                err = error
+                if err is None:
+                    if sc.settling(mine, self._up.synced):
+                        continue
+                    err = "; ".join(sc.blocked(mine, self._up.synced)) or None
+                if err is not None:
+                    r = self._result(False, t.spec.started_ok, error=err, unsynced=self._unsynced(None))
                 else:
                     r = self._result(True, t.spec.started_ok)
                 self._idle_waits.settle(t, r)
@@ -124,7 +129,9 @@ class Answers:
         files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
         return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
                                uploaded_files=self.board.uploaded_session - started_ok, error=error,
-                               unsynced=list(unsynced or []), unselected=list(self.board.unselected),
+                               unsynced=list(unsynced or []),
+                               unsynced_units=sc.unsynced_units(self._units.values(), self.ledger.current)
+                               if unsynced and self.ledger else [], unselected=list(self.board.unselected),
                                newest=sc.newest_checkpoints(self._units.values()) if ok else [])
 
     def _unsynced(self, scope: list[str] | None) -> list[str]:

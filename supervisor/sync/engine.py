@@ -72,6 +72,9 @@ EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (
 class _IdleJob:
     after_pass: int      # answered after this pass (one that started after the call)
     started_ok: int      # uploaded count when it began
+    # the units that pass found complete or about to be: what it waits for (a checkpoint the
+    # training writes later is the next `sync --wait`'s, or a run would never let it return)
+    want: frozenset[str] | None = None
 
 
 class SyncEngine(Answers):

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from supervisor.durations import format_duration
+from supervisor.durations import format_bytes, format_duration
 from supervisor.sync.complete import FileObs, Verdict, damage_words, judge, needs_marker
 from supervisor.sync.policy import ADAPTER_MARKER, Policy
 from supervisor.sync.targets.base import join_key
@@ -416,3 +416,25 @@ def _step(name: str) -> int | None:
     if name.startswith("checkpoint-") and name[11:].isdigit():
         return int(name[11:])
     return None
+
+
+def wanted(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> frozenset[str]:
+    """The units a `sync --wait` waits for: those complete now, or about to be (their writer just
+    went quiet), or held back by a damaged file (it must hear why), and not on the target yet."""
+    return frozenset(u.key for u in units if u.selected and not u.retired and not synced(u)
+                     and (u.verdict.complete or u.verdict.partial or u.verdict.ready_in is not None
+                          or bool(u.verdict.damaged)))
+
+
+def unsynced_units(units: Iterable[Unit], current: Current) -> list[str]:
+    """One line per folder (or single file) with files only on this machine: what a failed
+    `sync --wait` names, instead of every file of every checkpoint."""
+    out = []
+    for u in units:
+        if u.retired or not u.selected:
+            continue
+        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns)]
+        if missing:
+            out.append(f"{u.abspath}: {len(missing)} of {len(u.selected)} files not on the target "
+                       f"({format_bytes(sum(s.size for s in missing))}; {u.verdict.reason})")
+    return sorted(out)
