@@ -483,7 +483,25 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         log.error("daemon_failed", error=str(e))
         return 1
+    _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """Exit once shutdown() is done, without the interpreter's own wait: concurrent.futures joins
+    every executor thread at exit (the scheduler's duties, the S3 pools), so a duty or an upload in
+    flight (a process scan or an S3 part on a loaded machine, a metadata request) held the exit for
+    as long as it ran, past a caller's patience and systemd's TimeoutStopSec. Everything that must
+    outlive the daemon was written by shutdown(); the rest is what a kill -9 leaves, which every
+    state file survives."""
+    busy = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    log.info("daemon_exited", threads_not_waited_for=len(busy))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":
