@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     kwargs: dict = {}
     if spec.user:
         try:
-            kwargs = as_user(str(spec.user), env, set(spec.env))
+            # a `run` caller's HOME is theirs, not training.user's: only training.env may set it then
+            kwargs = as_user(str(spec.user), env, set() if spec.env_exact else set(spec.env))
         except KeyError:
             msg = f"train-supervisor: cannot start the training: training.user {spec.user!r} does not exist\n"
             log.write(msg.encode())
