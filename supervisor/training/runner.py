@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs: dict = {}
     if spec.user:
         try:
-            # a `run` caller's HOME is theirs, not training.user's: only training.env may set it then
+            # a `run` caller's HOME, USER and LOGNAME are theirs, not training.user's: those follow the user
             kwargs = as_user(str(spec.user), env, set() if spec.env_exact else set(spec.env))
         except KeyError:
             msg = f"train-supervisor: cannot start the training: training.user {spec.user!r} does not exist\n"
