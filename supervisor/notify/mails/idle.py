@@ -205,7 +205,8 @@ def stopping(f: Stopping) -> Mail:
     else:
         unsynced = "\n".join(f"  {p}" for p in (s.get("unsynced") or [])[:20])
         what = (f"The final sync did NOT verify ({s.get('error') or '?'}), and the machine stops anyway "
-                f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n")
+                f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n"
+                f"{held_text((), s.get('unselected') or [])}")
     reason = "training finished" if f.finished else f"idle for {format_duration(f.idle_s)}"
     not_whole = not_whole_count(s.get("damaged") or [], s.get("partial_units") or [])
     subject = f"stopping now ({reason}): " + (
