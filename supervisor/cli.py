@@ -10,11 +10,13 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
-from supervisor.config import Config, ConfigError, load, parse
+from supervisor.config import Config, ConfigError, load, nothing_watched, parse
 from supervisor.control import ClientError, RequestError, request
+from supervisor.durations import format_bytes
 from supervisor.render import render_alerts, render_health, render_status
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
@@ -128,13 +130,63 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Not sent with `run`: the shell's own bookkeeping and the terminal's (tmux gives the job its own),
+# and LS_COLORS, which alone can be most of the request.
+_RUN_ENV_DROP = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "TMUX", "TMUX_PANE", "LS_COLORS", "COLUMNS", "LINES",
+                           "PS1", "PS2", "PROMPT_COMMAND"})
+RUN_WATCH_S = 5.0  # `run` waits this long to see the job alive (a typo dies in its first second)
+RUN_TAIL_LINES = 15
+
+
+def run_env(environ: dict[str, str]) -> dict[str, str]:
+    """The caller's environment as `run` sends it: their PATH, venv or conda, exported variables."""
+    return {k: v for k, v in environ.items() if k not in _RUN_ENV_DROP and not k.startswith("BASH_FUNC_")}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     argv = [a for a in args.argv if a != "--"] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         sys.stderr.write("usage: supervisorctl run [--] CMD [ARGS...]\n")
         return EXIT_USAGE
-    _print_training(_req(args, "run", {"argv": argv}, timeout=30))
-    return EXIT_OK
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        sys.stderr.write("run: the current folder no longer exists; cd somewhere and try again\n")
+        return EXIT_USAGE
+    res = _req(args, "run", {"argv": argv, "cwd": cwd, "env": run_env(dict(os.environ))}, timeout=30)
+    _print_training(res)
+    return _watch_start(args, res.get("run_id"), res.get("log") or "")
+
+
+def _watch_start(args: argparse.Namespace, run_id: int | None, log_path: str) -> int:
+    """Like a shell, say at once when the command dies in its first seconds (not found, a typo, a
+    missing file): how it ended and its last log lines, with a non-zero exit."""
+    deadline = time.monotonic() + RUN_WATCH_S
+    while True:
+        tr = _req(args, "status")["training"]
+        if tr.get("run_id") != run_id or tr.get("state") not in ("STARTING", "RUNNING") or \
+                time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    state = tr.get("state")
+    if tr.get("run_id") != run_id or state in ("STARTING", "RUNNING", "STOPPING"):
+        _print_training(tr)
+        return EXIT_OK
+    if state == "FINISHED":
+        sys.stdout.write(f"{tr.get('session', 'train')}: FINISHED at once (exit code 0)\n")
+        return EXIT_OK
+    from supervisor.notify.mails import describe_exit
+
+    sys.stderr.write(f"run: the training {state} within its first seconds: "
+                     f"{describe_exit(tr.get('exit_code'), tr.get('signal'))}\n")
+    from supervisor.training.runner import run_log_tail
+
+    tail = run_log_tail(log_path, run_id, RUN_TAIL_LINES)
+    if tail:
+        sys.stderr.write(f"last lines of {log_path}:\n" + "".join(f"  {ln}\n" for ln in tail))
+    return EXIT_FAIL
+
+
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -228,20 +280,26 @@ def cmd_sync(args: argparse.Namespace) -> int:
         s = res.get("sync", {})
         sys.stdout.write(f"sync requested ({s.get('target') or 'no target configured'}: {s.get('state')})\n")
         return EXIT_OK
-    res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    done = threading.Event()
+    progress = threading.Thread(target=_sync_progress, args=(args, done), daemon=True)
+    progress.start()
+    try:
+        res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    finally:
+        done.set()
+        progress.join(5)
     if res["ok"]:
         sys.stdout.write(f"in sync: {res['target'] or '(no target configured)'} holds {res['files']} files "
                          f"({res['bytes']} bytes); uploaded {res['uploaded_files']} now\n")
         return EXIT_OK
     sys.stderr.write(f"sync FAILED: {res['error']}\n")
-    for p in res.get("unsynced") or []:
-        sys.stderr.write(f"  not synced: {p}\n")
+    units = res.get("unsynced_units") or []
+    for line in units or [f"{p}" for p in res.get("unsynced") or []]:
+        sys.stderr.write(f"  not synced: {line}\n")
     return EXIT_FAIL
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from supervisor.durations import format_bytes
-
     if args.list:
         res = _req(args, "resume", {"list": True}, timeout=300)
         sys.stdout.write(f"{res['target']}: newest complete: {res.get('newest_complete') or '-'}\n")
@@ -260,6 +318,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
     sys.stdout.write(f"{verb} {res['unit']} (step {res.get('step')}) -> {res['path']} "
                      f"({format_bytes(res['bytes'])}, {res['seconds']}s)\n")
     return EXIT_OK
+
+
+SYNC_PROGRESS_S = 5.0
+
+
+def _sync_progress(args: argparse.Namespace, done: threading.Event) -> None:
+    """While `sync --wait` waits: a line every few seconds with what is left and what is moving."""
+    while not done.wait(SYNC_PROGRESS_S):
+        try:
+            s = _req(args, "status", timeout=5).get("sync") or {}
+        except (ClientError, RequestError):
+            continue
+        rate = f" at {format_bytes(s['rate_bps'])}/s" if s.get("rate_bps") else ""
+        now = f", sending {s['current_file']}{rate}" if s.get("current_file") else ""
+        err = f"; last error: {s['last_error']}" if s.get("state") == "failing" and s.get("last_error") else ""
+        sys.stderr.write(f"waiting: {s.get('pending_files', 0)} files ({format_bytes(s.get('pending_bytes', 0))}) "
+                         f"to go, {s.get('state')}{now}{err}\n")
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
@@ -325,13 +400,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
-    problems = _channel_problems(cfg)
+    problems = nothing_watched(cfg) + _channel_problems(cfg)
     if problems:
         for p in problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
     for w in _warnings(cfg):
         sys.stderr.write(f"warning: {w}\n")
+    if cfg.sync.watch_default:
+        sys.stdout.write(f"sync.watch not set: watching {', '.join(cfg.sync.watch)} ({cfg.sync.watch_default})\n")
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
 

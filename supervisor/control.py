@@ -273,7 +273,10 @@ class ControlServer:
         # what goes back is shown (and socket_group members may ask): keys and tokens in commands,
         # URLs and errors are masked
         try:
-            return {"ok": True, "result": redact_obj(fn(args))}
+            # a handler that acts for its caller (`run`: their folder and environment) is told who
+            # the kernel says is calling, never who the request claims to be
+            out = fn(args, peer) if getattr(fn, "wants_peer", False) else fn(args)
+            return {"ok": True, "result": redact_obj(out)}
         except RequestError as e:
             return {"ok": False, "error": redact(str(e))}
         except Exception as e:  # noqa: BLE001

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import sys
@@ -25,12 +26,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
-from supervisor.config import Config, ConfigError, load
+from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, RequestError
+from supervisor.control import ControlServer, Peer, RequestError
 from supervisor.durations import parse_duration
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
+from supervisor.malloc import few_arenas, settle_memory
 from supervisor.notify.alerts import Alerts
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
@@ -287,7 +289,7 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_signal)
         self.start()
-        _settle_memory()
+        settle_memory()
         # no timeout: the signal handler sets the event and wakes this wait (nothing polls at rest)
         self._stop.wait()
         # a SIGTERM that systemd did not send may be a container host taking the machine: sync first
@@ -364,7 +366,7 @@ class Daemon:
             "health": self._h_health,
             "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
             "prune": self._h_prune,
-            "resume": self._h_resume,
+            "resume": self.resume.request,  # root only: restores files under the watch folders
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -383,19 +385,27 @@ class Daemon:
             why = str(e) if isinstance(e, StateWriteError) else f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")
             raise RequestError(f"{why}; nothing was started") from None
 
-    def _h_run(self, a: dict) -> Any:
+    def _h_run(self, a: dict, peer: Peer | None = None) -> Any:
         argv = a.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
             raise RequestError('"run" needs "argv": a non-empty list of strings')
         if sum(len(x) for x in argv) > 16384:
             raise RequestError("command longer than 16 KiB")
+        cwd, env = run_context(a)
+        if (cwd is not None or env is not None) and (peer is None or peer.uid not in (0, os.geteuid())):
+            # refusal() let this caller through only as root or the daemon's own user; say so again
+            # here, where a process would start in a folder and environment the caller chose
+            raise RequestError("run: only root (or the daemon's own user) may start a process")
         return self._guarded(lambda: self.resume.gate(
-            lambda: self.training.start(command=command_line(argv), adhoc=True)))
+            lambda: self.training.start(command=command_line(argv), adhoc=True, cwd=cwd, env=env)))
+
+    _h_run.wants_peer = True  # type: ignore[attr-defined]
 
     def _h_sync(self, a: dict) -> Any:
         wait = a.get("wait", False)
         if not isinstance(wait, bool):
             raise RequestError('"wait" must be true or false')
+        getattr(self.sync, "reload_credentials", lambda: None)()  # a credentials file fixed meanwhile
         self.sync.request_sync()
         if not wait:
             return {"requested": True, "sync": self.sync.status()}
@@ -404,27 +414,14 @@ class Daemon:
             raise RequestError('"timeout_s" must be a number of seconds between 0 and 86400')
         r = self.sync.wait_idle(float(timeout))
         return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
-                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50]}
+                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50],
+                "unsynced_units": r.unsynced_units[:50]}
 
     def _h_prune(self, a: dict) -> Any:
         dry = a.get("dry_run", False)
         if not isinstance(dry, bool):
             raise RequestError('"dry_run" must be true or false')
         return self.disk.prune_now(dry_run=dry)
-
-    def _h_resume(self, a: dict) -> Any:
-        """`supervisorctl resume --list` / `resume [--checkpoint NAME] [--dry-run]`."""
-        from supervisor.sync.targets.base import TargetError
-
-        try:
-            if a.get("list"):
-                return self.resume.units()
-            if not a.get("dry_run") and self.training.state in TRAINING_ALIVE:
-                raise RequestError("the training is running: stop it before restoring a checkpoint under it")
-            name = a.get("checkpoint")
-            return self.resume.restore_now(str(name) if name else None, bool(a.get("dry_run")))
-        except TargetError as e:
-            raise RequestError(str(e)) from None
 
     def _h_keepalive(self, a: dict) -> Any:
         if a.get("cancel"):
@@ -482,37 +479,21 @@ def _int(v: Any, name: str, lo: int, hi: int) -> int:
     return v
 
 
-def _libc() -> Any:
-    """The C library this process runs on (its own symbols: no find_library, which runs ldconfig)."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _few_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena; a dozen mostly idle threads
-    hold a MiB or more that way. Two are plenty for a daemon that waits (M_ARENA_MAX is -8)."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-8, 2)
-
-
-def _settle_memory() -> None:
-    """Once started: hand the heap the imports and the first scan left free back to the system
-    (glibc keeps it otherwise), so the daemon at rest holds only what it uses, and spare the
-    collector what stays."""
-    import gc
-
-    gc.collect()
-    # what is alive now (modules, config, the daemon's objects) lives as long as the process: the
-    # collector need not walk it again on every full collection
-    gc.freeze()
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+def run_context(a: dict) -> tuple[str | None, dict[str, str] | None]:
+    """The folder and environment `supervisorctl run` sends (its caller's), checked."""
+    cwd, env = a.get("cwd"), a.get("env")
+    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
+        raise RequestError('run: "cwd" must be an absolute path')
+    if env is not None:
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise RequestError('run: "env" must map variable names to strings')
+        bad = [k for k, v in env.items() if not _ENV_NAME.fullmatch(k) or "\0" in v]
+        if bad:
+            raise RequestError(f"run: not a valid environment variable: {bad[0][:40]!r}")
+    return cwd, env
 
 
 def _soon():
@@ -526,16 +507,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="config file (default $TRAIN_SUPERVISOR_CONFIG or "
                                      "/etc/train-supervisor/config.toml)")
     ap.add_argument("--version", action="version", version=__version__)
+    ap.add_argument("--check-config", action="store_true",
+                    help="exit 0 when the daemon would start with this config, else 2 naming each problem "
+                         "(train-supervisor-start --restart asks first, and keeps the running daemon if not)")
     args = ap.parse_args(argv)
     try:
         cfg = load(args.config)
+        if nothing_watched(cfg):
+            raise ConfigError(nothing_watched(cfg))
     except ConfigError as e:
         sys.stderr.write("train-supervisord: refusing to start, the config has problems:\n")
         for p in e.problems:
             sys.stderr.write(f"  {p}\n")
         return 2
+    if args.check_config:
+        sys.stdout.write(f"train-supervisord: the config is good: {cfg.source}\n")
+        return 0
     configure(cfg.log_level)
-    _few_arenas()
+    few_arenas()
     try:
         d = Daemon(cfg)
     except Exception as e:  # noqa: BLE001 - report clearly instead of a traceback in the journal
@@ -546,7 +535,25 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         log.error("daemon_failed", error=str(e))
         return 1
+    _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """Exit once shutdown() is done, without the interpreter's own wait: concurrent.futures joins
+    every executor thread at exit (the scheduler's duties, the S3 pools), so a duty or an upload in
+    flight (a process scan or an S3 part on a loaded machine, a metadata request) held the exit for
+    as long as it ran, past a caller's patience and systemd's TimeoutStopSec. Everything that must
+    outlive the daemon was written by shutdown(); the rest is what a kill -9 leaves, which every
+    state file survives."""
+    busy = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    log.info("daemon_exited", threads_not_waited_for=len(busy))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":

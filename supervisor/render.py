@@ -190,6 +190,8 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
         lines.append(f"          partial {p}")
+    for d in (sy.get("unselected") or [])[:3]:
+        lines.append(f"          NOT SYNCED {d}: looks like a checkpoint, but no sync.include pattern selects it")
     err = sy.get("last_error")
     if err and sy.get("state") == "failing":
         retry = sy.get("next_retry_in_s")
@@ -291,6 +293,8 @@ def idle_lines(st: dict) -> list[str]:
     if s.get("phase") == "interrupting":
         lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
                      "so it can save; the final sync follows its end")
+    if s.get("how") and state in ("ACTIVE", "IDLE", "WARNED"):
+        lines.append(f"          stops {s['how']}")
     if s.get("last_error"):
         lines.append(f"stop      {s['last_error'][:200]}")
     elif s.get("result"):
@@ -360,9 +364,14 @@ def _mib(n: float | None) -> str:
 
 
 def notify_lines(st: dict) -> list[str]:
-    """A line per notification channel that is failing (the working ones say nothing)."""
+    """Where alerts go (or that they go nowhere but here), then a line per failing channel."""
     now = st.get("now") or 0
     out = []
+    if "notify" in st:
+        chans = (st.get("notify") or {}).get("channels") or []
+        out.append("notify    " + (", ".join(f"{c.get('kind') or c.get('name')} ({c.get('target')})" for c in chans)
+                                  if chans else "none: alerts reach only `supervisorctl alerts` and the log; "
+                                  "add [email] or [notify]"))
     for ch in (st.get("notify") or {}).get("channels") or []:
         if ch.get("state") != "failing":
             continue

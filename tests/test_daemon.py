@@ -86,7 +86,7 @@ def test_finished_and_failed_through_the_daemon(tmp_path, make_daemon):
     assert tr["exit_code"] == 0
     assert d.ctl("status").returncode == 0  # FINISHED cleanly counts as OK
     r = d.ctl("run", "--", "sh", "-c", "exit 3")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and "FAILED within its first seconds: exit code 3" in r.stderr, r.stderr
     tr = d.wait_training("FAILED")
     assert tr["exit_code"] == 3 and tr["command"] == "sh -c 'exit 3'"
     assert d.ctl("status").returncode == 3

@@ -34,7 +34,8 @@ def schema_keys() -> dict[str, dataclasses.Field]:
         out[name] = f
     for section, cls in C.SECTIONS.items():
         for f in dataclasses.fields(cls):
-            out[f"{section}.{f.name.rstrip('_')}"] = f
+            if not f.metadata.get("internal"):
+                out[f"{section}.{f.name.rstrip('_')}"] = f
     return out
 
 

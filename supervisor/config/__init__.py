@@ -6,7 +6,7 @@ declarations, so a key cannot be read without being validated, and an unknown ke
 keys are checks.py. Everything else imports from here, never from the three parts.
 """
 
-from supervisor.config.checks import parse_listen
+from supervisor.config.checks import nothing_watched, parse_listen
 from supervisor.config.load import (
     from_dict,
     load,
@@ -73,6 +73,7 @@ __all__ = [
     "load",
     "parse",
     "parse_listen",
+    "nothing_watched",
     "redact_url",
     "redacted",
     "resolve_path",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 
 from supervisor.config.schema import (
     HOOK_EVENTS,
@@ -17,8 +18,61 @@ from supervisor.config.schema import (
 from supervisor.syncurl import parse_target
 from supervisor.timefmt import parse_moment
 
+_OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
+
+
+def command_output_dir(command: str, workdir: str) -> str:
+    """The Trainer's output_dir a command names (`--output_dir X`, `--output-dir=X`), absolute
+    (relative ones are under `workdir`); "" when it names none or it cannot be placed."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return ""
+    for i, w in enumerate(words):
+        value = ""
+        if w in _OUTPUT_DIR_FLAGS and i + 1 < len(words):
+            value = words[i + 1]
+        elif w.startswith(tuple(f + "=" for f in _OUTPUT_DIR_FLAGS)):
+            value = w.split("=", 1)[1]
+        if value and not value.startswith(("$", "~")):
+            if os.path.isabs(value):
+                return os.path.normpath(value)
+            if workdir and os.path.isabs(workdir):
+                return os.path.normpath(os.path.join(workdir, value))
+    return ""
+
+
+NOTHING_WATCHED = ("sync.watch: empty, so nothing would ever reach sync.target; list the folders the "
+                   "training writes checkpoints to (its output_dir), e.g. watch = [\"/workspace/out\"], "
+                   "or set training.workdir (then it is watched)")
+
+
+def nothing_watched(cfg: Config) -> list[str]:
+    """What the daemon and check-config refuse (not the loader: a config read for one part, such
+    as a target's tests, may leave watch out): a target that nothing is ever synced to."""
+    s = cfg.sync
+    return [NOTHING_WATCHED] if s.target and not s.watch and not cfg.stop.final_sync else []
+
+
+def default_watch(cfg: Config, problems: list[str]) -> None:
+    """A target with nothing watched would sync nothing and call it "in sync" while checkpoints
+    pile up on the machine: watch the Trainer's output_dir when the command names one, else the
+    training's workdir (with neither, `nothing_watched` refuses it where a daemon would run)."""
+    s = cfg.sync
+    if not s.target or s.watch or cfg.stop.final_sync:
+        return
+    t = cfg.training
+    out = command_output_dir(t.command, t.workdir)
+    if out:
+        s.watch = [out]
+        s.watch_default = "the --output_dir of training.command"
+    elif t.workdir and os.path.isabs(t.workdir):
+        s.watch = [os.path.normpath(t.workdir)]
+        s.watch_default = "training.workdir"
+
 
 def cross_checks(cfg: Config, problems: list[str]) -> None:
+    default_watch(cfg, problems)
     t = cfg.training
     if t.autostart and not t.command:
         problems.append("training.autostart: needs training.command")

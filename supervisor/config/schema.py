@@ -100,6 +100,8 @@ class SyncConfig:
     hf_revision: str = _k("str", "main")
     fail_alert_after: float = _k("duration", 300.0)
     retry_max_backoff: float = _k("duration", 300.0)
+    # not a key: where sync.watch came from when the config left it empty ("" when it was given)
+    watch_default: str = field(default="", compare=False, metadata={"internal": True})
 
 
 @dataclass

@@ -23,7 +23,8 @@ from supervisor.durations import format_duration
 from supervisor.idle import machine as idle
 from supervisor.idle.activity import Probes
 from supervisor.idle.caps import CapStops
-from supervisor.idle.facts import GuardConfig, Jobs, status_of
+from supervisor.idle.facts import GuardConfig, Jobs, finish_mode, status_of
+from supervisor.idle.finalwatch import EndSync
 from supervisor.idle.machine import (
     AbortStop,
     BeginStop,
@@ -81,6 +82,7 @@ class IdleGuard(GuardMails, CapStops):
                                     command_env=conf.training_env, runners=runners, env=env)
         self._signals = Signals()
         self._last_info: TrainingInfo | None = None
+        self.end_sync = EndSync(alerts)  # the final sync at a run's end, failing told at once
         self._stop_queued = False
         self._stop_seen = ""
         self._finish_queued: int | None = None
@@ -254,11 +256,7 @@ class IdleGuard(GuardMails, CapStops):
             log.warning("training_interrupt_failed", error=str(e))
 
     def _final_sync(self) -> FinalSyncResult:
-        try:
-            return self.sync.final_sync(list(self.conf.final_paths), self._sync_timeout())
-        except Exception as e:  # noqa: BLE001 - a crashing sync is a failed sync, never a stop
-            log.exception("final_sync_raised")
-            return FinalSyncResult(ok=False, target="", error=f"final sync raised {type(e).__name__}: {e}")
+        return self.end_sync.final(self.sync, list(self.conf.final_paths), self._sync_timeout())
 
     def _stop_attempt(self) -> None:
         try:
@@ -365,8 +363,8 @@ class IdleGuard(GuardMails, CapStops):
         self.jobs.submit("finish", self._finish, info)
 
     def _finish(self, info: TrainingInfo) -> None:
-        mode = self.conf.on_finish
-        result = self._final_sync() if mode in ("stop", "idle") else None
+        mode = finish_mode(self.conf.on_finish, info)
+        result = self.end_sync.run(self.sync, self._final_sync, info) if mode in ("stop", "idle") else None
         now = self._now()
         with self._lock:
             if mode == "stop":

@@ -203,7 +203,9 @@ def sync_summary(r: FinalSyncResult) -> dict:
     return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
             "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50]),
             "damaged": list(getattr(r, "damaged", None) or [])[:50],
-            "partial_units": list(getattr(r, "partial_units", None) or [])[:50]}
+            "partial_units": list(getattr(r, "partial_units", None) or [])[:50],
+            "newest": list(getattr(r, "newest", None) or [])[:50],
+            "unselected": list(getattr(r, "unselected", None) or [])[:50]}
 
 
 class StopSequence:
@@ -442,6 +444,23 @@ class StopSequence:
         if self.rec is None:
             raise RuntimeError("no stop in progress")
         return self.rec
+
+
+def stop_how(cfg: StopConfig) -> str:
+    """How this machine will stop, and whether that can work here: what `status` says, so a
+    stop that cannot happen (poweroff in a container) is seen before it is due."""
+    import shutil
+
+    if cfg.action == "poweroff" and not os.path.isdir("/run/systemd/system"):
+        return ("by poweroff — cannot work here: no systemd (a container?); set stop.action = \"command\" "
+                "with your provider's CLI, e.g. runpodctl stop pod $RUNPOD_POD_ID")
+    if cfg.action == "command":
+        first = cfg.command.split()[0] if cfg.command.split() else ""
+        if first and "=" not in first and not first.startswith(("$", "(", "{")) and shutil.which(first) is None \
+                and not os.path.isfile(first):
+            return f"by `{cfg.command}` — cannot work here: {first} not found"
+        return f"by `{cfg.command}`"
+    return f"by {cfg.action}"
 
 
 def describe_action(cfg: StopConfig) -> str:

@@ -23,6 +23,7 @@ from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Re
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets import make_target
 from supervisor.sync.targets.base import TargetError
+from supervisor.training.runner import RESUME_ENV
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 log = get_logger("resume")
 
-ENV = "TRAIN_SUPERVISOR_RESUME_FROM"
+ENV = RESUME_ENV
 RETRY_BASE_S = 10.0
 RETRY_MAX_S = 300.0
 ALERT_KEY = "resume:unreachable"
@@ -144,6 +145,18 @@ class ResumeGate:
             self._set(error=f"training did not start: {e}")
 
     # --- on demand (supervisorctl resume) -------------------------------------------------------
+    def request(self, a: dict) -> Any:
+        """`supervisorctl resume --list` / `resume [--checkpoint NAME] [--dry-run]` over the socket."""
+        try:
+            if a.get("list"):
+                return self.units()
+            if not a.get("dry_run") and self.busy():
+                raise RequestError("the training is running: stop it before restoring a checkpoint under it")
+            name = a.get("checkpoint")
+            return self.restore_now(str(name) if name else None, bool(a.get("dry_run")))
+        except TargetError as e:
+            raise RequestError(str(e)) from None
+
     def units(self) -> dict:
         sv = self._with(lambda rs: rs.survey(), record=False)
         return {"target": self.engine.display, "units": [u.to_json() for u in sv.units],

@@ -42,7 +42,8 @@ class Health:
         self.cap = retry_max_backoff
         self.alert_after = fail_alert_after
         self.backoff = Backoff()
-        self.fired = False
+        # an alert a previous daemon raised (alerts persist across restarts) is this one's to resolve
+        self.fired = _still_active(alerts)
         self.refused = ""      # the target's words while it refuses our credentials
         self.public = False    # ... because the repo is public (sync.hf_allow_public not set)
 
@@ -84,6 +85,11 @@ class Health:
             except Exception:  # noqa: BLE001 - alerting must never stop the sync
                 log.exception("sync_alert_resolve_failed")
 
+    @property
+    def alerted(self) -> bool:
+        """The "sync failing" alert is out (this daemon's or an earlier one's)."""
+        return self.fired
+
     def evaluate_alert(self) -> None:
         if self.alerts is None:
             return
@@ -102,3 +108,13 @@ class Health:
             self.alerts.fire(ALERT_KEY, "sync_failing", "warning", mail.subject, mail.body)
         except Exception:  # noqa: BLE001 - alerting must never stop the sync
             log.exception("sync_alert_fire_failed")
+
+
+def _still_active(alerts: AlertSink | None) -> bool:
+    active = getattr(alerts, "active", None)
+    if not callable(active):
+        return False
+    try:
+        return any(a.get("key") == ALERT_KEY for a in active())
+    except Exception:  # noqa: BLE001 - alerting must never stop the sync
+        return False

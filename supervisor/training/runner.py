@@ -38,6 +38,8 @@ BANNER_COMMAND_MAX = 2000   # the command as the banner repeats it, cut beyond t
 # The module the tmux pane runs; the name before the wings is kept so a daemon upgraded while a
 # training runs still re-adopts the runner the older version started.
 RUNNER_MODULES = ("supervisor.training.runner", "supervisor.runner")
+# Where the training is told to resume from: set by the daemon alone (the resume wing), for each start.
+RESUME_ENV = "TRAIN_SUPERVISOR_RESUME_FROM"
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     started_at: float | None = None
+    # `supervisorctl run`: `env` is the caller's whole environment (their PATH, venv, exports), not
+    # additions to the daemon's; kept here so a restart after a daemon restart runs it the same way
+    env_exact: bool = False
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
@@ -101,6 +106,25 @@ def is_banner(line: str) -> bool:
     return line.startswith(BANNER_PREFIX)
 
 
+def run_log_tail(path: str, run_id: int | None, n: int) -> list[str]:
+    """The last `n` lines run `run_id` wrote to the log (after its banner, the banners left out):
+    what a failure mail and `run` show. [] when the log cannot be read."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode("utf-8", "replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return []
+    start = f"{BANNER_PREFIX}{run_id} started"
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(start):
+            lines = lines[i + 1:]
+            break
+    return [ln[:300] for ln in lines if ln.strip() and not is_banner(ln)][-n:]
+
+
 def _signame(n: int) -> str:
     try:
         return signal.Signals(n).name
@@ -117,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         pass
     for s in JOB_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    env = dict(os.environ)
+    env = {} if spec.env_exact else dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()
     # set only by the daemon for this start (where to resume from); one inherited from the daemon's
     # own environment would point a fresh run at a checkpoint that may no longer be there
-    env.pop("TRAIN_SUPERVISOR_RESUME_FROM", None)
+    env.pop(RESUME_ENV, None)
     env.update(spec.env)
     # the banner is redacted in this process: the daemon's registry of secret values is not here
     register(*[v for k, v in spec.env.items() if secret_name(k)])
@@ -140,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     kwargs: dict = {}
     if spec.user:
         try:
-            kwargs = as_user(str(spec.user), env, set(spec.env))
+            # a `run` caller's HOME, USER and LOGNAME are theirs, not training.user's: those follow the user
+            kwargs = as_user(str(spec.user), env, set() if spec.env_exact else set(spec.env))
         except KeyError:
             msg = f"train-supervisor: cannot start the training: training.user {spec.user!r} does not exist\n"
             log.write(msg.encode())

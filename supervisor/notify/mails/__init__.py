@@ -32,4 +32,11 @@ def describe_exit(exit_code: int | None, signal: str | None) -> str:
         return f"killed by {signal}"
     if exit_code is None:
         return "exit status unknown"
-    return f"exit code {exit_code}"
+    return f"exit code {exit_code}{EXIT_MEANING.get(exit_code, '')}"
+
+
+# What the shell's own exit codes mean (the job runs under `bash -c`): the first thing to check.
+EXIT_MEANING = {
+    126: ": found but not executable (permission denied, or not a program)",
+    127: ": command not found (not on the PATH the job ran with)",
+}
