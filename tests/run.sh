@@ -2,7 +2,8 @@
 # The whole test suite, as the README runs it on a fresh Debian/Ubuntu machine (as root):
 # installs the system tools the tests use for real (tmux, rsync, sshd, gcc for the fake NVML
 # library, systemd-analyze), builds .venv with the test extra (and .venv-hf: a CPU torch, transformers
-# and peft for the real-Trainer resume test), then runs ruff and pytest.
+# and peft for the real-Trainer resume test; .venv-recipes: the Kubernetes, dstack and SkyPilot parsers
+# the recipes are checked with), then runs ruff and pytest.
 # A second run installs nothing. Arguments go to pytest: tests/run.sh -k alerts -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,8 @@ bash .ci/system-deps test
 bash .ci/venv test
 bash .ci/hf-venv
 [ -x .venv-hf/bin/python ] && [ -f .venv-hf/.installed ] && export TSUP_HF_PYTHON="$PWD/.venv-hf/bin/python"
+bash .ci/recipes-venv
+[ -x .venv-recipes/bin/python ] && [ -f .venv-recipes/.installed ] && export TSUP_RECIPES_PYTHON="$PWD/.venv-recipes/bin/python"
 echo "test: ruff"
 .venv/bin/ruff check supervisor tests
 echo "test: pytest"

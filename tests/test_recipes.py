@@ -6,7 +6,9 @@ it relies on. The train-supervisor config each recipe writes is parsed by our ow
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,21 @@ def test_skypilot_recipe_loads_with_skys_own_task_loader():
 
     task = sky.Task.from_yaml(str(RECIPES / "skypilot-task.yaml"))
     assert task.name == "train-qwen"
+
+
+# --- the engines' own parsers, in their own environment -------------------------------------------
+# Their dependencies are many and pinned, so they live in .venv-recipes (tests/run.sh builds it with
+# .ci/recipes-venv), not in the daemon's venv: the three checks above run there, by that interpreter.
+RECIPES_PY = os.environ.get("TSUP_RECIPES_PYTHON", "")
+ENGINE_TESTS = ("kubernetes_recipe_reads_as_the_clients_own_models or dstack_recipe_parses_with_dstacks_own "
+                "or skypilot_recipe_loads_with_skys_own_task_loader")
+
+
+@pytest.mark.skipif(not RECIPES_PY, reason="TSUP_RECIPES_PYTHON is not set (tests/run.sh builds .venv-recipes)")
+def test_each_recipe_passes_its_engines_own_parser_in_the_engines_environment():
+    repo = RECIPES.parents[1]
+    r = subprocess.run([RECIPES_PY, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rs",
+                        str(Path(__file__).relative_to(repo)), "-k", ENGINE_TESTS],
+                       cwd=repo, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "3 passed" in r.stdout and "skipped" not in r.stdout, \
+        r.stdout[-3000:] + r.stderr[-2000:]

@@ -490,10 +490,12 @@ def test_early_estimate_mailed_once_with_gpu_peak_and_budget(tmp_path, clock):
         clock.advance(10)
         tr.feed_line(tsup(step=5 * k, max_steps=3750), clock.time())
         tr.maybe_early_estimate(clock.time())
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     assert box.sent == []
     clock.advance(10)
     tr.feed_line(tsup(step=450, max_steps=3750), clock.time())
     tr.maybe_early_estimate(clock.time())   # 15 minutes in
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     assert len(box.sent) == 1
     subject, body = box.sent[0]
     # 3300 steps to go at 0.5/s = 6600 s; 900 s + 6600 s at EUR 3.90/h = EUR 8.13
@@ -504,6 +506,7 @@ def test_early_estimate_mailed_once_with_gpu_peak_and_budget(tmp_path, clock):
     for _ in range(30):
         clock.advance(60)
         tr.maybe_early_estimate(clock.time())
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     assert len(box.sent) == 1
     assert [a["kind"] for a in ctx.alerts.recent() if a.get("what") == "event"] == ["early_estimate"]
 
@@ -515,6 +518,7 @@ def test_early_estimate_over_budget_is_a_warning(tmp_path, clock):
         clock.advance(10)
         tr.feed_line(tsup(step=5 * k, max_steps=3750), clock.time())
     tr.maybe_early_estimate(clock.time())
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     subject, body = box.sent[0]
     assert subject.endswith("(over budget)") and "does NOT fit the budget of €5.00" in body
     assert "Peak GPU memory so far: unknown" in body
@@ -526,9 +530,11 @@ def test_early_estimate_waits_for_figures_then_sends_unknowns(tmp_path, clock):
     tr.start_run(1, clock.time())
     clock.advance(16 * 60)
     tr.maybe_early_estimate(clock.time())
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     assert box.sent == []           # no ETA yet: a little longer
     clock.advance(15 * 60)
     tr.maybe_early_estimate(clock.time())
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     subject, body = box.sent[0]
     assert subject == "Training estimate: finish time unknown" and 'TSUP {"step"' in body
 
@@ -541,6 +547,7 @@ def test_early_estimate_without_email_goes_to_the_log_only(tmp_path, clock):
         tr.feed_line(tsup(step=5 * k, max_steps=3750), clock.time())
     with structlog.testing.capture_logs() as logs:
         tr.maybe_early_estimate(clock.time())
+    tr.ctx.alerts.flush(10)  # delivery runs on the channel's own worker
     assert box.sent == []
     events = {e["event"]: e for e in logs}
     assert events["progress_estimate"]["eta_s"] == pytest.approx((3750 - 470) / 0.5)

@@ -46,13 +46,14 @@ class GuardConfig:
     max_idle_cost: float | None
     stop_grace: float = 30.0          # training.stop_grace: how long each of SIGINT and SIGTERM may take
     stalled_action: str = "alert"     # progress.stalled_action: "stop" counts a stalled run as idle
+    training_user: str = ""           # training.user: its log is read the way root may read it (safeopen)
 
     @classmethod
     def of(cls, cfg: Config) -> GuardConfig:
         return cls(cfg.idle, cfg.stop, cfg.training.on_finish, cfg.training.finish_grace, cfg.training.session,
                    tuple(cfg.stop.final_sync or cfg.sync.watch), cfg.sync.target, cfg.state_dir,
                    dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost,
-                   cfg.training.stop_grace, cfg.progress.stalled_action)
+                   cfg.training.stop_grace, cfg.progress.stalled_action, cfg.training.user or "")
 
     @property
     def interrupt_patience(self) -> float:
@@ -124,11 +125,12 @@ def finish_mode(on_finish: str, info: TrainingInfo) -> str:
     return on_finish
 
 
-def run_end(info: TrainingInfo) -> run_words.RunEnd:
+def run_end(info: TrainingInfo, user: str = "") -> run_words.RunEnd:
+    """`user`: the training user, who may have put a link where the log was (never followed)."""
     failed = info.state != TrainingState.FINISHED
     return run_words.RunEnd(not failed, info.run_id, info.exit_code, info.signal, info.command, info.started_at,
                             info.ended_at, info.log_path, info.workdir,
-                            tuple(run_log_tail(info.log_path, info.run_id, LOG_LINES)) if failed else ())
+                            tuple(run_log_tail(info.log_path, info.run_id, LOG_LINES, user)) if failed else ())
 
 
 def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:

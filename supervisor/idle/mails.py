@@ -83,7 +83,7 @@ class GuardMails:
         nxt = run_words.Next(finish_mode(self.conf.on_finish, info), idle.projection(self.m, self.th, now.wall)["stop_at"],
                              self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
                              stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
-        mail = run_words.ended(run_words.Ended(run_end(info), last_progress(self.progress, now.wall, self.conf.currency),
+        mail = run_words.ended(run_words.Ended(run_end(info, self.conf.training_user), last_progress(self.progress, now.wall, self.conf.currency),
                                                outputs(self.conf, r), nxt))
         self._send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
                    "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)

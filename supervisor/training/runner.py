@@ -106,16 +106,18 @@ def is_banner(line: str) -> bool:
     return line.startswith(BANNER_PREFIX)
 
 
-def run_log_tail(path: str, run_id: int | None, n: int) -> list[str]:
+def run_log_tail(path: str, run_id: int | None, n: int, user: str | None = None) -> list[str]:
     """The last `n` lines run `run_id` wrote to the log (after its banner, the banners left out):
-    what a failure mail and `run` show. [] when the log cannot be read."""
+    what a failure mail and `run` show. [] when the log cannot be read, or not safely: the log is
+    opened as the runner writes it (safeopen), so a training user who swapped it for a link to a
+    root-only file gets that file's lines into no mail."""
     if not path:
         return []
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_log(path, os.O_RDONLY, user or None), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
             lines = f.read().decode("utf-8", "replace").replace("\r", "\n").splitlines()
-    except OSError:
+    except OSError:  # UnsafeLog too
         return []
     start = f"{BANNER_PREFIX}{run_id} started"
     for i in range(len(lines) - 1, -1, -1):
