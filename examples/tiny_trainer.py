@@ -17,7 +17,8 @@ Trainer does, so train-supervisor can be shown (and tested) without a GPU or tor
 
 --fail-at STEP raises an exception (traceback, exit 1); --oom-at STEP dies the way PyTorch does when
 CUDA runs out of memory (`torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...`, exit 1).
---resume continues from the newest checkpoint. The .pt/.bin files are placeholders (JSON), not
+--resume continues from the newest checkpoint; TRAIN_SUPERVISOR_RESUME_FROM (set by train-supervisor)
+continues from that one. The .pt/.bin files are placeholders (JSON), not
 torch pickles; only their place and order in the folder matter here.
 """
 
@@ -329,8 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     history: list[dict] = []
     start_step = 0
     tokens_per_step = args.batch_size * args.seq_len
-    if args.resume and checkpoints(args.output):
-        step0, folder = checkpoints(args.output)[-1]
+    # train-supervisor names the newest complete checkpoint here (restored from the target on a new
+    # machine), as `trainer.train(resume_from_checkpoint=os.environ.get("TRAIN_SUPERVISOR_RESUME_FROM"))`
+    resume_from = os.environ.get("TRAIN_SUPERVISOR_RESUME_FROM")
+    found = [(int(json.load(open(os.path.join(resume_from, "trainer_state.json")))["global_step"]), resume_from)] \
+        if resume_from else checkpoints(args.output) if args.resume else []
+    if found:
+        step0, folder = found[-1]
         weights = read_safetensors(os.path.join(
             folder, "adapter_model.safetensors" if args.peft else "model.safetensors"))
         w, b = weights["linear.weight"], weights["linear.bias"][0]

@@ -10,12 +10,14 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
-from supervisor.config import Config, ConfigError, load, parse
+from supervisor.config import Config, ConfigError, load, nothing_watched, parse
 from supervisor.control import ClientError, RequestError, request
-from supervisor.render import render_alerts, render_status
+from supervisor.durations import format_bytes
+from supervisor.render import render_alerts, render_health, render_status
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -95,6 +97,9 @@ def cmd_idle_check(args: argparse.Namespace) -> int:
 
 
 def _print_training(res: dict) -> None:
+    if res.get("resuming"):
+        sys.stdout.write(f"{res.get('note')}\n")
+        return
     pid = f" (pid {res['pid']})" if res.get("pid") else ""
     sys.stdout.write(f"{res.get('session', 'train')}: {res.get('state')}{pid}\n")
 
@@ -125,13 +130,63 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Not sent with `run`: the shell's own bookkeeping and the terminal's (tmux gives the job its own),
+# and LS_COLORS, which alone can be most of the request.
+_RUN_ENV_DROP = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "TMUX", "TMUX_PANE", "LS_COLORS", "COLUMNS", "LINES",
+                           "PS1", "PS2", "PROMPT_COMMAND"})
+RUN_WATCH_S = 5.0  # `run` waits this long to see the job alive (a typo dies in its first second)
+RUN_TAIL_LINES = 15
+
+
+def run_env(environ: dict[str, str]) -> dict[str, str]:
+    """The caller's environment as `run` sends it: their PATH, venv or conda, exported variables."""
+    return {k: v for k, v in environ.items() if k not in _RUN_ENV_DROP and not k.startswith("BASH_FUNC_")}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     argv = [a for a in args.argv if a != "--"] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         sys.stderr.write("usage: supervisorctl run [--] CMD [ARGS...]\n")
         return EXIT_USAGE
-    _print_training(_req(args, "run", {"argv": argv}, timeout=30))
-    return EXIT_OK
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        sys.stderr.write("run: the current folder no longer exists; cd somewhere and try again\n")
+        return EXIT_USAGE
+    res = _req(args, "run", {"argv": argv, "cwd": cwd, "env": run_env(dict(os.environ))}, timeout=30)
+    _print_training(res)
+    return _watch_start(args, res.get("run_id"), res.get("log") or "")
+
+
+def _watch_start(args: argparse.Namespace, run_id: int | None, log_path: str) -> int:
+    """Like a shell, say at once when the command dies in its first seconds (not found, a typo, a
+    missing file): how it ended and its last log lines, with a non-zero exit."""
+    deadline = time.monotonic() + RUN_WATCH_S
+    while True:
+        tr = _req(args, "status")["training"]
+        if tr.get("run_id") != run_id or tr.get("state") not in ("STARTING", "RUNNING") or \
+                time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    state = tr.get("state")
+    if tr.get("run_id") != run_id or state in ("STARTING", "RUNNING", "STOPPING"):
+        _print_training(tr)
+        return EXIT_OK
+    if state == "FINISHED":
+        sys.stdout.write(f"{tr.get('session', 'train')}: FINISHED at once (exit code 0)\n")
+        return EXIT_OK
+    from supervisor.notify.mails import describe_exit
+
+    sys.stderr.write(f"run: the training {state} within its first seconds: "
+                     f"{describe_exit(tr.get('exit_code'), tr.get('signal'))}\n")
+    from supervisor.training.runner import run_log_tail
+
+    tail = run_log_tail(log_path, run_id, RUN_TAIL_LINES)
+    if tail:
+        sys.stderr.write(f"last lines of {log_path}:\n" + "".join(f"  {ln}\n" for ln in tail))
+    return EXIT_FAIL
+
+
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -225,15 +280,61 @@ def cmd_sync(args: argparse.Namespace) -> int:
         s = res.get("sync", {})
         sys.stdout.write(f"sync requested ({s.get('target') or 'no target configured'}: {s.get('state')})\n")
         return EXIT_OK
-    res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    done = threading.Event()
+    progress = threading.Thread(target=_sync_progress, args=(args, done), daemon=True)
+    progress.start()
+    try:
+        res = _req(args, "sync", {"wait": True, "timeout_s": args.timeout}, timeout=args.timeout + 30)
+    finally:
+        done.set()
+        progress.join(5)
     if res["ok"]:
         sys.stdout.write(f"in sync: {res['target'] or '(no target configured)'} holds {res['files']} files "
                          f"({res['bytes']} bytes); uploaded {res['uploaded_files']} now\n")
         return EXIT_OK
     sys.stderr.write(f"sync FAILED: {res['error']}\n")
-    for p in res.get("unsynced") or []:
-        sys.stderr.write(f"  not synced: {p}\n")
+    units = res.get("unsynced_units") or []
+    for line in units or [f"{p}" for p in res.get("unsynced") or []]:
+        sys.stderr.write(f"  not synced: {line}\n")
     return EXIT_FAIL
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    if args.list:
+        res = _req(args, "resume", {"list": True}, timeout=300)
+        sys.stdout.write(f"{res['target']}: newest complete: {res.get('newest_complete') or '-'}\n")
+        for u in res["units"]:
+            step = "-" if u.get("step") is None else str(u["step"])
+            sys.stdout.write(f"  {u['unit']:<32} step {step:>8}  {u['state']:<11} {format_bytes(u['bytes']):>10}  "
+                             f"saved {u.get('saved_at') or '-'} on {u.get('host') or '-'}"
+                             f"{'  (' + u['why'] + ')' if u.get('why') else ''}\n")
+        return EXIT_OK
+    res = _req(args, "resume", {"checkpoint": args.checkpoint, "dry_run": args.dry_run}, timeout=24 * 3600)
+    for s in res.get("skipped") or []:
+        sys.stdout.write(f"skipped {s['unit']}: {s['why']}\n")
+    for s in res.get("fallbacks") or []:
+        sys.stdout.write(f"not used {s['unit']}: {s['why']}\n")
+    verb = "would restore" if res.get("dry_run") else ("already here" if res.get("already_here") else "restored")
+    sys.stdout.write(f"{verb} {res['unit']} (step {res.get('step')}) -> {res['path']} "
+                     f"({format_bytes(res['bytes'])}, {res['seconds']}s)\n")
+    return EXIT_OK
+
+
+SYNC_PROGRESS_S = 5.0
+
+
+def _sync_progress(args: argparse.Namespace, done: threading.Event) -> None:
+    """While `sync --wait` waits: a line every few seconds with what is left and what is moving."""
+    while not done.wait(SYNC_PROGRESS_S):
+        try:
+            s = _req(args, "status", timeout=5).get("sync") or {}
+        except (ClientError, RequestError):
+            continue
+        rate = f" at {format_bytes(s['rate_bps'])}/s" if s.get("rate_bps") else ""
+        now = f", sending {s['current_file']}{rate}" if s.get("current_file") else ""
+        err = f"; last error: {s['last_error']}" if s.get("state") == "failing" and s.get("last_error") else ""
+        sys.stderr.write(f"waiting: {s.get('pending_files', 0)} files ({format_bytes(s.get('pending_bytes', 0))}) "
+                         f"to go, {s.get('state')}{now}{err}\n")
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
@@ -245,6 +346,39 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
         sys.stderr.write("usage: supervisorctl keepalive DURATION | --cancel\n")
         return EXIT_USAGE
     sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+    return EXIT_OK
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    req: dict = {}
+    if args.amount is not None:
+        req["amount"] = args.amount
+    if args.deadline is not None:
+        req["deadline"] = args.deadline
+    if args.runtime is not None:
+        req["runtime"] = args.runtime
+    res = _req(args, "budget", req)
+    sys.stdout.write((res.get("message") if isinstance(res, dict) and res.get("message") else json.dumps(res)) + "\n")
+    return EXIT_OK
+
+
+PRUNE_TIMEOUT_S = 900.0   # the content check of every folder to delete runs first
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete (or with --dry-run list) every local checkpoint the disk wing may delete (root only)."""
+    res = _req(args, "prune", {"dry_run": bool(args.dry_run)}, timeout=PRUNE_TIMEOUT_S)
+    if not res.get("ok"):
+        sys.stderr.write(f"prune: {res.get('error')}\n")
+        return EXIT_FAIL
+    for path in res.get("would_delete") or []:
+        sys.stdout.write(f"would delete {path}\n")
+    for path in res.get("deleted") or []:
+        sys.stdout.write(f"deleted {path}\n")
+    for path, why in sorted((res.get("kept") or {}).items()):
+        sys.stdout.write(f"kept    {path}: {why}\n")
+    if not (res.get("would_delete") or res.get("deleted") or res.get("kept")):
+        sys.stdout.write("no checkpoints found\n")
     return EXIT_OK
 
 
@@ -266,13 +400,48 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
-    problems = _channel_problems(cfg)
+    problems = nothing_watched(cfg) + _channel_problems(cfg)
     if problems:
         for p in problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
+    for w in _warnings(cfg):
+        sys.stderr.write(f"warning: {w}\n")
+    if cfg.sync.watch_default:
+        sys.stdout.write(f"sync.watch not set: watching {', '.join(cfg.sync.watch)} ({cfg.sync.watch_default})\n")
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
+
+
+def _warnings(cfg: Config) -> list[str]:
+    """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo."""
+    from supervisor.training.safeopen import open_folder_warning
+
+    out = []
+    if cfg.training.user:
+        w = open_folder_warning(cfg.training.log or str(Path(cfg.state_dir) / "train.log"), cfg.training.user)
+        out += [w] if w else []
+    if cfg.sync.target.startswith("hf://") and not cfg.sync.hf_allow_public:
+        out += [w for w in [_hub_public_warning(cfg)] if w]
+    return out
+
+
+def _hub_public_warning(cfg: Config) -> str:
+    """Asks the Hub (when it can be reached) whether the hf:// repo is public: the daemon would refuse it."""
+    import tempfile
+
+    from supervisor.sync.targets.hf_repo import HubRepo
+    from supervisor.syncurl import parse_target
+
+    try:
+        url = parse_target(cfg.sync.target)
+    except ValueError:
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        if HubRepo(url, cfg.sync, tmp, dict(os.environ)).is_public():
+            return (f"sync.target {cfg.sync.target}: {url.repo} is a public repo; the daemon refuses to upload "
+                    "there unless sync.hf_allow_public = true")
+    return ""
 
 
 def _channel_problems(cfg: Config) -> list[str]:
@@ -293,6 +462,16 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_alerts(res) + "\n")
     return EXIT_OK
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """A fresh GPU health check. Exit 0 OK, 1 BAD, 3 DEGRADED or UNKNOWN, 4 daemon unreachable."""
+    res = _req(args, "health", timeout=60.0)
+    if args.json:
+        sys.stdout.write(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(render_health(res) + "\n")
+    return {"OK": EXIT_OK, "BAD": EXIT_FAIL}.get(res.get("verdict") or "", EXIT_NOT_RUNNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -335,10 +514,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="block until the target holds everything")
     p.add_argument("--timeout", type=float, default=3600)
     p.set_defaults(fn=cmd_sync)
+    p = sub.add_parser("resume", help="the target's checkpoints (--list), or restore the newest complete one")
+    p.add_argument("--list", action="store_true", help="show the target's units: step, complete or not, size")
+    p.add_argument("--checkpoint", metavar="NAME", help="restore this unit instead of the newest complete one")
+    p.add_argument("--dry-run", action="store_true", help="say what would be restored, download nothing")
+    p.set_defaults(fn=cmd_resume)
     p = sub.add_parser("keepalive", help="postpone the idle stop, e.g. 2h")
     p.add_argument("duration", nargs="?")
     p.add_argument("--cancel", action="store_true")
     p.set_defaults(fn=cmd_keepalive)
+    p = sub.add_parser("budget", help="show or change a cap (root): budget +20, budget --deadline T")
+    p.add_argument("amount", nargs="?", help="+20 raises the spend cap by 20; 50 sets it")
+    p.add_argument("--deadline", help='a local time like "2026-12-05 08:00" or an ISO 8601 timestamp')
+    p.add_argument("--runtime", help="a runtime cap since boot, e.g. 12h")
+    p.set_defaults(fn=cmd_budget)
+
+    p = sub.add_parser("prune", help="delete local checkpoints verified off the machine (root)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted and why the rest stays")
+    p.set_defaults(fn=cmd_prune)
     p = sub.add_parser("check-config", help="validate the config without starting anything")
     p.add_argument("path", nargs="?")
     p.set_defaults(fn=cmd_check_config)
@@ -346,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=30)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_alerts)
+    p = sub.add_parser("health", help="check the GPUs now: OK, DEGRADED or BAD, and what to do")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_health)
     return ap
 
 
@@ -364,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as e:  # one line, never a traceback, whatever broke between us and the daemon
+        sys.stderr.write(f"supervisorctl: {e.strerror or e}\n")
+        return 4
 
 
 if __name__ == "__main__":

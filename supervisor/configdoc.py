@@ -151,7 +151,8 @@ def schema_keys() -> set[str]:
         if f.metadata.get("internal"):
             continue
         if f.name in C.SECTIONS:
-            out |= {f"{f.name}.{sf.name.rstrip('_')}" for sf in dataclasses.fields(C.SECTIONS[f.name])}
+            out |= {f"{f.name}.{sf.name.rstrip('_')}" for sf in dataclasses.fields(C.SECTIONS[f.name])
+                    if not sf.metadata.get("internal")}
         else:
             out.add(f.name.rstrip("_"))
     return out

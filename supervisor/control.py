@@ -4,8 +4,13 @@ Request:  {"cmd": "status", "args": {...}}\n   (at most MAX_REQUEST bytes, withi
 Reply:    {"ok": true, "result": ...}  or  {"ok": false, "error": "what is wrong"}
 
 Each connection gets its own thread (a `sync --wait` may block for minutes without holding up a
-`status`), with a cap on concurrent connections. Whatever a client sends, the worst it gets is an
-error reply: a handler's exception is caught and reported, never raised into the server.
+`status`), with a cap on concurrent connections. The request must be whole within READ_TIMEOUT in
+all (not per read: a client trickling a byte at a time is cut off at the deadline). Slots are
+counted per uid: a peer other than root and the daemon's user holds at most MEMBER_PER_UID, and all
+such peers together never more than MAX_CONNECTIONS - ROOT_RESERVED, so a socket_group member can
+never take the slots root needs to `status`, `keepalive` or `stop`. Whatever a client sends, the
+worst it gets is an error reply: a handler's exception is caught and reported, never raised into
+the server.
 
 Who asks is read from the socket itself (SO_PEERCRED), never from the request. Root and the
 daemon's own user may use every command; anyone else who can open the socket (a `socket_group`
@@ -37,6 +42,8 @@ log = structlog.get_logger("control")
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT = 5.0
 MAX_CONNECTIONS = 32
+ROOT_RESERVED = 8      # slots only root and the daemon's own user may take
+MEMBER_PER_UID = 4     # concurrent connections one other uid may hold
 
 Handler = Callable[[dict], Any]
 
@@ -90,7 +97,8 @@ class ControlServer:
         self.member_commands = frozenset(member_commands) if member_commands is not None else None
         self.owner_uid = os.geteuid()
         self._sock: socket.socket | None = None
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._slots_lock = threading.Lock()
+        self._held: dict[int, int] = {}   # uid (-1: unknown peer) -> connections it holds now
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -157,17 +165,48 @@ class ControlServer:
                 if self._stopping.is_set():
                     return
                 continue
-            if not self._slots.acquire(blocking=False):
-                self._reply(conn, {"ok": False, "error": "too many connections; try again"})
+            peer = peer_of(conn)
+            why = self._take_slot(peer)
+            if why:
+                conn.settimeout(0.5)  # the refusal must not block the accept loop
+                self._reply(conn, {"ok": False, "error": why})
                 conn.close()
                 continue
-            threading.Thread(target=self._handle, args=(conn,), name="control-conn", daemon=True).start()
+            threading.Thread(target=self._handle, args=(conn, peer), name="control-conn", daemon=True).start()
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _is_trusted(self, peer: Peer | None) -> bool:
+        return peer is not None and peer.uid in (0, self.owner_uid)
+
+    def _take_slot(self, peer: Peer | None) -> str:
+        """'' when `peer` may hold one more connection now (and it is counted), else why not."""
+        uid = peer.uid if peer is not None else -1
+        with self._slots_lock:
+            total = sum(self._held.values())
+            if self._is_trusted(peer):
+                if total >= MAX_CONNECTIONS:
+                    return "too many connections; try again"
+            else:
+                others = sum(n for u, n in self._held.items() if u not in (0, self.owner_uid))
+                if self._held.get(uid, 0) >= MEMBER_PER_UID:
+                    return f"too many connections from uid {uid} (at most {MEMBER_PER_UID} at once); try again"
+                if others >= MAX_CONNECTIONS - ROOT_RESERVED or total >= MAX_CONNECTIONS:
+                    return "too many connections; try again"
+            self._held[uid] = self._held.get(uid, 0) + 1
+            return ""
+
+    def _give_slot(self, peer: Peer | None) -> None:
+        uid = peer.uid if peer is not None else -1
+        with self._slots_lock:
+            n = self._held.get(uid, 0) - 1
+            if n > 0:
+                self._held[uid] = n
+            else:
+                self._held.pop(uid, None)
+
+    def _handle(self, conn: socket.socket, peer: Peer | None = None) -> None:
         try:
-            conn.settimeout(READ_TIMEOUT)
             try:
-                reply = self._dispatch(self._read(conn), peer_of(conn))
+                reply = self._dispatch(self._read(conn), peer)
             except Exception as e:  # noqa: BLE001 - every request gets an answer, even one we did not foresee
                 log.exception("control_request_failed")
                 reply = {"ok": False, "error": f"request could not be handled: {type(e).__name__}"}
@@ -176,12 +215,19 @@ class ControlServer:
             log.exception("control_connection_failed")
         finally:
             conn.close()
-            self._slots.release()
+            self._give_slot(peer)
 
     def _read(self, conn: socket.socket) -> bytes | dict:
+        import time
+
+        deadline = time.monotonic() + READ_TIMEOUT
         buf = bytearray()
         while b"\n" not in buf:
+            left = deadline - time.monotonic()
             try:
+                if left <= 0:
+                    raise TimeoutError
+                conn.settimeout(left)  # the whole request within READ_TIMEOUT, not each read
                 chunk = conn.recv(8192)
             except TimeoutError:
                 return {"ok": False, "error": f"request not complete within {READ_TIMEOUT:g}s"}
@@ -227,7 +273,10 @@ class ControlServer:
         # what goes back is shown (and socket_group members may ask): keys and tokens in commands,
         # URLs and errors are masked
         try:
-            return {"ok": True, "result": redact_obj(fn(args))}
+            # a handler that acts for its caller (`run`: their folder and environment) is told who
+            # the kernel says is calling, never who the request claims to be
+            out = fn(args, peer) if getattr(fn, "wants_peer", False) else fn(args)
+            return {"ok": True, "result": redact_obj(out)}
         except RequestError as e:
             return {"ok": False, "error": redact(str(e))}
         except Exception as e:  # noqa: BLE001
@@ -289,16 +338,19 @@ def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0
                               "and sync", 1) from None
         except OSError as e:
             raise ClientError(f"{path} is not a train-supervisor control socket ({e.strerror or e})", 1) from None
-        s.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
         buf = bytearray()
-        while True:
-            try:
+        try:
+            s.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
+            while True:
                 chunk = s.recv(65536)
-            except TimeoutError:
-                raise ClientError(f"train-supervisord did not answer {cmd!r} within {timeout:g}s", 4) from None
-            if not chunk:
-                break
-            buf += chunk
+                if not chunk:
+                    break
+                buf += chunk
+        except TimeoutError:
+            raise ClientError(f"train-supervisord did not answer {cmd!r} within {timeout:g}s", 4) from None
+        except OSError as e:  # reset, broken pipe: the daemon dropped us (busy, or going down)
+            raise ClientError(f"the connection to train-supervisord broke during {cmd!r} "
+                              f"({e.strerror or type(e).__name__}); try again", 4) from None
     finally:
         s.close()
     try:

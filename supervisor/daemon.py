@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import sys
@@ -25,24 +26,26 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
-from supervisor.config import Config, ConfigError, load
+from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, RequestError
+from supervisor.control import ControlServer, Peer, RequestError
 from supervisor.durations import parse_duration
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
+from supervisor.malloc import few_arenas, settle_memory
 from supervisor.notify.alerts import Alerts
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
 from supervisor.systemd_notify import notify, watchdog_interval
 from supervisor.training.job import Training, TrainingError, command_line
+from supervisor.training.runner import run_banner
 
 log = structlog.get_logger("daemon")
 
 # What a socket_group member (any peer but root and the daemon's own user) may ask: read and nudge.
 # start/restart/run start a process as root; stop ends someone's training (and, with
 # on_finish = "stop", stops the machine): those stay root's. A new command is root's until added here.
-MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync"})
+MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync", "health"})
 
 
 class Daemon:
@@ -50,6 +53,9 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
+        from supervisor.wiring import register_secrets
+
+        register_secrets(cfg)   # masked by value in every message from now on (supervisor.redact)
         dir_problems = secure_state_dir(cfg.state_dir, cfg.socket_group)
         self.store = StateStore(cfg.state_dir)
         for problem in dir_problems:
@@ -85,9 +91,15 @@ class Daemon:
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
-                                    store=self.store)
+                                    store=self.store, user=cfg.training.user or None,
+                                    since=run_banner(self.training.info().run_id))
+        from supervisor.disk.watch import DiskWatch
+
+        self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
+                              quiet=cfg.sync.quiet_period)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
-        self.hostcheck = HostCheck(self.ctx, disk_paths)
+        # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
+        self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)
 
         from supervisor.idle.guard import IdleGuard
         from supervisor.progress.stallwatch import StallWatch
@@ -98,6 +110,30 @@ class Daemon:
         from supervisor.spot.guard import SpotGuard
 
         self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
+
+        from supervisor.gpu.healthwatch import HealthWatch
+        from supervisor.idle.guard import stop_now
+
+        # GPU health: preflight at start and before every training start (Training's hook), faults live
+        self.health = HealthWatch(self.ctx, self.gpu.probe, self.training, rate=self._run_rate,
+                                  stop_machine=lambda why: stop_now(self.guard, why))
+        self.training.before_start = self.health.check_start
+
+        from supervisor.hooks.runner import Hooks
+        from supervisor.money.guard import MoneyGuard
+
+        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
+                           facts=lambda: self._hook_facts(hostname))
+        self.alerts.on_alert = self._on_alert
+        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.guard.cap_stop)
+        self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
+
+        from supervisor.resume.gate import ResumeGate
+
+        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname)
+        self.training.extra_env = self.resume.env
+        self.training.gate = self.resume.gate
+        self.resume.busy = lambda: self.training.state in TRAINING_ALIVE
 
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
@@ -135,7 +171,7 @@ class Daemon:
                                next_run_time=self._first_run)
 
     def _on_training_start(self, info: TrainingInfo) -> None:
-        self.follower.switch(info.log_path, start_at_end=True)
+        self.follower.switch(info.log_path, start_at_end=True, since=run_banner(info.run_id))
         self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
         self.progress.start_run(info.run_id, info.started_at or self.clock.time())
@@ -149,6 +185,21 @@ class Daemon:
         self.sync.request_sync()
         self.guard.on_training_ended(info)
         self.guard.poll_soon()
+
+    def _hook_facts(self, hostname: str) -> dict[str, object]:
+        """What every hook is told besides its event's own facts: the host, the target, and the newest
+        checkpoint the target holds."""
+        from supervisor.spot.decide import newest_unit
+
+        newest = newest_unit([h for h in self.spot._holdings() if h.on_target])
+        return {"host": hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
+                "checkpoint": newest.unit if newest else ""}
+
+    def _on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
+        if kind == "preemption":
+            self.hooks.fire("preemption", {"reason": subject, "alert_key": key})
+        if not kind.startswith("hook"):
+            self.hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
         """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
@@ -183,6 +234,16 @@ class Daemon:
         finally:
             self.guard.poll_if_due()
 
+    def _run_rate(self) -> tuple[int | None, float | None]:
+        """The current run and its step rate (the progress tracker's window): the health watch compares
+        it with the rate at the run's start."""
+        p = self.progress.snapshot(self.clock.time())
+        return p.get("run_id"), p.get("steps_per_s")
+
+    def _h_health(self, a: dict) -> dict:
+        self.health.preflight("on request", alert=False)
+        return self.health.status()
+
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
@@ -193,12 +254,16 @@ class Daemon:
         if before.state in TRAINING_ALIVE and before.started_at:
             self.oom.resume_run(before.started_at)  # also judges a run that ended while no daemon ran
         self.training.adopt()
-        self.follower.switch(self.training.log_path(), start_at_end=True)
         info = self.training.info()
+        # no saved position (killed in the run's first seconds): read from the run's banner
+        self.follower.switch(self.training.log_path(), start_at_end=True, since=run_banner(info.run_id))
         if info.state in (TrainingState.STARTING, TrainingState.RUNNING):
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
         self.sync.start()
         self.spot.boot()
+        # with a burn-in, autostart waits for it: the run must not share the GPUs with the load test
+        burn_first = bool(self.cfg.health.burn_in and self.cfg.training.autostart)
+        self.health.boot(then=self.training.maybe_autostart if burn_first else None)
         self.control.start()
         c = self.cfg
         if self._metrics_on():
@@ -208,7 +273,8 @@ class Daemon:
             for duty in DUTIES:
                 self._every(duty)
             self.scheduler.start()
-        self.training.maybe_autostart()
+        if not burn_first:
+            self.training.maybe_autostart()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,
                  socket=c.socket, state_dir=c.state_dir)
@@ -223,7 +289,7 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_signal)
         self.start()
-        _settle_memory()
+        settle_memory()
         # no timeout: the signal handler sets the event and wakes this wait (nothing polls at rest)
         self._stop.wait()
         # a SIGTERM that systemd did not send may be a container host taking the machine: sync first
@@ -241,6 +307,7 @@ class Daemon:
             pass
         self.control.close()
         self.spot.close()
+        self.resume.close()
         self.metrics.close()
         self.sync.close()
         self.gpu.close()
@@ -278,6 +345,11 @@ class Daemon:
             "metrics": self.metrics.status(),
             "orchestrator": self.orchestrator,
             "preemption": self.spot.status(),
+            "health": self.health.status(),
+            "budget": self.money.status(),
+            "hooks": self.hooks.status(),
+            "disk": self.disk.status(),
+            "resume": self.resume.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -285,12 +357,16 @@ class Daemon:
         return {
             "ping": lambda a: {"pong": True, "version": __version__},
             "status": lambda a: self.status(),
-            "start": lambda a: self._guarded(self.training.start),
+            "start": lambda a: self._guarded(lambda: self.resume.gate(self.training.start)),
             "stop": lambda a: self._guarded(self.training.stop, starts=False),
             "restart": lambda a: self._guarded(self.training.restart),
             "run": self._h_run,
             "sync": self._h_sync,
             "keepalive": self._h_keepalive,
+            "health": self._h_health,
+            "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
+            "prune": self._h_prune,
+            "resume": self.resume.request,  # root only: restores files under the watch folders
             "alerts": lambda a: {"active": self.alerts.active(),
                                  "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
         }
@@ -309,18 +385,27 @@ class Daemon:
             why = str(e) if isinstance(e, StateWriteError) else f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")
             raise RequestError(f"{why}; nothing was started") from None
 
-    def _h_run(self, a: dict) -> Any:
+    def _h_run(self, a: dict, peer: Peer | None = None) -> Any:
         argv = a.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
             raise RequestError('"run" needs "argv": a non-empty list of strings')
         if sum(len(x) for x in argv) > 16384:
             raise RequestError("command longer than 16 KiB")
-        return self._guarded(lambda: self.training.start(command=command_line(argv), adhoc=True))
+        cwd, env = run_context(a)
+        if (cwd is not None or env is not None) and (peer is None or peer.uid not in (0, os.geteuid())):
+            # refusal() let this caller through only as root or the daemon's own user; say so again
+            # here, where a process would start in a folder and environment the caller chose
+            raise RequestError("run: only root (or the daemon's own user) may start a process")
+        return self._guarded(lambda: self.resume.gate(
+            lambda: self.training.start(command=command_line(argv), adhoc=True, cwd=cwd, env=env)))
+
+    _h_run.wants_peer = True  # type: ignore[attr-defined]
 
     def _h_sync(self, a: dict) -> Any:
         wait = a.get("wait", False)
         if not isinstance(wait, bool):
             raise RequestError('"wait" must be true or false')
+        getattr(self.sync, "reload_credentials", lambda: None)()  # a credentials file fixed meanwhile
         self.sync.request_sync()
         if not wait:
             return {"requested": True, "sync": self.sync.status()}
@@ -329,7 +414,14 @@ class Daemon:
             raise RequestError('"timeout_s" must be a number of seconds between 0 and 86400')
         r = self.sync.wait_idle(float(timeout))
         return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
-                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50]}
+                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50],
+                "unsynced_units": r.unsynced_units[:50]}
+
+    def _h_prune(self, a: dict) -> Any:
+        dry = a.get("dry_run", False)
+        if not isinstance(dry, bool):
+            raise RequestError('"dry_run" must be true or false')
+        return self.disk.prune_now(dry_run=dry)
 
     def _h_keepalive(self, a: dict) -> Any:
         if a.get("cancel"):
@@ -365,7 +457,10 @@ DUTIES: tuple[Duty, ...] = (
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
+    Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
+    Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
+    Duty("disk", lambda c: 10.0, lambda d: d.disk.poll()),  # before the host check: it learns what we cover
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
     Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed
@@ -384,37 +479,21 @@ def _int(v: Any, name: str, lo: int, hi: int) -> int:
     return v
 
 
-def _libc() -> Any:
-    """The C library this process runs on (its own symbols: no find_library, which runs ldconfig)."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _few_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena; a dozen mostly idle threads
-    hold a MiB or more that way. Two are plenty for a daemon that waits (M_ARENA_MAX is -8)."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-8, 2)
-
-
-def _settle_memory() -> None:
-    """Once started: hand the heap the imports and the first scan left free back to the system
-    (glibc keeps it otherwise), so the daemon at rest holds only what it uses, and spare the
-    collector what stays."""
-    import gc
-
-    gc.collect()
-    # what is alive now (modules, config, the daemon's objects) lives as long as the process: the
-    # collector need not walk it again on every full collection
-    gc.freeze()
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+def run_context(a: dict) -> tuple[str | None, dict[str, str] | None]:
+    """The folder and environment `supervisorctl run` sends (its caller's), checked."""
+    cwd, env = a.get("cwd"), a.get("env")
+    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
+        raise RequestError('run: "cwd" must be an absolute path')
+    if env is not None:
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise RequestError('run: "env" must map variable names to strings')
+        bad = [k for k, v in env.items() if not _ENV_NAME.fullmatch(k) or "\0" in v]
+        if bad:
+            raise RequestError(f"run: not a valid environment variable: {bad[0][:40]!r}")
+    return cwd, env
 
 
 def _soon():
@@ -428,16 +507,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="config file (default $TRAIN_SUPERVISOR_CONFIG or "
                                      "/etc/train-supervisor/config.toml)")
     ap.add_argument("--version", action="version", version=__version__)
+    ap.add_argument("--check-config", action="store_true",
+                    help="exit 0 when the daemon would start with this config, else 2 naming each problem "
+                         "(train-supervisor-start --restart asks first, and keeps the running daemon if not)")
     args = ap.parse_args(argv)
     try:
         cfg = load(args.config)
+        if nothing_watched(cfg):
+            raise ConfigError(nothing_watched(cfg))
     except ConfigError as e:
         sys.stderr.write("train-supervisord: refusing to start, the config has problems:\n")
         for p in e.problems:
             sys.stderr.write(f"  {p}\n")
         return 2
+    if args.check_config:
+        sys.stdout.write(f"train-supervisord: the config is good: {cfg.source}\n")
+        return 0
     configure(cfg.log_level)
-    _few_arenas()
+    few_arenas()
     try:
         d = Daemon(cfg)
     except Exception as e:  # noqa: BLE001 - report clearly instead of a traceback in the journal
@@ -448,7 +535,25 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         log.error("daemon_failed", error=str(e))
         return 1
+    _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """Exit once shutdown() is done, without the interpreter's own wait: concurrent.futures joins
+    every executor thread at exit (the scheduler's duties, the S3 pools), so a duty or an upload in
+    flight (a process scan or an S3 part on a loaded machine, a metadata request) held the exit for
+    as long as it ran, past a caller's patience and systemd's TimeoutStopSec. Everything that must
+    outlive the daemon was written by shutdown(); the rest is what a kill -9 leaves, which every
+    state file survives."""
+    busy = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    log.info("daemon_exited", threads_not_waited_for=len(busy))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ class FinalSyncResult:
     # on success: what went up although it is not a whole checkpoint (a final sync sends every file)
     damaged: list[str] = field(default_factory=list)        # files failing their format check (paths here)
     partial_units: list[str] = field(default_factory=list)  # folders, each with why: "checkpoint-8 (never ...)"
+    unsynced_units: list[str] = field(default_factory=list)  # one line per folder: "PATH: 3 of 9 files (1.2 GB)"
+    newest: list[str] = field(default_factory=list)      # the newest checkpoint of each run folder held
+    unselected: list[str] = field(default_factory=list)  # checkpoint-like folders the policy never selects
 
 
 class SyncView(Protocol):

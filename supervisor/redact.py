@@ -19,16 +19,85 @@ api/access/secret/private/..., or auth as the last word - unless the last word s
 something else (file, path, dir, id, name, type, url, ...): `--token-file PATH` stays readable.
 `--max_tokens` and `--tokenizer` are not secrets (tokens and tokenizer are other words).
 
-Pure functions; no I/O. Over-redacting a harmless value is accepted, letting a secret through is not.
+By value as well as by pattern: every secret the daemon reads (the Hub token, the SMTP password, the
+webhook secret, S3 keys, secret-looking `training.env` values, the words of `stop.command` that carry
+a value) is `register`ed once, at start, and replaced by *** wherever it appears verbatim, whatever
+surrounds it (a Hub error message that echoes the token, `sshpass -p Hunter2pw`, `mysql -pS3cret`).
+
+No I/O. The registry is the module's one piece of state: written at start (and when a secret is read
+again), read by every `redact`. Over-redacting a harmless value is accepted, letting a secret through
+is not.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import shlex
+import threading
 from typing import Any
+from urllib.parse import quote
 
 MASK = "***"
+MIN_SECRET = 6      # shorter registered values would mask ordinary words and numbers
+
+_registry_lock = threading.Lock()
+_registered: frozenset[str] = frozenset()
+_by_value: re.Pattern | None = None
+
+
+def register(*values: str | None) -> None:
+    """Add secret values to the registry: each is masked wherever it appears from now on (also
+    URL-quoted). Values shorter than MIN_SECRET are ignored."""
+    global _registered, _by_value
+    new = set()
+    for v in values:
+        v = (v or "").strip()
+        if len(v) >= MIN_SECRET:
+            new.update({v, quote(v, safe="")})
+    with _registry_lock:
+        if new <= _registered:
+            return
+        _registered = _registered | new
+        alts = sorted(_registered, key=len, reverse=True)   # the longest first: no half-masked value
+        _by_value = re.compile("|".join(re.escape(a) for a in alts))
+        _redact_cached.cache_clear()
+
+
+def forget_registered() -> None:
+    """Empty the registry (tests)."""
+    global _registered, _by_value
+    with _registry_lock:
+        _registered, _by_value = frozenset(), None
+        _redact_cached.cache_clear()
+
+
+def command_secrets(command: str) -> list[str]:
+    """The values in a shell command that may be secrets, to `register`: the value of every option
+    (`--key V`, `-p V`, `--key=V`), a short option's attached value (`-pS3cret`), the word after a
+    secret-named word (`aws configure set aws_secret_access_key V`), `NAME=V` values, and every URL
+    (a hook URL is its own secret). Over-registering a harmless value only masks it."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    out = []
+    for i, w in enumerate(words):
+        prev = words[i - 1] if i else ""
+        if "://" in w:
+            out.append(w)
+        if w.startswith("--") and "=" in w:
+            out.append(w.split("=", 1)[1])
+        elif re.fullmatch(r"-[A-Za-z][^-\s].+", w):
+            out.append(w[2:])                       # -pS3cret
+        elif "=" in w and not w.startswith("-"):
+            out.append(w.split("=", 1)[1])
+        if prev.startswith("-") and not w.startswith("-") and len(prev) > 1:
+            out.append(w)
+        elif prev and secret_name(prev.split("=", 1)[0]) and not w.startswith("-"):
+            out.append(w)
+    # a path is not a secret, and masking it would hide where things are
+    return [v for v in out if len(v) >= MIN_SECRET and not v.startswith(("/", "./", "~/"))]
 
 _SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "passphrase", "pwd", "pass", "credential",
                            "credentials", "signature", "sig", "apikey", "cookie", "privatekey"})
@@ -119,6 +188,9 @@ def _redact_cached(text: str) -> str:
 
 
 def _redact(text: str) -> str:
+    by_value = _by_value
+    if by_value is not None:
+        text = by_value.sub(MASK, text)
     # each pattern only where its anchor occurs: most strings (states, paths, numbers) pass untouched
     text = _SHAPES.sub(MASK, text)
     if "://" in text and "@" in text:

@@ -44,8 +44,12 @@ def render_status(st: dict) -> str:
     elif st.get("gpu_error"):
         lines.append(f"gpus      none ({st['gpu_error']})")
     lines.extend(sync_lines(st))
+    lines.extend(disk_lines(st))
     lines.extend(idle_lines(st))
+    lines.extend(budget_lines(st))
     lines.extend(preemption_lines(st))
+    lines.extend(health_lines(st))
+    lines.extend(resume_lines(st))
     alerts = st.get("alerts") or []
     if alerts:
         for a in alerts[:5]:
@@ -186,6 +190,8 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
         lines.append(f"          partial {p}")
+    for d in (sy.get("unselected") or [])[:3]:
+        lines.append(f"          NOT SYNCED {d}: looks like a checkpoint, but no sync.include pattern selects it")
     err = sy.get("last_error")
     if err and sy.get("state") == "failing":
         retry = sy.get("next_retry_in_s")
@@ -194,6 +200,20 @@ def sync_lines(st: dict) -> list[str]:
     elif err:
         lines.append(f"          last error: {err}")
     return lines
+
+
+def disk_lines(st: dict) -> list[str]:
+    """The `disk` block: one forecast line per filesystem, then the last deletes (README "Disk space")."""
+    dk = st.get("disk") or {}
+    out = [f"disk      {fs.get('line', '')}" for fs in dk.get("filesystems") or []]
+    if out and dk.get("prune") == "synced":
+        out.append(f"          prune synced, keep_local {dk.get('keep_local')}: {dk.get('deleted', 0)} deleted "
+                   f"({format_bytes(dk.get('freed_bytes', 0))})")
+    for e in [e for e in dk.get("recent") or [] if e.get("event") in ("deleted", "delete_failed")][-3:]:
+        what = "deleted" if e["event"] == "deleted" else f"delete FAILED ({e.get('error', '')})"
+        out.append(f"          {what} {e.get('path')} ({format_bytes(e.get('bytes', 0))}, verified on "
+                   f"{e.get('target', 'the target')} {_clock(e.get('verified_at'), st.get('now') or 0)})")
+    return out
 
 
 def target_info_lines(info: dict) -> list[str]:
@@ -208,6 +228,31 @@ def target_info_lines(info: dict) -> list[str]:
              f"branch {info.get('revision') or 'main'}"]
     if info.get("warning"):
         lines.append(f"          WARNING: {info['warning']}")
+    return lines
+
+
+def budget_lines(st: dict) -> list[str]:
+    """`budget  spend cap 50.00 USD at 12:10 (in 2h)  stop begins 11:55  spent 38.20 USD` and the projection."""
+    b = st.get("budget") or {}
+    cap = b.get("cap")
+    if not cap:
+        return []
+    now = st.get("now") or 0
+    cur = b.get("currency") or ""
+    name = {"max_cost": f"spend cap {b.get('max_cost') or 0:.2f} {cur}", "deadline": "deadline",
+            "max_runtime": f"runtime cap {format_duration(b.get('max_runtime_s') or 0)}"}.get(cap["kind"], cap["kind"])
+    head = f"budget    {name} at {_clock(cap['at'], now)}  stop begins {_clock(cap['act_at'], now)}"
+    if b.get("spent") is not None:
+        head += f"  spent {b['spent']:.2f} {cur}"
+    lines = [head]
+    p = b.get("projection") or {}
+    if p.get("eta_at"):
+        need = f"{p['need_cost']:.2f} {cur} " if p.get("need_cost") is not None else ""
+        fits = "fits" if p.get("fits") else "does NOT fit: stops before the end"
+        ck = f", last checkpoint before the stop about checkpoint-{p['last_checkpoint']}" if p.get("last_checkpoint") else ""
+        lines.append(f"          at this rate the run needs {need}(ETA {_clock(p['eta_at'], now)}): {fits}{ck}")
+    if b.get("acted"):
+        lines.append(f"          stop asked for {b['acted']}")
     return lines
 
 
@@ -248,6 +293,8 @@ def idle_lines(st: dict) -> list[str]:
     if s.get("phase") == "interrupting":
         lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
                      "so it can save; the final sync follows its end")
+    if s.get("how") and state in ("ACTIVE", "IDLE", "WARNED"):
+        lines.append(f"          stops {s['how']}")
     if s.get("last_error"):
         lines.append(f"stop      {s['last_error'][:200]}")
     elif s.get("result"):
@@ -290,10 +337,41 @@ def preemption_lines(st: dict) -> list[str]:
     return out
 
 
+def resume_lines(st: dict) -> list[str]:
+    """The restore from the target before a start: progress, the wait while unreachable, the result."""
+    r = st.get("resume") or {}
+    state = r.get("state")
+    if not r.get("enabled") and state in (None, "idle"):
+        return []
+    if state == "restoring":
+        p = r.get("progress") or {}
+        eta = p.get("eta_s")
+        return [f"resume    restoring {p.get('unit') or '...'}: {_mib(p.get('bytes_done'))} of "
+                f"{_mib(p.get('bytes_total'))} MiB at {_mib(p.get('rate_bps'))} MiB/s"
+                f"{', ETA ' + format_duration(eta) if eta is not None else ''}"]
+    if state == "waiting":
+        return [f"resume    WAITING for the target (try {r.get('attempts')}, next in "
+                f"{format_duration(r.get('next_try_in_s'))}): {r.get('error')}"]
+    if state == "done":
+        return [f"resume    {r.get('line') or 'restored'}"]
+    if state in ("fresh", "failed"):
+        return [f"resume    {state}: {r.get('note') or r.get('error') or ''}"]
+    return [f"resume    on; resume from {r.get('resume_from') or 'nothing here yet'}"]
+
+
+def _mib(n: float | None) -> str:
+    return f"{(n or 0) / 2**20:.1f}"
+
+
 def notify_lines(st: dict) -> list[str]:
-    """A line per notification channel that is failing (the working ones say nothing)."""
+    """Where alerts go (or that they go nowhere but here), then a line per failing channel."""
     now = st.get("now") or 0
     out = []
+    if "notify" in st:
+        chans = (st.get("notify") or {}).get("channels") or []
+        out.append("notify    " + (", ".join(f"{c.get('kind') or c.get('name')} ({c.get('target')})" for c in chans)
+                                  if chans else "none: alerts reach only `supervisorctl alerts` and the log; "
+                                  "add [email] or [notify]"))
     for ch in (st.get("notify") or {}).get("channels") or []:
         if ch.get("state") != "failing":
             continue
@@ -335,3 +413,78 @@ def render_alerts(res: dict) -> str:
         via = f" [{a['channel']}]" if a.get("channel") and a.get("channel") != "email" else ""
         out.append(f"{t}  {what:<11} {a.get('kind', ''):<18} {a.get('subject', '')}{via}{extra}")
     return "\n".join(out) if out else "no alerts"
+
+
+def health_lines(st: dict) -> list[str]:
+    """The GPU health verdict: one line, and the advice when it is not OK."""
+    h = st.get("health") or {}
+    v = h.get("verdict")
+    if not v:
+        return []
+    if v == "OK":
+        unknown = len(h.get("unknown") or [])
+        return [f"health    OK ({h.get('count')} GPU(s)" + (f", {unknown} field(s) unknown" if unknown else "") + ")"]
+    out = [f"health    {v}" + (f": {h['advice'].splitlines()[0]}" if h.get("advice") else "")]
+    out += [f"          {ln}" for ln in (h.get("advice") or "").splitlines()[1:4]]
+    for f in (h.get("live") or [])[:3]:
+        out.append(f"          during the run: {'GPU ' + str(f['gpu']) + ': ' if f.get('gpu') is not None else ''}"
+                   f"{f.get('what')}")
+    if h.get("refused"):
+        out.append("          no training starts (health.on_bad)")
+    return out
+
+
+_HEALTH_COLUMNS = (("ecc_mode", "ECC"), ("ecc_uncorrected_volatile", "unc.vol"), ("ecc_uncorrected_aggregate", "unc.agg"),
+                   ("retired_pending", "retire.pend"), ("remap_pending", "remap.pend"), ("remap_failed", "remap.fail"),
+                   ("pcie_gen", "gen"), ("pcie_gen_max", "gen.max"), ("pcie_width", "width"),
+                   ("pcie_width_max", "width.max"), ("throttle", "clk.events"), ("temp_c", "temp C"),
+                   ("power_w", "power W"), ("persistence", "persist"), ("nvlink_down", "nvlink.down"),
+                   ("nvlink_up", "nvlink.up"))
+
+
+def _cell(k: str, v) -> str:
+    if v is None:
+        return "?"
+    if isinstance(v, bool):
+        return "on" if v and k in ("ecc_mode", "persistence") else "off" if k in ("ecc_mode", "persistence") \
+            else "yes" if v else "no"
+    if k == "throttle":
+        return hex(v)
+    if isinstance(v, float):
+        return f"{v:.0f}"
+    return str(v)
+
+
+def render_health(h: dict) -> str:
+    """`supervisorctl health`: the verdict, what to do, and every field per GPU ("?" = unknown)."""
+    lines = [f"verdict   {h.get('verdict') or 'not checked yet'}"
+             + (f" ({h.get('preflight')})" if h.get("preflight") else "")]
+    if h.get("advice"):
+        lines += [f"  {ln}" for ln in h["advice"].splitlines()]
+    exp = h.get("expect_gpus")
+    lines.append(f"gpus      {h.get('count') if h.get('count') is not None else 'none'}"
+                 + (f" of {exp} expected ({h.get('expect_source')})" if exp else " (no expectation set)")
+                 + f"; driver {h.get('driver_version') or '?'}, CUDA {h.get('cuda_version') or '?'}")
+    if h.get("nvml_error"):
+        lines.append(f"nvml      {h['nvml_error']}")
+    for g in h.get("gpus") or []:
+        if g.get("error"):
+            lines.append(f"GPU {g['index']}     {g.get('name') or ''}: {g['error']}")
+            continue
+        cells = ", ".join(f"{label} {_cell(k, g.get(k))}" for k, label in _HEALTH_COLUMNS)
+        lines.append(f"GPU {g['index']}     {g.get('name') or ''}: {cells}")
+    b = h.get("burn_in") or {}
+    if b.get("state") not in (None, "off"):
+        tf = b.get("tflops") or {}
+        lines.append(f"burn-in   {b.get('state')}" + (f": {b['note']}" if b.get("note") else "")
+                     + (": " + ", ".join(f"GPU {i} {v} TFLOP/s" for i, v in sorted(tf.items(), key=lambda x: int(x[0])))
+                        if tf else ""))
+    for n in h.get("notes") or []:
+        lines.append(f"note      {n}")
+    for f in h.get("live") or []:
+        lines.append(f"live      {'GPU ' + str(f['gpu']) + ': ' if f.get('gpu') is not None else ''}{f.get('what')}"
+                     f" — {f.get('advice')}")
+    if h.get("refused"):
+        lines.append(f"refused   {h['refused']}")
+    lines.append(f"on_bad    {h.get('on_bad')}")
+    return "\n".join(lines)

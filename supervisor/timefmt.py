@@ -41,3 +41,15 @@ def clock(t: float | None, now: float) -> str:
     delta = t - now
     rel = f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
     return f"{at} ({rel})"
+
+
+def parse_moment(text: str) -> float:
+    """A moment a person writes: `2026-12-05 08:00` (this machine's local time), or ISO 8601 with a
+    zone (`2026-12-05T08:00:00+01:00`, `...Z`). ValueError saying what was expected."""
+    s = text.strip()
+    try:
+        d = dt.datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
+    except ValueError:
+        raise ValueError(f'expected a local time like "2026-12-05 08:00" or an ISO 8601 timestamp, '
+                         f"got {text!r:.60}") from None
+    return (d if d.tzinfo else d.astimezone()).timestamp()

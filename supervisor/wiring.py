@@ -70,3 +70,63 @@ def build_channels(cfg: Config, *, hostname: str = "", facts: Callable[[str], di
     for p in problems:
         log.error("notify_channel_problem", problem=p)
     return out, problems
+
+
+def register_secrets(cfg: Config, env: dict[str, str] | None = None) -> int:
+    """Read every secret the config points at, once, and register it with the redactor (see
+    supervisor.redact): it is then masked in mails, chat, webhooks, status, the journal and the
+    logs wherever it appears. Returns how many values were registered. Unreadable files are skipped
+    here; the part that needs the secret reports them."""
+    import os
+
+    from supervisor import redact
+
+    env = dict(os.environ) if env is None else env
+    values: list[str] = []
+
+    def read(path: str) -> None:
+        if not path:
+            return
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8") as f:
+                values.extend(ln.strip() for ln in f.read().splitlines() if ln.strip())
+        except (OSError, UnicodeDecodeError):
+            pass
+
+    if cfg.email is not None:
+        read(cfg.email.password_file)
+    read(cfg.notify.webhook_secret_file)
+    read(cfg.idle.jupyter_token_file)
+    read(cfg.sync.hf_token_file)
+    from supervisor.sync.targets.hf_rules import stored_token_path
+
+    read(stored_token_path(env))
+    values += [env.get(k, "") for k in ("TRAIN_SUPERVISOR_SMTP_PASSWORD", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                                        "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")]
+    values += [v for k, v in env.items() if redact.secret_name(k)]
+    values += [v for k, v in cfg.training.env.items() if redact.secret_name(k)]
+    values += redact.command_secrets(cfg.stop.command)
+    values += [cfg.notify.webhook_url, *cfg.notify.urls]
+    if cfg.notify.urls_file:
+        try:
+            values += read_url_lines(cfg.notify.urls_file)
+        except ChannelSetupError:
+            pass
+    values += _aws_credentials(env)
+    redact.register(*values)
+    return len([v for v in values if v])
+
+
+def _aws_credentials(env: dict[str, str]) -> list[str]:
+    """The secret keys in the AWS shared credentials file (boto3 reads them from there too)."""
+    import configparser
+    import os
+
+    path = env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials")
+    cp = configparser.ConfigParser(interpolation=None)
+    try:
+        cp.read(path, encoding="utf-8")
+    except (configparser.Error, UnicodeDecodeError, OSError):
+        return []
+    return [v for sec in cp.sections() for k, v in cp.items(sec)
+            if k in ("aws_secret_access_key", "aws_session_token", "aws_security_token")]

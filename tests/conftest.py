@@ -57,6 +57,9 @@ def pytest_runtest_call(item):
 def _ends_what_it_started(request):
     yield
     _join_alert_threads()
+    from supervisor.redact import forget_registered
+
+    forget_registered()  # a secret one test registered must not mask another test's text
     tmp = request.node.funcargs.get("tmp_path")
     if tmp is not None:
         left = kill_under(tmp)

@@ -377,3 +377,22 @@ def test_parse_size_rejects(text):
 def test_format_bytes():
     assert format_bytes(None) == "unknown" and format_bytes(512) == "512 B"
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(5 * 1024**4) == "5.0 TiB"
+
+
+def test_a_target_with_nothing_watched_watches_the_output_dir_or_the_workdir_or_is_refused():
+    from supervisor.config import from_dict, nothing_watched
+    from supervisor.config.checks import command_output_dir
+
+    cfg = from_dict({"training": {"command": "python train.py --output_dir out/tiny --lr 1e-4",
+                                  "workdir": "/workspace"}, "sync": {"target": "/backup"}})
+    assert cfg.sync.watch == ["/workspace/out/tiny"] and "output_dir" in cfg.sync.watch_default
+    cfg = from_dict({"training": {"command": "python train.py", "workdir": "/workspace"},
+                     "sync": {"target": "/backup"}})
+    assert cfg.sync.watch == ["/workspace"] and cfg.sync.watch_default == "training.workdir"
+    cfg = from_dict({"training": {"command": "python train.py"}, "sync": {"target": "/backup"}})
+    assert cfg.sync.watch == [] and nothing_watched(cfg)[0].startswith("sync.watch: empty")
+    given = from_dict({"sync": {"target": "/backup", "watch": ["/w/o"]}, "training": {"workdir": "/x"}})
+    assert given.sync.watch == ["/w/o"] and not given.sync.watch_default and not nothing_watched(given)
+    assert command_output_dir("accelerate launch t.py --output-dir=/o/r", "") == "/o/r"
+    assert command_output_dir("python t.py --output_dir $OUT", "/w") == ""
+    assert command_output_dir("python t.py --output_dir 'unclosed", "/w") == ""

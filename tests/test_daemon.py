@@ -22,6 +22,7 @@ STATUS_KEYS = {
     "idle": {"state", "idle_since", "warn_at", "stop_at", "reasons", "keepalive_until"},
     "stop": {"action", "planned_at"},
     "cost": {"price_per_hour", "currency", "spent", "eta_cost"},
+    "disk": {"prune", "keep_local", "filesystems", "deleted", "freed_bytes", "recent", "last_prune"},
 }
 PROGRESS_KEYS = {"step", "max_steps", "epoch", "loss", "tokens_per_s", "eta_s"}
 
@@ -85,7 +86,7 @@ def test_finished_and_failed_through_the_daemon(tmp_path, make_daemon):
     assert tr["exit_code"] == 0
     assert d.ctl("status").returncode == 0  # FINISHED cleanly counts as OK
     r = d.ctl("run", "--", "sh", "-c", "exit 3")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and "FAILED within its first seconds: exit code 3" in r.stderr, r.stderr
     tr = d.wait_training("FAILED")
     assert tr["exit_code"] == 3 and tr["command"] == "sh -c 'exit 3'"
     assert d.ctl("status").returncode == 3

@@ -13,7 +13,8 @@ from supervisor import config as C
 from supervisor.configdoc import uncomment
 
 # Keys whose commented line shows an example rather than the default (the default is "unset").
-EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host"}
+EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host",
+            "budget.max_cost", "budget.deadline", "budget.max_runtime"}
 
 KEY_LINE = re.compile(r"^#?([a-z0-9_]+) = (.+)$")
 SECTION_LINE = re.compile(r"^#?\[([a-z_]+)\]$")
@@ -33,7 +34,8 @@ def schema_keys() -> dict[str, dataclasses.Field]:
         out[name] = f
     for section, cls in C.SECTIONS.items():
         for f in dataclasses.fields(cls):
-            out[f"{section}.{f.name.rstrip('_')}"] = f
+            if not f.metadata.get("internal"):
+                out[f"{section}.{f.name.rstrip('_')}"] = f
     return out
 
 

@@ -103,3 +103,20 @@ def test_unusable_paths_are_skipped(tmp_path, clock):
     ctx = make_ctx(tmp_path, clock, {"alerts": {"disk_free_min_pct": 100.0, "host_mem_min_pct": 0.0}})
     assert HostCheck(ctx, [str(tmp_path)], disk_usage=du).poll()["disks"] == []
     assert keys(ctx) == set()
+
+
+def test_a_filesystem_the_disk_wing_watches_gets_one_alert_not_two(tmp_path, clock):
+    from supervisor.disk.watch import DiskWatch
+
+    ctx = make_ctx(tmp_path, clock, {"alerts": {"disk_free_min_pct": 100.0}})
+    disk = DiskWatch(ctx, None, [str(tmp_path / "out")])
+    h = HostCheck(ctx, [str(tmp_path / "out"), str(tmp_path / "state")], covered=disk.covers)
+    disk.poll()
+    out = h.poll()
+    assert out["disks"]  # still measured and shown
+    (a,) = ctx.alerts.active()
+    assert a["kind"] == "disk_forecast" and a["subject"].startswith("disk almost full")
+    ctx.config.alerts.disk_free_min_pct = 0.0
+    disk.poll()
+    h.poll()
+    assert keys(ctx) == set()

@@ -17,11 +17,15 @@ MAY_IMPORT = {
     "notify": set(),
     "training": {"notify"},
     "progress": {"notify", "training"},
-    "idle": {"notify", "training", "progress"},
+    "idle": {"notify", "training", "progress", "hooks"},
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
     "sync": {"notify", "training"},
+    "resume": {"notify", "training", "sync"},
     "fleet": set(),
+    "hooks": {"notify"},
+    "money": {"notify", "training", "progress"},
+    "disk": {"notify", "training", "sync"},
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.
 WINGS[:] = sorted(MAY_IMPORT)

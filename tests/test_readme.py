@@ -94,3 +94,21 @@ def test_a_value_written_over_several_lines_stays_in_its_row():
     assert '"*results.json"]' in cell
     cell, desc = readme_rows()["sync.exclude"]
     assert cell == "`[]`" and "safetensors" not in desc
+
+
+def test_the_container_quickstart_follows_the_two_commands_and_its_config_is_good():
+    """The first screen gets a new user from nothing to a synced, alerted, stoppable run: the
+    quickstart comes right after "Try it", and the config it writes passes check-config."""
+    from supervisor.config import nothing_watched, parse
+
+    text = README.read_text()
+    heads = re.findall(r"^## (.+)$", text, re.M)
+    assert heads[heads.index("Try it: two commands") + 1].startswith("Quickstart: a RunPod or vast.ai container")
+    section = text.split("## Quickstart: a RunPod or vast.ai container", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"^cat > /etc/train-supervisor/config\.toml <<'EOF'\n(.*?)^EOF$", section, re.M | re.S)
+    assert m, "the quickstart writes the config with a here-document"
+    cfg = parse(m.group(1), "README quickstart")
+    assert not nothing_watched(cfg) and cfg.sync.watch and cfg.email is not None
+    assert cfg.stop.action == "command" and "runpodctl stop pod" in cfg.stop.command
+    assert "sudo" not in section.split("```sh", 1)[1].split("```", 1)[0]
+    assert "train-supervisor-start" in section and "supervisorctl run -- " in section

@@ -207,7 +207,7 @@ def test_a_final_sync_checks_by_content_only_what_came_since_the_last_one(make_e
     assert all(now[k] > max(first.values()) for k in new), now
     # and it survives a restart: a new engine on the same state dir trusts the same records
     e.close()
-    e2 = make_engine({**remote.sync, "watch": [str(out)]})
+    e2 = make_engine({**remote.sync, "watch": [str(out)]}, start=False)
     assert {k: v.checked for k, v in e2.ledger.files.items()} == now
 
 

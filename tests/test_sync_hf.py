@@ -341,11 +341,12 @@ def test_keep_last_deletes_old_checkpoints_in_a_commit(make_engine, hf_writer, f
     assert f"checkpoint-100/{MANIFEST_NAME}" in history[-2].tree
 
 
-def test_public_repo_is_used_with_a_warning(make_engine, hf_writer, fake_hub, token_file):
+def test_public_repo_is_used_with_a_warning_when_allowed(make_engine, hf_writer, fake_hub, token_file):
     fake_hub.make_repo("alice/open", private=False)
     hf_writer.adapter("lora")
     hf_writer.age(60)
-    e = make_engine({**hf_sync(fake_hub, token_file, "hf://alice/open"), "watch": [str(hf_writer.out)]})
+    e = make_engine({**hf_sync(fake_hub, token_file, "hf://alice/open", hf_allow_public=True),
+                     "watch": [str(hf_writer.out)]})
     assert e.wait_idle(60).ok
     info = base.describe(e.target)
     assert info["private"] is False and info["created"] is False
@@ -358,7 +359,7 @@ def test_dataset_repo_folder_and_branch(make_engine, hf_writer, fake_hub, token_
     hf_writer.checkpoint(5)
     hf_writer.age(60)
     e = make_engine({**hf_sync(fake_hub, token_file, "hf://datasets/alice/runs/exp/a", hf_revision="exp-1",
-                               hf_private=False),
+                               hf_private=False, hf_allow_public=True),
                      "watch": [str(hf_writer.out)]})
     assert e.wait_idle(60).ok
     repo = fake_hub.repo("alice/runs", "dataset")

@@ -148,3 +148,26 @@ def test_backoff_never_retries_before_retry_after_nor_parks_for_days():
     assert b.failed(700.0, cap=60.0, jitter=1.0, retry_after=1.0) == 4.0      # the backoff's own, when longer
     assert b.failed(704.0, cap=60.0, jitter=1.0, retry_after=1e9) == RETRY_AFTER_MAX_S
     assert b.failed(800.0, cap=60.0, jitter=0.5) == 8.0 and b.failing_for(800.0) == 700.0
+
+
+def test_twins_in_one_batch_go_up_once(make_engine, hf_writer, fake_hub, token_file):
+    """Two checkpoints whose training_args.bin and rng_state.pth are the same bytes, ready at once:
+    one LFS PUT per distinct sha256, both folders complete on the Hub (issue 23)."""
+    import hashlib
+
+    hf_writer.checkpoint(1)
+    hf_writer.checkpoint(2)
+    for name in ("training_args.bin", "rng_state.pth"):
+        same = hf_writer.contents["checkpoint-1"][name]
+        (hf_writer.out / "checkpoint-2" / name).write_bytes(same)
+        hf_writer.contents["checkpoint-2"][name] = same
+    hf_writer.age(60)
+    e = make_engine({**hf_sync(fake_hub, token_file), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    for unit in ("checkpoint-1", "checkpoint-2"):
+        assert_on_hub(fake_hub, "alice/run1", unit, hf_writer.contents[unit])
+    assert len(fake_hub.history("alice/run1")) == 2, "both units in one commit (one batch)"
+    assert set(fake_hub.object_puts.values()) == {1}, fake_hub.object_puts
+    lfs = {hashlib.sha256(data).hexdigest() for c in hf_writer.contents.values() for n, data in c.items()
+           if n.endswith((".bin", ".pt", ".pth", ".safetensors"))}
+    assert set(fake_hub.object_puts) == lfs

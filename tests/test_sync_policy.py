@@ -143,8 +143,24 @@ def test_enter_dir_skips_caches_and_cache_roots():
     assert not p.enter_dir("x/models--a--b", "/workspace/x/models--a--b")
     assert not p.enter_dir(".cache", "/workspace/.cache")
     assert p.enter_dir("runs", "/workspace/runs")  # "**/adapter_config.json" may be anywhere
-    q = Policy(["checkpoint-*/**"])
+    q = Policy(["./checkpoint-*/**"])              # anchored at the watched folder
     assert not q.enter_dir("runs", "/w/runs")      # nothing under runs/ can match: not walked
+
+
+def test_a_checkpoint_folder_pattern_matches_at_any_depth():
+    # issue 29: watch /workspace/out, output_dir /workspace/out/tiny: the run folder one level
+    # down was never uploaded while the final sync said "verified"
+    p = Policy(DEFAULT)
+    assert p.selects("tiny/checkpoint-5/model.safetensors")
+    assert p.selects("a/b/checkpoint-5/optimizer.pt")
+    assert p.unit_of("tiny/checkpoint-5/sub/x.pt", set()) == ("dir", "tiny/checkpoint-5")
+    assert p.enter_dir("tiny", "/w/tiny")
+    assert not p.selects("tiny/models--a/checkpoint-5/x")   # caches stay out at any depth
+    anchored = Policy(["./checkpoint-*/**"])
+    assert anchored.selects("checkpoint-5/x.pt") and not anchored.selects("tiny/checkpoint-5/x.pt")
+    explicit = Policy(["**/checkpoint-*/**"])  # written out: also gets its folder unit (manifest)
+    assert explicit.unit_of("run/checkpoint-7/x.pt", set()) == ("dir", "run/checkpoint-7")
+    assert folder_prefix("**/checkpoint-*/**") == "**/checkpoint-*"
 
 
 def test_units():

@@ -266,6 +266,18 @@ def test_without_systemd_the_readme_start_line_runs_restarts_and_readopts(tmp_pa
         assert len(sessions) == 1, sessions
         assert "exited with status" in log.read_text() and "restarting in 0.5s" in log.read_text()
 
+        # a config typo at --restart: the running daemon is kept, and the script says why
+        second = daemon_pid()
+        good = config.read_text()
+        config.write_text(good.replace("[training]", "[training]\nautostrat = true", 1))
+        r = start("--restart")
+        assert r.returncode == 2 and "NOT restarted" in r.stderr and "autostrat" in r.stderr, r.stdout + r.stderr
+        assert daemon_pid() == second and up()
+        config.write_text(good)
+        r = start("--restart")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_until(lambda: daemon_pid() not in (None, second) and up(), 30, what="the restarted daemon")
+
         second = daemon_pid()
         r = start("--stop")
         assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 
 from supervisor.config.schema import (
+    HOOK_EVENTS,
     PREEMPTION_PROVIDERS,
     TRAINING_SIGNALS,
     Config,
@@ -14,9 +16,63 @@ from supervisor.config.schema import (
     show_value,
 )
 from supervisor.syncurl import parse_target
+from supervisor.timefmt import parse_moment
+
+_OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
+
+
+def command_output_dir(command: str, workdir: str) -> str:
+    """The Trainer's output_dir a command names (`--output_dir X`, `--output-dir=X`), absolute
+    (relative ones are under `workdir`); "" when it names none or it cannot be placed."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return ""
+    for i, w in enumerate(words):
+        value = ""
+        if w in _OUTPUT_DIR_FLAGS and i + 1 < len(words):
+            value = words[i + 1]
+        elif w.startswith(tuple(f + "=" for f in _OUTPUT_DIR_FLAGS)):
+            value = w.split("=", 1)[1]
+        if value and not value.startswith(("$", "~")):
+            if os.path.isabs(value):
+                return os.path.normpath(value)
+            if workdir and os.path.isabs(workdir):
+                return os.path.normpath(os.path.join(workdir, value))
+    return ""
+
+
+NOTHING_WATCHED = ("sync.watch: empty, so nothing would ever reach sync.target; list the folders the "
+                   "training writes checkpoints to (its output_dir), e.g. watch = [\"/workspace/out\"], "
+                   "or set training.workdir (then it is watched)")
+
+
+def nothing_watched(cfg: Config) -> list[str]:
+    """What the daemon and check-config refuse (not the loader: a config read for one part, such
+    as a target's tests, may leave watch out): a target that nothing is ever synced to."""
+    s = cfg.sync
+    return [NOTHING_WATCHED] if s.target and not s.watch and not cfg.stop.final_sync else []
+
+
+def default_watch(cfg: Config, problems: list[str]) -> None:
+    """A target with nothing watched would sync nothing and call it "in sync" while checkpoints
+    pile up on the machine: watch the Trainer's output_dir when the command names one, else the
+    training's workdir (with neither, `nothing_watched` refuses it where a daemon would run)."""
+    s = cfg.sync
+    if not s.target or s.watch or cfg.stop.final_sync:
+        return
+    t = cfg.training
+    out = command_output_dir(t.command, t.workdir)
+    if out:
+        s.watch = [out]
+        s.watch_default = "the --output_dir of training.command"
+    elif t.workdir and os.path.isabs(t.workdir):
+        s.watch = [os.path.normpath(t.workdir)]
+        s.watch_default = "training.workdir"
 
 
 def cross_checks(cfg: Config, problems: list[str]) -> None:
+    default_watch(cfg, problems)
     t = cfg.training
     if t.autostart and not t.command:
         problems.append("training.autostart: needs training.command")
@@ -34,6 +90,9 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
         problems.append("max_idle_cost: needs price_per_hour")
     if cfg.progress.budget is not None and cfg.price_per_hour is None:
         problems.append("progress.budget: needs price_per_hour")
+    if not cfg.sync.hf_private and not cfg.sync.hf_allow_public and cfg.sync.target.startswith("hf://"):
+        problems.append("sync.hf_private: false makes a public repo; set sync.hf_allow_public = true "
+                        "if checkpoints are meant to be public")
     if cfg.sync.target:
         try:
             parse_target(cfg.sync.target)
@@ -52,8 +111,13 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     for i, p in enumerate(cfg.stop.final_sync):
         if not os.path.isabs(p):
             problems.append(f"stop.final_sync[{i}]: expected an absolute path, got {show_value(p)}")
+    if cfg.resume.from_target and not (cfg.sync.target and cfg.sync.watch):
+        problems.append("resume.from_target: needs sync.target and sync.watch (where to restore from and into)")
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
+    if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):
+        problems.append('disk.prune: "synced" needs sync.target and sync.watch (only what the target '
+                        'verifiably holds is ever deleted)')
     if cfg.email is not None:
         e = cfg.email
         if not e.to:
@@ -74,6 +138,7 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     _notify_checks(cfg, problems)
     _metrics_checks(cfg, problems)
     _preemption_checks(cfg, problems)
+    _budget_checks(cfg, problems)
     if not os.path.isabs(cfg.state_dir):
         problems.append(f"state_dir: expected an absolute path, got {show_value(cfg.state_dir)}")
     if not os.path.isabs(cfg.socket):
@@ -100,6 +165,29 @@ def _notify_checks(cfg: Config, problems: list[str]) -> None:
                         "\"whsec_...\" secret; the receiver checks each request's signature with it)")
     if n.webhook_secret_file and not n.webhook_url:
         problems.append("notify.webhook_url: required with notify.webhook_secret_file")
+
+
+def _budget_checks(cfg: Config, problems: list[str]) -> None:
+    b = cfg.budget
+    if b.max_cost is not None and cfg.price_per_hour is None:
+        problems.append("budget.max_cost: needs price_per_hour (the money since boot is counted at it)")
+    if b.deadline:
+        try:
+            parse_moment(b.deadline)
+        except ValueError as e:
+            problems.append(f"budget.deadline: {e}")
+    for i, h in enumerate(cfg.hooks):
+        if not h.run.strip():
+            problems.append(f"hooks[{i}].run: required (the command to run)")
+        if not h.events:
+            problems.append(f"hooks[{i}].events: at least one of {', '.join(HOOK_EVENTS)}")
+        for e in h.events:
+            if e not in HOOK_EVENTS:
+                problems.append(f"hooks[{i}].events: unknown event {show_value(e)}; expected any of "
+                                f"{', '.join(HOOK_EVENTS)}")
+        if h.required and "stop" not in h.events:
+            problems.append(f"hooks[{i}].required: only a hook on \"stop\" can hold anything up; "
+                            "add \"stop\" to its events or drop required")
 
 
 def _metrics_checks(cfg: Config, problems: list[str]) -> None:

@@ -18,6 +18,7 @@ from supervisor.config.schema import (
     SECTIONS,
     Config,
     ConfigError,
+    HookConfig,
     keyname,
     show_value,
 )
@@ -124,6 +125,9 @@ def _fill(obj: Any, prefix: str, table: dict, problems: list[str]) -> None:
     fields = {_toml_name(f): f for f in dataclasses.fields(obj) if not f.metadata.get("internal")}
     for name, value in table.items():
         key = f"{prefix}{keyname(name)}"
+        if name == "hooks" and not prefix:
+            obj.hooks = _hooks(value, problems)
+            continue
         f = fields.get(name)
         if f is None:
             hint = _close_match(name, fields)
@@ -143,6 +147,19 @@ def _fill(obj: Any, prefix: str, table: dict, problems: list[str]) -> None:
 
 
 _BAD = object()  # what _convert returns for a value it already reported
+
+
+def _hooks(value: Any, problems: list[str]) -> list[HookConfig]:
+    """[[hooks]]: an array of tables, each read like a section (`hooks[0].run: ...` names a problem)."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        problems.append(f"hooks: expected [[hooks]] tables, got {show_value(value)}")
+        return []
+    out = []
+    for i, table in enumerate(value):
+        h = HookConfig()
+        _fill(h, f"hooks[{i}].", table, problems)
+        out.append(h)
+    return out
 
 
 def _close_match(name: str, fields: dict) -> str | None:

@@ -96,9 +96,12 @@ class SyncConfig:
     known_hosts_file: str = _k("path", "")
     hf_token_file: str = _k("path", "")
     hf_private: bool = _k("bool", True)
+    hf_allow_public: bool = _k("bool", False)
     hf_revision: str = _k("str", "main")
     fail_alert_after: float = _k("duration", 300.0)
     retry_max_backoff: float = _k("duration", 300.0)
+    # not a key: where sync.watch came from when the config left it empty ("" when it was given)
+    watch_default: str = field(default="", compare=False, metadata={"internal": True})
 
 
 @dataclass
@@ -203,6 +206,49 @@ class PreemptionConfig:
 
 
 @dataclass
+class HealthConfig:
+    # 0: the GPU count NVML reported the first time this state_dir saw it (health.json)
+    expect_gpus: int = _k("int", 0, min=0, max=64)
+    burn_in: float = _k("duration", 0.0, max=600)
+    on_bad: str = _k("choice", "alert", choices=("alert", "refuse", "stop"))
+
+
+@dataclass
+class BudgetConfig:
+    max_cost: float | None = _k("optfloat", None, min=0)
+    deadline: str = _k("str", "")
+    max_runtime: float | None = _k("optduration", None, min=60)
+    warn_at: float = _k("float", 0.8, min=0.05, max=1.0)
+    margin: float = _k("duration", 300.0)
+
+
+HOOK_EVENTS = ("finish", "idle_warning", "stop", "preemption", "final_sync_done", "alert")
+
+
+@dataclass
+class HookConfig:
+    """One [[hooks]] entry (an array of tables: the loader reads it apart from the sections)."""
+
+    run: str = _k("str", "")
+    events: list[str] = _k("strlist", [])
+    timeout: float = _k("duration", 600.0, min=1)
+    required: bool = _k("bool", False)
+
+
+@dataclass
+class DiskConfig:
+    alert_before: float | None = _k("optduration", None, min=0)
+    prune: str = _k("choice", "off", choices=("off", "synced"))
+    keep_local: int = _k("int", 2, min=1)
+
+
+@dataclass
+class ResumeConfig:
+    from_target: bool = _k("bool", False)
+    if_unreachable: str = _k("choice", "wait", choices=("wait", "start_fresh"))
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -223,6 +269,11 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    hooks: list[HookConfig] = field(default_factory=list, metadata={"internal": True})  # [[hooks]]: load.py
+    disk: DiskConfig = field(default_factory=DiskConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -231,6 +282,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
+    "health": HealthConfig, "budget": BudgetConfig, "disk": DiskConfig, "resume": ResumeConfig,
 }
 
 

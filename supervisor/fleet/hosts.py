@@ -199,6 +199,8 @@ def host_line(r: HostResult, width: int = 16) -> str:
     sync = _d(st.get("sync"))
     if sync.get("state") == "failing":
         parts.append("SYNC FAILING")
+    if _d(st.get("health")).get("verdict") in ("BAD", "DEGRADED"):
+        parts.append(f"health {st['health']['verdict']}")
     n_alerts = len(_l(st.get("alerts")))
     if n_alerts:
         parts.append(f"{n_alerts} alert{'s' if n_alerts > 1 else ''}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -149,6 +148,17 @@ def exposition(st: dict) -> str:
     f.add(P + "cost_spent", "gauge", "Money spent on the current training so far.", cost.get("spent"), cur)
     f.add(P + "cost_to_finish", "gauge", "Money the training will cost until it finishes (estimate).",
           cost.get("eta_cost"), cur)
+    b = _d(st.get("budget"))
+    cap, proj = _d(b.get("cap")), _d(b.get("projection"))
+    bl = {"currency": b.get("currency") or "", "cap": cap.get("kind") or ""}
+    f.add(P + "budget_max_cost", "gauge", "The spend cap (budget.max_cost, money since boot).", b.get("max_cost"), bl)
+    f.add(P + "budget_spent", "gauge", "Money since this machine booted at price_per_hour.", b.get("spent"), bl)
+    f.add(P + "budget_cap_seconds_left", "gauge", "Seconds until the first cap (spend, deadline, runtime).",
+          cap.get("left_s"), bl)
+    f.add(P + "budget_stop_seconds_left", "gauge", "Seconds until the stop for the first cap begins.",
+          cap.get("act_left_s"), bl)
+    f.add(P + "budget_projected_cost", "gauge", "Money the run needs to its end at this rate, since boot.",
+          proj.get("need_cost"), bl)
 
     gpus = _l(st.get("gpus"))
     f.add(P + "gpus", "gauge", "GPUs the daemon sees.", len(gpus))
@@ -190,6 +200,23 @@ def exposition(st: dict) -> str:
     f.add(P + "sync_uploaded_files_total", "counter", "Files uploaded.", sync.get("uploaded_files"))
     f.add(P + "sync_uploaded_bytes_total", "counter", "Bytes uploaded.", sync.get("uploaded_bytes"))
 
+    disk = _d(st.get("disk"))
+    for fs in _l(disk.get("filesystems")):
+        fs = _d(fs)
+        lab = {"mount": fs.get("mount") or ""}
+        f.add(P + "disk_free_bytes", "gauge", "Free bytes on a training filesystem.", fs.get("free_bytes"), lab)
+        f.add(P + "disk_size_bytes", "gauge", "Size of a training filesystem.", fs.get("total_bytes"), lab)
+        f.add(P + "disk_full_in_seconds", "gauge", "Forecast: seconds until the save that would not fit.",
+              fs.get("full_in_s"), lab)
+        f.add(P + "disk_checkpoint_bytes", "gauge", "Size of the newest checkpoint.", fs.get("checkpoint_bytes"), lab)
+        f.add(P + "disk_checkpoints_local", "gauge", "Complete checkpoints on this filesystem.",
+              fs.get("checkpoints"), lab)
+        f.add(P + "disk_checkpoints_off_machine", "gauge", "Of those, verified off the machine.",
+              fs.get("verified_off"), lab)
+    f.add(P + "disk_pruned_total", "counter", "Local checkpoints deleted once verified on the target.",
+          disk.get("deleted"))
+    f.add(P + "disk_pruned_bytes_total", "counter", "Bytes those deletes freed.", disk.get("freed_bytes"))
+
     counts: dict[tuple[str, str], int] = {}
     for a in _l(st.get("alerts")):
         a = _d(a)
@@ -208,6 +235,40 @@ def exposition(st: dict) -> str:
         f.add(P + "notify_queued", "gauge", "Messages waiting for the channel.", ch.get("queued"), lab)
         f.add(P + "notify_last_success_timestamp_seconds", "gauge", "When the channel last delivered.",
               ch.get("last_ok_at"), lab)
+
+    h = _d(st.get("health"))
+    if h.get("verdict"):
+        f.enum(P + "gpu_health", "GPU health verdict (supervisorctl health): 1 for the current one.", h["verdict"],
+               ["OK", "DEGRADED", "BAD", "UNKNOWN"])
+        for fd in _l(h.get("findings")):
+            fd = _d(fd)
+            f.add(P + "gpu_health_problem", "gauge", "1 per health finding, by GPU, check and level.", 1,
+                  {"gpu": "" if fd.get("gpu") is None else fd["gpu"], "check": fd.get("check") or "",
+                   "level": fd.get("level") or ""})
+        for lf in _l(h.get("live")):
+            lf = _d(lf)
+            f.add(P + "gpu_health_live_fault", "gauge", "1 per GPU fault seen during the run.", 1,
+                  {"key": lf.get("key") or ""})
+        for g in _l(h.get("gpus")):
+            g = _d(g)
+            lab = {"gpu": g.get("index")}
+            f.add(P + "gpu_temperature_celsius", "gauge", "GPU temperature.", g.get("temp_c"), lab)
+            f.add(P + "gpu_power_watts", "gauge", "GPU power draw.", g.get("power_w"), lab)
+            f.add(P + "gpu_ecc_uncorrected_volatile", "gauge", "Uncorrectable ECC errors since the driver loaded.",
+                  g.get("ecc_uncorrected_volatile"), lab)
+            f.add(P + "gpu_pcie_link_width", "gauge", "Current PCIe link width.", g.get("pcie_width"), lab)
+            f.add(P + "gpu_clock_event_reasons", "gauge", "NVML clock-event (throttle) reasons bitmask.",
+                  g.get("throttle"), lab)
+    rs = _d(st.get("resume"))
+    if rs.get("enabled"):
+        f.add(P + "resume_waiting", "gauge", "1 while a training start waits for the target to restore a checkpoint.",
+              rs.get("state") == "waiting")
+        if rs.get("state") == "restoring":
+            prog = _d(rs.get("progress"))
+            f.add(P + "resume_restored_bytes", "gauge", "Bytes of the checkpoint being restored that are here.",
+                  prog.get("bytes_done"))
+            f.add(P + "resume_restore_total_bytes", "gauge", "Bytes of the checkpoint being restored.",
+                  prog.get("bytes_total"))
 
     orch = _d(st.get("orchestrator"))
     if orch.get("name"):
@@ -243,11 +304,16 @@ class MetricsServer:
         outer = self
 
         # here, not at the top: http.server costs ~1 MiB a daemon without a listener never uses
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
+
+        from supervisor.fleet.listener import BoundedHTTPServer, prefetched_setup
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "train-supervisor"
             sys_version = ""
+
+            def setup(self) -> None:
+                prefetched_setup(self)  # the head was read by the listener, under its deadline
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
@@ -270,24 +336,16 @@ class MetricsServer:
             def log_message(self, *a: Any) -> None:
                 pass
 
-        family = _family(host)
-
-        class Server(ThreadingHTTPServer):
-            address_family = family
-            daemon_threads = True
-
-        self._srv = Server((host, port), Handler)
+        # bounded threads and memory whatever the clients do (listener's docstring)
+        self._srv = BoundedHTTPServer(host, port, Handler, _family(host))
         self.address = self._srv.server_address[:2]
-        self._thread = threading.Thread(target=self._srv.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="metrics-http", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self._srv.start()
         log.info("metrics_listening", address=f"{self.address[0]}:{self.address[1]}")
 
     def close(self) -> None:
-        self._srv.shutdown()
-        self._srv.server_close()
+        self._srv.close()
 
 
 def _family(host: str) -> int:

@@ -2,10 +2,12 @@
 
 Owns the NVML probe (`nvml`, the only module that imports pynvml), the rolling GPU window and its
 alerts (`monitor`), out-of-memory detection in the log and the kernel (`oom`: `classify` is pure,
-the watcher around it a shell) and host memory and disk space (`hostcheck`).
+the watcher around it a shell), host memory and disk space (`hostcheck`), and GPU health: the
+verdict OK / DEGRADED / BAD and the faults during a run (`health`, pure) with its preflight, alerts
+and burn-in (`healthwatch`).
 
-Pure: none whole (`oom.classify` is). Shell: `nvml`, `monitor`, `oom`, `hostcheck`.
+Pure: `health` (and `oom.classify`). Shell: `nvml`, `monitor`, `oom`, `hostcheck`, `healthwatch`.
 May import: the core, notify, training. Imported by: the daemon.
 """
 
-PURE = ()
+PURE = ("health",)

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 import pynvml
 import structlog
 
+from supervisor.gpu.health import GpuHealth, HealthFacts
+
 log = structlog.get_logger("nvml")
 
 RETRY_INIT_S = 60.0
@@ -153,6 +155,7 @@ class _Device:
     uuid: str | None = None
     mig: bool | None = None
     error: str | None = None      # handle could not be obtained
+    nvlink: bool = True           # False once no link answered: a GPU without NVLink is not asked again
 
 
 @dataclass
@@ -179,6 +182,8 @@ class NvmlProbe:
         self._next_try = float("-inf")
         self._mem_v2 = True
         self._procs_fn: str = "v3"
+        self._clk_fn = "event"      # nvmlDeviceGetCurrentClocksEventReasons, else the older Throttle name
+        self._temp_v = True         # nvmlDeviceGetTemperatureV, else the deprecated nvmlDeviceGetTemperature
 
     @property
     def error(self) -> str | None:
@@ -366,6 +371,112 @@ class NvmlProbe:
             return [GpuProcess(int(p.pid), _mem(p.usedGpuMemory)) for p in v]
         return Unknown(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "no process-list entry point")
 
+    # --- health (supervisor.gpu.health judges what this reads) --------------------------------------
+    def health(self) -> HealthFacts:
+        """Every health field of every GPU, each through `_query`: a field this GPU or driver does
+        not give reads None (unknown), a lost GPU reads as its error. Never raises."""
+        with self._lock:
+            try:
+                if self._state is None and not self._init():
+                    return HealthFacts(error=self._error)
+                if self.library_path and pynvml.nvmlLib is not self._lib:
+                    self._install_lib()
+                st = self._state
+                assert st is not None
+                cuda = _known(_query(pynvml.nvmlSystemGetCudaDriverVersion))
+                cuda_s = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) and cuda > 0 else None
+                return HealthFacts(tuple(self._device_health(d) for d in st.devices), len(st.devices), None,
+                                   st.driver, cuda_s)
+            except Exception as e:  # noqa: BLE001 - a probe bug reads as "unknown"
+                log.exception("nvml_health_failed")
+                return HealthFacts(error=f"NVML probe failed: {type(e).__name__}: {e}")
+
+    def _device_health(self, d: _Device) -> GpuHealth:
+        if d.handle is None:
+            return GpuHealth(d.index, d.name, d.uuid, error=d.error or "no handle")
+        h = d.handle
+        fatal: list[str] = []
+
+        def check(v: Any) -> Any:
+            if isinstance(v, Unknown):
+                if v.code in _DEVICE_FATAL:
+                    fatal.append(_DEVICE_FATAL[v.code])
+                return None
+            return v
+
+        def q(fn: Callable[..., Any], *args: Any) -> Any:
+            return check(_query(fn, h, *args))
+
+        ecc = q(pynvml.nvmlDeviceGetEccMode)
+        unc = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        rows = q(pynvml.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failed)
+        power = q(pynvml.nvmlDeviceGetPowerUsage)
+        util = q(pynvml.nvmlDeviceGetUtilizationRates)
+        up, down = self._nvlinks(h, fatal) if d.nvlink else (None, None)
+        d.nvlink = d.nvlink and (up is not None or bool(fatal))
+        g = GpuHealth(
+            d.index, d.name, d.uuid,
+            ecc_mode=bool(ecc[0]) if ecc is not None else None,
+            ecc_uncorrected_volatile=_int(q(pynvml.nvmlDeviceGetTotalEccErrors, unc, pynvml.NVML_VOLATILE_ECC)),
+            ecc_uncorrected_aggregate=_int(q(pynvml.nvmlDeviceGetTotalEccErrors, unc, pynvml.NVML_AGGREGATE_ECC)),
+            retired_pending=_bool(q(pynvml.nvmlDeviceGetRetiredPagesPendingStatus)),
+            remap_pending=bool(rows[2]) if rows is not None else None,
+            remap_failed=bool(rows[3]) if rows is not None else None,
+            pcie_gen=_int(q(pynvml.nvmlDeviceGetCurrPcieLinkGeneration)),
+            pcie_gen_max=_int(q(pynvml.nvmlDeviceGetMaxPcieLinkGeneration)),
+            pcie_width=_int(q(pynvml.nvmlDeviceGetCurrPcieLinkWidth)),
+            pcie_width_max=_int(q(pynvml.nvmlDeviceGetMaxPcieLinkWidth)),
+            throttle=_int(check(self._clock_reasons(h))),
+            temp_c=_int(check(self._temperature(h))),
+            power_w=power / 1000.0 if isinstance(power, int) else None,
+            persistence=_bool(q(pynvml.nvmlDeviceGetPersistenceMode)),
+            nvlink_up=up, nvlink_down=down,
+            util_pct=float(util.gpu) if util is not None else None,
+        )
+        if fatal:
+            return GpuHealth(d.index, d.name, d.uuid, error=fatal[0])
+        return g
+
+    def _clock_reasons(self, h: Any) -> Any:
+        """ClocksEventReasons (drivers >= 535), else the older ClocksThrottleReasons; remembered."""
+        if self._clk_fn == "event":
+            v = _query(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+            if not (isinstance(v, Unknown) and v.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return v
+            log.info("nvml_fallback", call="nvmlDeviceGetCurrentClocksEventReasons", to="ClocksThrottleReasons")
+            self._clk_fn = "throttle"
+        return _query(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+
+    def _temperature(self, h: Any) -> Any:
+        """TemperatureV (the deprecated nvmlDeviceGetTemperature goes with CUDA 14), else the old call."""
+        if self._temp_v:
+            v = _query(pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU)
+            if not (isinstance(v, Unknown) and v.code in (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                                                          pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)):
+                return v
+            log.info("nvml_fallback", call="nvmlDeviceGetTemperatureV", to="nvmlDeviceGetTemperature")
+            self._temp_v = False
+        return _query(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+
+    @staticmethod
+    def _nvlinks(handle: Any, fatal: list[str]) -> tuple[int | None, int | None]:
+        """Links that answer, active and inactive; (None, None) when no link answers (no NVLink)."""
+        up = down = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            v = _query(pynvml.nvmlDeviceGetNvLinkState, handle, link)
+            if isinstance(v, Unknown):
+                if v.code in _DEVICE_FATAL:
+                    fatal.append(_DEVICE_FATAL[v.code])
+                    break
+                if v.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                    break  # past the device's last link
+                continue
+            if v:
+                up += 1
+            else:
+                down += 1
+        return (up, down) if up or down else (None, None)
+
     def _drain_events(self, st: _State) -> tuple[XidEvent, ...]:
         if st.event_set is None:
             return ()
@@ -382,3 +493,15 @@ class NvmlProbe:
         if out:
             log.warning("nvml_xid", events=[(e.index, e.xid) for e in out])
         return tuple(out)
+
+
+def _known(v: Any) -> Any:
+    return None if isinstance(v, Unknown) else v
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _bool(v: Any) -> bool | None:
+    return bool(v) if isinstance(v, int) else None

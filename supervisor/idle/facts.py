@@ -16,10 +16,12 @@ import structlog
 from supervisor.config import Config, IdleConfig, StopConfig
 from supervisor.idle import machine as idle
 from supervisor.idle.machine import IdleMachine, Signals, Thresholds
-from supervisor.idle.stop import StopRecord
+from supervisor.idle.stop import StopRecord, stop_how
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.notify.mails import training as run_words
+from supervisor.notify.mails.stall import LOG_LINES
 from supervisor.states import IdleState, TrainingState
+from supervisor.training.runner import run_log_tail
 
 log = structlog.get_logger("idle")
 
@@ -110,9 +112,23 @@ def looks_stalled(sig: Signals) -> bool:
     return sig.training_alive and not sig.active
 
 
+EARLY_FAIL_S = 60.0  # a run that fails this soon never got going: a typo, a missing file
+
+
+def finish_mode(on_finish: str, info: TrainingInfo) -> str:
+    """What a run's end does: training.on_finish, except that a run failing in its first minute
+    books no stop ("early-fail": the alert alone; the owner is typing, not gone)."""
+    if (info.state == TrainingState.FAILED and info.started_at is not None and info.ended_at is not None
+            and info.ended_at - info.started_at < EARLY_FAIL_S and on_finish == "stop"):
+        return "early-fail"
+    return on_finish
+
+
 def run_end(info: TrainingInfo) -> run_words.RunEnd:
-    return run_words.RunEnd(info.state == TrainingState.FINISHED, info.run_id, info.exit_code, info.signal,
-                            info.command, info.started_at, info.ended_at, info.log_path, info.workdir)
+    failed = info.state != TrainingState.FINISHED
+    return run_words.RunEnd(not failed, info.run_id, info.exit_code, info.signal, info.command, info.started_at,
+                            info.ended_at, info.log_path, info.workdir,
+                            tuple(run_log_tail(info.log_path, info.run_id, LOG_LINES)) if failed else ())
 
 
 def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
@@ -120,7 +136,8 @@ def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
         return run_words.Outputs(sync_target=conf.sync_target, paths=conf.final_paths)
     return run_words.Outputs(r.ok, r.files, r.bytes, r.target, r.error, tuple(r.unsynced), conf.final_paths,
                              conf.sync_target, tuple(getattr(r, "damaged", None) or ()),
-                             tuple(getattr(r, "partial_units", None) or ()))
+                             tuple(getattr(r, "partial_units", None) or ()),
+                             tuple(getattr(r, "newest", None) or ()), tuple(getattr(r, "unselected", None) or ()))
 
 
 def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastProgress | None:
@@ -165,6 +182,7 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
         },
         "stop": {
             "action": conf.stop.action,
+            "how": stop_how(conf.stop),
             "planned_at": live.planned_at if live else stop_at,
             "phase": live.phase.value if live else None,
             "reason": live.reason if live else (m.stop_reason or None),

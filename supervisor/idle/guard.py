@@ -22,7 +22,9 @@ from supervisor.context import Context
 from supervisor.durations import format_duration
 from supervisor.idle import machine as idle
 from supervisor.idle.activity import Probes
-from supervisor.idle.facts import GuardConfig, Jobs, last_progress, looks_stalled, outputs, run_end, status_of
+from supervisor.idle.caps import CapStops
+from supervisor.idle.facts import GuardConfig, Jobs, finish_mode, status_of
+from supervisor.idle.finalwatch import EndSync
 from supervisor.idle.machine import (
     AbortStop,
     BeginStop,
@@ -33,19 +35,18 @@ from supervisor.idle.machine import (
     Signals,
     Thresholds,
 )
+from supervisor.idle.mails import GuardMails
 from supervisor.idle.stop import (
     StopActionError,
     StopRecord,
     StopSequence,
     describe_action,
-    may_act_without_sync,
 )
 from supervisor.interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
 from supervisor.notify.alerts import Alerts
-from supervisor.notify.mails import Mail, describe_exit
+from supervisor.notify.mails import describe_exit
 from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import stall as stall_words
-from supervisor.notify.mails import training as run_words
 from supervisor.progress import stall
 from supervisor.statefile import StateStore
 from supervisor.states import TRAINING_ALIVE, IdleState, StopPhase, TrainingState
@@ -58,7 +59,7 @@ P = StopPhase
 STILL_UP_AFTER_S = 600.0  # a real stop action "succeeded" but the machine is still here: say so
 
 
-class IdleGuard:
+class IdleGuard(GuardMails, CapStops):
     def __init__(self, conf: GuardConfig, clock: Clock, store: StateStore, alerts: Alerts,
                  training: TrainingView, gpu: GpuView | None, sync: SyncView, progress: Any = None, *,
                  tmux_socket: str | None = None, runners: dict | None = None, env: dict[str, str] | None = None,
@@ -81,6 +82,7 @@ class IdleGuard:
                                     command_env=conf.training_env, runners=runners, env=env)
         self._signals = Signals()
         self._last_info: TrainingInfo | None = None
+        self.end_sync = EndSync(alerts)  # the final sync at a run's end, failing told at once
         self._stop_queued = False
         self._stop_seen = ""
         self._finish_queued: int | None = None
@@ -182,6 +184,8 @@ class IdleGuard:
         for a in actions:
             if isinstance(a, SendWarning):
                 self._mail_warning(a, now)
+                self._fire("idle_warning", {"reason": "idle", "idle_s": round(a.idle_s),
+                                            "stop_at": round(now.wall + a.stop_in_s), "target": self.conf.sync_target})
             elif isinstance(a, SendCancelled):
                 self._send(f"idle:cancelled:{a.cycle}", "stop_cancelled", "info", words.cancelled(
                     words.Cancelled(now.wall, a.reasons, a.during_stop, self.th.warn_after)))
@@ -215,8 +219,8 @@ class IdleGuard:
             return
         if rec.phase in (P.INTERRUPTING, P.FINAL_SYNC) and not self._training_gone(rec, info, now):
             return  # the final sync waits for the training's end: what it saves on the way out goes up too
-        if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono:
-            return
+        if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono and not self._cap_due():
+            return  # the retry waits, unless a cap's moment comes first
         self._stop_queued = True
         self.jobs.submit("stop", self._stop_attempt)
 
@@ -252,11 +256,7 @@ class IdleGuard:
             log.warning("training_interrupt_failed", error=str(e))
 
     def _final_sync(self) -> FinalSyncResult:
-        try:
-            return self.sync.final_sync(list(self.conf.final_paths), self.conf.stop.final_sync_timeout)
-        except Exception as e:  # noqa: BLE001 - a crashing sync is a failed sync, never a stop
-            log.exception("final_sync_raised")
-            return FinalSyncResult(ok=False, target="", error=f"final sync raised {type(e).__name__}: {e}")
+        return self.end_sync.final(self.sync, list(self.conf.final_paths), self._sync_timeout())
 
     def _stop_attempt(self) -> None:
         try:
@@ -272,6 +272,7 @@ class IdleGuard:
                 return
             phase = rec.phase
         if phase == P.FINAL_SYNC:
+            why = ""
             result = self._final_sync()
             now = self._now()
             info = self._info()
@@ -281,13 +282,24 @@ class IdleGuard:
                 self.stopper.record_sync(result, now.wall, now.mono)
                 if info.state in TRAINING_ALIVE and info.run_id != rec.interrupted_run:
                     return  # a training started meanwhile: the next poll interrupts it, then syncs again
-                if not result.ok:
-                    why = may_act_without_sync(self.conf.stop, self._idle_cost(), self.conf.max_idle_cost,
-                                               self.conf.currency)
-                    if not why:
-                        self._alert_sync_failed(result)
-                        return
-                    self.stopper.force(why, now.wall)
+                if not result.ok and not (why := self._may_force()):
+                    self._alert_sync_failed(result)
+                    return
+                if result.ok:
+                    self._fire("final_sync_done", self._hook_facts(rec, result))
+            held = self._stop_hooks_hold(rec)  # outside the lock: a hook may take its whole timeout
+            now = self._now()
+            with self._lock:
+                if self.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != P.FINAL_SYNC:
+                    return
+                if held and not (why := why or self._may_force()):
+                    self.stopper.hold(held, now.wall, now.mono)
+                    self.alerts.fire("stop:failing", "stop_failed", "critical", f"stop held: {held[:100]}",
+                                     f"{held}\nThe stop waits and tries again in "
+                                     f"{format_duration(self.conf.stop.retry_interval)}.\n")
+                    return
+                if why:
+                    self.stopper.force(f"{why}{'; ' + held if held else ''}", now.wall)
                 self.alerts.resolve("stop:failing")
                 if not rec.mailed:
                     self._mail_stopping(rec, now)
@@ -351,8 +363,8 @@ class IdleGuard:
         self.jobs.submit("finish", self._finish, info)
 
     def _finish(self, info: TrainingInfo) -> None:
-        mode = self.conf.on_finish
-        result = self._final_sync() if mode in ("stop", "idle") else None
+        mode = finish_mode(self.conf.on_finish, info)
+        result = self.end_sync.run(self.sync, self._final_sync, info) if mode in ("stop", "idle") else None
         now = self._now()
         with self._lock:
             if mode == "stop":
@@ -361,6 +373,13 @@ class IdleGuard:
                 self.m = idle.finish_handled(self.m)
             self._save()
             self._mail_finished(info, result, now)
+        ended = "finished" if info.state == TrainingState.FINISHED else "failed"
+        self._fire("finish", {"reason": ended, "run_id": info.run_id, "exit_code": info.exit_code,
+                              "target": (result.target if result else "") or self.conf.sync_target,
+                              "final_sync_ok": "" if result is None else str(result.ok)})
+        if result is not None and result.ok:
+            self._fire("final_sync_done", {"reason": ended, "target": result.target or self.conf.sync_target,
+                                           "final_sync_ok": "True"})
 
     # --- keepalive --------------------------------------------------------------------------------
     def keepalive(self, seconds: float) -> dict:
@@ -401,60 +420,18 @@ class IdleGuard:
             return status_of(self.m, self._signals, rec, self.th, self.conf, self.clock.time(),
                              self.clock.monotonic())
 
-    # --- mails: the guard gathers the facts; the words are in mails/ -------------------------------
-    def _send(self, key: str, kind: str, severity: str, mail: Mail) -> None:
-        self.alerts.event(key, kind, severity, mail.subject, mail.body)
-
-    def _stalled(self) -> words.LiveTraining | None:
-        info = self._last_info
-        if info is None or not looks_stalled(self._signals):
-            return None
-        return words.LiveTraining(info.run_id, info.pid, info.started_at, self._signals.training_signs,
-                                  self.conf.stop_grace)
-
-    def _idle_cost(self) -> float | None:
-        return idle.idle_cost(self.m, self.conf.price_per_hour)
-
-    def _cost(self) -> words.IdleCost | None:
-        c, price = self._idle_cost(), self.conf.price_per_hour
-        return None if c is None or price is None else words.IdleCost(c, self.conf.currency, price)
-
-    def _plan(self) -> words.StopPlan:
-        target = getattr(self.sync, "display", "") or self.conf.sync_target
-        return words.StopPlan(self.conf.final_paths, target, describe_action(self.conf.stop))
-
-    def _mail_warning(self, a: SendWarning, now: Now) -> None:
-        stop_at = now.wall + a.stop_in_s
-        self._send(f"idle:warning:{a.cycle}", "idle_warning", "warning", words.warning(words.IdleWarning(
-            a.idle_s, self.m.idle_since, stop_at, a.stop_in_s, self._plan(), self._cost(), self._stalled(),
-            tuple(self._signals.notes()))))
-        log.warning("idle_warning_sent", cycle=a.cycle, idle_s=round(a.idle_s), stop_at=stop_at)
-
-    def _alert_sync_failed(self, r: FinalSyncResult) -> None:
-        mail = words.sync_failed(words.SyncFailed(self.m.stop_reason, self._plan(), r.error, tuple(r.unsynced),
-                                                  self.conf.stop.retry_interval, self._cost()))
-        self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
-        log.error("final_sync_failed_not_stopping", error=r.error, unsynced=len(r.unsynced))
-
-    def _mail_stopping(self, rec: StopRecord, now: Now) -> None:
-        interrupted = None
-        if rec.interrupted_run and rec.interrupted_at is not None:
-            interrupted = words.Interrupted(rec.interrupted_run, rec.interrupted_at, rec.interrupt_ended,
-                                            self.conf.interrupt_patience)
-        self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
-            now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), interrupted)))
-
-    def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
-        ok = info.state == TrainingState.FINISHED
-        nxt = run_words.Next(self.conf.on_finish, idle.projection(self.m, self.th, now.wall)["stop_at"],
-                             self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
-                             stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
-        mail = run_words.ended(run_words.Ended(run_end(info), last_progress(self.progress, now.wall, self.conf.currency),
-                                               outputs(self.conf, r), nxt))
-        self._send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
-                   "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)
-
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until no background job is queued or running (tests; shutdown)."""
         return self.jobs.drain(timeout)
+
+
+def stop_now(guard: IdleGuard, reason: str) -> None:
+    """Stop the machine at once through the guard's stop sequence (final sync, the "stopping" mail
+    and the alerts out first, then the action), with no idle warning: GPU health BAD and
+    health.on_bad = "stop". (Beside the class, which is at its size limit.)"""
+    now = guard._now()
+    with guard._lock:
+        guard.m = idle.stop_now(guard.m, now, reason)
+        guard._save()
+        log.warning("stop_now", reason=reason, state=guard.m.state.value)
+    guard.poll_soon()

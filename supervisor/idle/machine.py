@@ -95,6 +95,9 @@ class Thresholds:
         return 2.0 * max(self.poll_interval, 0.5)
 
 
+# Stops for a cap (supervisor.money): activity does not cancel them and keepalive does not move them.
+CAP_REASONS = frozenset({"max_cost", "deadline", "max_runtime"})
+
 IDLE_MODE = "idle"
 FINISH_MODE = "finish"  # training ended with on_finish = "stop": a grace period instead of warn + wait
 
@@ -242,7 +245,7 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
             _to_active(m, reasons, actions)
         return m, actions
     if m.state == I.STOPPING:
-        if active and not m.committed:
+        if active and not m.committed and m.stop_reason not in CAP_REASONS:
             _to_active(m, reasons, actions)
         else:
             m.idle_s += dt_s  # the bill keeps running while the final sync retries
@@ -336,6 +339,9 @@ def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, li
         raise Refused("too late: the stop action has already begun")
     if m.state == I.STOPPED and not m.resettable:
         raise Refused("the machine was already stopped")
+    if m.state == I.STOPPING and m.stop_reason in CAP_REASONS:
+        raise Refused(f"the machine is stopping for its {m.stop_reason.replace('_', ' ')}, which keepalive does "
+                      "not move; change the cap with `supervisorctl budget` (root)")
     m.keepalive_mono = now.mono + seconds
     m.keepalive_until = now.wall + seconds
     actions: list[Action] = []
@@ -382,6 +388,41 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
         m.idle_since = now.wall
     m.state, m.warned_at, m.warned_s = I.WARNED, now.wall, 0.0
     return m
+
+
+def stop_now(m: IdleMachine, now: Now, reason: str) -> IdleMachine:
+    """Stop without the idle warning: the machine cannot do the work (GPU health BAD with
+    health.on_bad = "stop"). Committed from the start, so activity does not cancel it; the stop
+    sequence still interrupts a live run and makes the final sync. A stop already under way stays."""
+    m = _this_boot(m, now)
+    if m.state in (I.STOPPING, I.STOPPED) and not m.resettable:
+        return m
+    m.cycle += 1
+    m.state, m.stop_reason, m.committed = I.STOPPING, reason, True
+    m.last_mono, m.last_wall = now.mono, now.wall
+    if m.idle_since is None:
+        m.idle_since = now.wall
+    return m
+
+
+def begin_cap_stop(m: IdleMachine, now: Now, reason: str) -> tuple[IdleMachine, list[Action]]:
+    """A cap (supervisor.money) is near: stop now, whatever the activity. No warning wait: the
+    projection mail was the warning, and the cap does not wait."""
+    if reason not in CAP_REASONS:
+        raise Refused(f"not a cap: {reason!r}")
+    m = _this_boot(m, now)
+    if m.committed or m.state == I.STOPPING and m.stop_reason in CAP_REASONS \
+            or m.state == I.STOPPED and not m.resettable:
+        return m, []
+    actions: list[Action] = []
+    if m.state == I.STOPPING:
+        actions.append(AbortStop(m.cycle))  # an idle stop under way becomes the cap's (a new record)
+    m.cycle += 1
+    m.state, m.stop_reason, m.mode = I.STOPPING, reason, IDLE_MODE
+    m.keepalive_mono = m.keepalive_until = None
+    m.resettable = False
+    actions.append(BeginStop(m.cycle, reason))
+    return m, actions
 
 
 def commit_stop(m: IdleMachine) -> IdleMachine:

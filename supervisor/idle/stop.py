@@ -140,7 +140,7 @@ class StopRecord:
     id: str
     boot_id: str
     cycle: int
-    reason: str                  # idle | finished
+    reason: str                  # idle | finished | max_cost | deadline | max_runtime
     action: str
     planned_at: float            # wall time the stop began
     phase: StopPhase = P.FINAL_SYNC
@@ -185,8 +185,11 @@ def move(rec: StopRecord, new: StopPhase) -> None:
 
 
 def may_act_without_sync(stop: StopConfig, idle_cost: float | None, max_idle_cost: float | None,
-                         currency: str) -> str:
-    """Why the action may run although the final sync did not verify ("" = it may not)."""
+                         currency: str, cap: str = "") -> str:
+    """Why the action may run although the final sync did not verify ("" = it may not). `cap`: the
+    moment of a cap (spend, deadline, runtime) has come, said in words."""
+    if cap:
+        return cap
     if stop.stop_even_if_sync_fails:
         return "stop.stop_even_if_sync_fails is set"
     if max_idle_cost is not None and idle_cost is not None and idle_cost >= max_idle_cost:
@@ -200,7 +203,9 @@ def sync_summary(r: FinalSyncResult) -> dict:
     return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
             "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": list(r.unsynced[:50]),
             "damaged": list(getattr(r, "damaged", None) or [])[:50],
-            "partial_units": list(getattr(r, "partial_units", None) or [])[:50]}
+            "partial_units": list(getattr(r, "partial_units", None) or [])[:50],
+            "newest": list(getattr(r, "newest", None) or [])[:50],
+            "unselected": list(getattr(r, "unselected", None) or [])[:50]}
 
 
 class StopSequence:
@@ -303,6 +308,15 @@ class StopSequence:
             rec.note(wall, rec.last_error)
         self.save()
 
+    def hold(self, why: str, wall: float, mono: float) -> None:
+        """Something other than the sync holds the stop (a required hook failed): retry as after a
+        failed final sync."""
+        rec = self._rec()
+        rec.last_error = why
+        rec.next_try_mono = mono + self.cfg.retry_interval
+        rec.note(wall, why)
+        self.save()
+
     def force(self, why: str, wall: float) -> None:
         rec = self._rec()
         rec.forced = why
@@ -366,7 +380,7 @@ class StopSequence:
             env.update(self.command_env)
             pid = start_command(self.cfg.command, exit_file, self.dir / "stop-action.log", env)
             rec.action_pid, rec.action_ctime = pid, _proc_ctime(pid)
-            rec.note(wall, f"stop command started (pid {pid}): {self.cfg.command}")
+            rec.note(wall, f"stop command started (pid {pid})")
             self.save()
             log.warning("stop_command_started", pid=pid, command=self.cfg.command)
         elif code is None:
@@ -382,7 +396,7 @@ class StopSequence:
             msg = f"stop command exited {code}: {self._log_tail()}"
             self._action_failed(rec, msg, wall, mono)
             raise StopActionError(msg)
-        result = f"stop command succeeded: {self.cfg.command}"
+        result = "stop command succeeded"
         self._done(rec, result, wall, mono)
         return result
 
@@ -432,9 +446,27 @@ class StopSequence:
         return self.rec
 
 
+def stop_how(cfg: StopConfig) -> str:
+    """How this machine will stop, and whether that can work here: what `status` says, so a
+    stop that cannot happen (poweroff in a container) is seen before it is due."""
+    import shutil
+
+    if cfg.action == "poweroff" and not os.path.isdir("/run/systemd/system"):
+        return ("by poweroff — cannot work here: no systemd (a container?); set stop.action = \"command\" "
+                "with your provider's CLI, e.g. runpodctl stop pod $RUNPOD_POD_ID")
+    if cfg.action == "command":
+        first = cfg.command.split()[0] if cfg.command.split() else ""
+        if first and "=" not in first and not first.startswith(("$", "(", "{")) and shutil.which(first) is None \
+                and not os.path.isfile(first):
+            return f"by `{cfg.command}` — cannot work here: {first} not found"
+        return f"by `{cfg.command}`"
+    return f"by {cfg.action}"
+
+
 def describe_action(cfg: StopConfig) -> str:
     if cfg.action == "command":
-        return f"run `{cfg.command}`"
+        # never the command's text: it often carries a password or an API key (issue 23)
+        return "run the configured stop.command"
     if cfg.action == "ec2":
         return "ec2 StopInstances on this instance"
     if cfg.action == "dry-run":

@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +31,15 @@ import structlog
 
 from supervisor.clock import Clock
 from supervisor.config import AlertsConfig
-from supervisor.notify.channels import Channel, EmailChannel, Message, message_id, sanitize_subject
+from supervisor.notify.channels import (
+    Channel,
+    EmailChannel,
+    Message,
+    message_id,
+    sanitize_subject,
+    send_deadline,
+    send_within,
+)
 from supervisor.notify.outbox import (
     DEFAULT_CHANNEL,
     FAILED,
@@ -89,11 +99,15 @@ class Alerts:
         if channels is None:
             channels = [EmailChannel(mailer)] if mailer is not None else []
         self.channels: dict[str, Channel] = {c.name: c for c in channels}
+        # told (key, kind, severity, subject) of each alert raised or event (the [[hooks]] "alert" event)
+        self.on_alert: Callable[[str, str, str, str], None] | None = None
         self.state = AlertState(channels=list(self.channels))
         self.problems: list[str] = []
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._rekick = threading.Event()  # a mail was queued while a delivery was under way
+        self._done = threading.Condition(self._lock)     # a worker delivered, failed or ended
+        self._workers: dict[str, threading.Thread] = {}  # channel -> its worker, while one runs
+        self._again: set[str] = set()                    # channels whose worker must go round again
+        self._stuck: dict[str, threading.Thread] = {}    # channel -> a send that overran its deadline
         self._dirty = False
         self._dir = Path(state_dir) if state_dir else None
         self._recent: deque[dict] = deque(maxlen=self.MAX_LOG)
@@ -116,6 +130,7 @@ class Alerts:
                 self.state.records[key] = r
                 self._log_event("raised", r)
                 self._dirty = True
+                self._tell(r)
             elif r.stale_since is not None:
                 self._dirty = True
             r.last_seen, r.body, r.subject, r.stale_since = now, body, sanitize_subject(subject), None
@@ -152,6 +167,8 @@ class Alerts:
             r.severity, r.condition, r.active, r.stale_since = severity_value(severity), False, False, None
             self._log_event("suppressed" if dup else "event", r)
             if not dup:
+                self._tell(r)
+            if not dup:
                 self._queue(Mail(key, kind, r.subject, body, now, replaceable=True, severity=r.severity))
                 r.last_mailed = now
                 r.mails += 1
@@ -174,22 +191,28 @@ class Alerts:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Deliver what is due now, waiting at most `timeout` seconds; True when nothing is left
-        waiting. For the moment before a stop, so the "stopping now" mail goes out first."""
-        t = threading.Thread(target=self.tick, kwargs={"wait": True}, name="alerts-flush", daemon=True)
-        t.start()
-        t.join(timeout)
-        return not t.is_alive() and self.outbox_size() == 0
+        waiting. For the moment before a stop, so the "stopping now" mail goes out first. Each
+        channel delivers on its own: the wait ends as soon as every channel has either delivered
+        or failed (a stuck one fails at its whole-send deadline), never on one channel's account
+        while another's mail waits."""
+        with self._lock:   # a channel failing already (down, stuck) does not hold the stop up
+            healthy = {n for n in self.channels if self.state.health.get(n, ChannelState()).failures == 0}
+        self.tick()
+        end = time.monotonic() + timeout
+        with self._done:
+            while set(self._workers) & healthy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._done.wait(min(left, 0.5))
+        return self.outbox_size() == 0
 
     # --- delivery -------------------------------------------------------------------------
     def tick(self, wait: bool = False) -> None:
-        """Plan due mails and try to deliver them. Never raises. Delivery runs outside the state
-        lock, one thread per channel, and only one tick delivers at a time (another one returns at
-        once unless `wait`)."""
-        if not self._send_lock.acquire(blocking=wait):
-            return  # the running tick sees _rekick and goes round again for what was just queued
-        failed = False
+        """Plan due mails and hand each channel's to that channel's own worker. Never raises.
+        With `background` (the daemon) it returns at once: no channel ever waits on another, nor
+        the caller on any; without (tests), or with `wait`, it returns when the workers have."""
         try:
-            self._rekick.clear()
             now = self.clock.time()
             with self._lock:
                 for m in plan(self.state, now, self.cfg):
@@ -198,35 +221,48 @@ class Alerts:
                         self._not_sent(m, now)
                 todo = due_mails(self.state, now, self.cfg) if self.channels else []
                 self._save()
-            by_channel: dict[str, list[Mail]] = {}
-            for m in todo:
-                by_channel.setdefault(m.channel, []).append(m)
-            results: dict[str, bool] = {}
-            threads = [threading.Thread(target=self._deliver, args=(name, mails, now, results),
-                                        name=f"alerts-{name}", daemon=True)
-                       for name, mails in by_channel.items()]
-            if len(threads) == 1:
-                threads[0].run()  # the common case: no thread to start
-            else:
-                for t in threads:
-                    t.start()
-                for t in threads:
+            started = [t for t in (self._start_worker(n) for n in dict.fromkeys(m.channel for m in todo)) if t]
+            if wait or not self.background:
+                for t in started:
                     t.join()
-            failed = not all(results.values())
-            with self._lock:
-                self._save()
         except Exception:  # noqa: BLE001 - alerting must never take the daemon down
             log.exception("alerts_tick_failed")
-        finally:
-            self._send_lock.release()
-        if self._rekick.is_set() and not failed and self.background:
-            self._kick()
 
-    def _deliver(self, name: str, mails: list[Mail], now: float, results: dict[str, bool]) -> None:
-        """Send `mails` through channel `name` in order; the first failure ends the round for this
-        channel (its server is most likely down for all of them: the rest wait for the next tick
-        instead of each waiting out its own timeout now)."""
-        results[name] = True
+    def _start_worker(self, name: str) -> threading.Thread | None:
+        with self._lock:
+            if name in self._workers:
+                self._again.add(name)   # the running worker goes round once more
+                return None
+            t = threading.Thread(target=self._work, args=(name,), name=f"alerts-{name}", daemon=True)
+            self._workers[name] = t
+        t.start()
+        return t
+
+    def _work(self, name: str) -> None:
+        """One channel's worker: its due mails in order, until none is left that it may try now."""
+        try:
+            while True:
+                with self._lock:
+                    self._again.discard(name)
+                    now = self.clock.time()
+                    mails = [m for m in due_mails(self.state, now, self.cfg) if m.channel == name]
+                ok = self._deliver(name, mails, now) if mails else True
+                with self._lock:
+                    self._save()
+                    if not (ok and name in self._again):
+                        del self._workers[name]
+                        self._done.notify_all()
+                        return
+        except Exception:  # noqa: BLE001
+            log.exception("alerts_channel_failed", channel=name)
+            with self._lock:
+                self._workers.pop(name, None)
+                self._done.notify_all()
+
+    def _deliver(self, name: str, mails: list[Mail], now: float) -> bool:
+        """Send `mails` through channel `name` in order, each within the channel's whole-send
+        deadline; the first failure ends the round for this channel (its server is most likely down
+        for all of them: the rest wait for their retry instead of each waiting out a timeout now)."""
         ch = self.channels.get(name)
         for m in mails:
             if ch is None:  # not configured any more (dropped on load; defensive)
@@ -234,11 +270,11 @@ class Alerts:
                     self.state.outbox = [x for x in self.state.outbox if x is not m]
                 continue
             try:
-                ch.send(self._message(m))
+                send_within(ch, self._message(m), send_deadline(ch), self._stuck)
             except Exception as e:  # noqa: BLE001 - any delivery failure is retried
                 with self._lock:
                     m.attempts += 1
-                    m.last_error = sanitize_subject(f"{type(e).__name__}: {e}", 300)
+                    m.last_error = sanitize_subject(redact(f"{type(e).__name__}: {e}"), 300)
                     m.next_try = retry_at(now, m.attempts, self.cfg)
                     h = self.state.health.setdefault(name, ChannelState())
                     if h.failures == 0:
@@ -249,10 +285,10 @@ class Alerts:
                     self._append_log({"at": now, "what": FAILED.get(ch.kind, "send_failed"), "channel": name,
                                       "key": m.key, "kind": m.kind, "subject": m.subject, "error": m.last_error,
                                       "attempts": m.attempts, "next_try": m.next_try})
+                    self._done.notify_all()
                 log.warning("alert_" + FAILED.get(ch.kind, "send_failed"), channel=name, key=m.key,
                             error=m.last_error, attempts=m.attempts)
-                results[name] = False
-                return
+                return False
             sent_at = self.clock.time()
             with self._lock:
                 self.state.outbox = [x for x in self.state.outbox if x is not m]
@@ -262,7 +298,9 @@ class Alerts:
                 self._dirty = True
                 self._append_log({"at": sent_at, "what": SENT.get(ch.kind, "sent"), "channel": name,
                                   "key": m.key, "kind": m.kind, "subject": m.subject, "attempts": m.attempts + 1})
+                self._done.notify_all()
             log.info("alert_" + SENT.get(ch.kind, "sent"), channel=name, key=m.key, kind=m.kind, subject=m.subject)
+        return True
 
     def _message(self, m: Mail) -> Message:
         return Message(id=message_id(m.key, m.created, m.subject), key=m.key, kind=m.kind, severity=m.severity,
@@ -284,12 +322,18 @@ class Alerts:
                             "last_error": h.last_error or None, "next_try": min(retry) if retry else None})
             return out
 
+    def _tell(self, r: Record) -> None:
+        if self.on_alert is not None:
+            try:
+                self.on_alert(r.key, r.kind, r.severity, r.subject)
+            except Exception:  # noqa: BLE001 - a listener never holds up an alert
+                log.exception("alert_listener_failed")
+
     def _kick(self) -> None:
         if not self.channels:
             self.tick()  # no I/O beyond the log file: cheap enough to do in the caller
         elif self.background:
-            self._rekick.set()
-            threading.Thread(target=self.tick, name="alerts-deliver", daemon=True).start()
+            self.tick()  # plans and hands over to the channels' workers: returns at once
 
     def _not_sent(self, m: Mail, now: float) -> None:
         self._append_log({"at": now, "what": "not_mailed", "key": m.key, "kind": m.kind,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,3 +120,49 @@ def sanitize_subject(text: str, limit: int = 150) -> str:
 
 class ChannelSetupError(Exception):
     """A channel cannot be built from the config; the message names the key and holds no secret."""
+
+
+# --- a whole-send deadline -------------------------------------------------------------------------
+
+class SendStuck(Exception):
+    """The channel did not finish a send within its whole-send deadline (a server that answers a
+    byte at a time keeps urllib's or smtplib's per-read timeout from ever firing)."""
+
+
+def send_deadline(ch: Any) -> float:
+    """How long one send through `ch` may take in all: twice its own timeout (connect, then the
+    answer), and 20 s where it names none."""
+    t = getattr(ch, "timeout", None)
+    if t is None:
+        t = getattr(getattr(getattr(ch, "mailer", None), "cfg", None), "timeout", None)
+    try:
+        return max(2.0 * float(t), 1.0) if t is not None else 20.0
+    except (TypeError, ValueError):
+        return 20.0
+
+
+def send_within(ch: Any, msg: Message, deadline: float, stuck: dict[str, threading.Thread]) -> None:
+    """ch.send(msg), or SendStuck after `deadline` seconds. The send runs in its own thread; one
+    that overruns is left to finish on its own (it holds no lock) and remembered in `stuck`, and
+    the channel gets no new send until it has: at most one stuck thread per channel."""
+    prev = stuck.get(ch.name)
+    if prev is not None:
+        if prev.is_alive():
+            raise SendStuck(f"still stuck in an earlier send (no answer within {deadline:g}s)")
+        del stuck[ch.name]
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            ch.send(msg)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=f"send-{ch.name}", daemon=True)
+    t.start()
+    t.join(deadline)
+    if t.is_alive():
+        stuck[ch.name] = t
+        raise SendStuck(f"no answer within {deadline:g}s (the channel is stuck)")
+    if "error" in box:
+        raise box["error"]

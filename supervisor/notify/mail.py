@@ -18,6 +18,7 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 
 from supervisor.config import Config, EmailConfig
+from supervisor.redact import register as register_secret
 
 PASSWORD_ENV = "TRAIN_SUPERVISOR_SMTP_PASSWORD"
 
@@ -97,7 +98,9 @@ class SmtpMailer:
         if self.cfg.password_file:
             try:
                 with open(self.cfg.password_file, encoding="utf-8") as f:
-                    return f.read().rstrip("\r\n")
+                    pw = f.read().rstrip("\r\n")
+                register_secret(pw)   # an SMTP error that echoes it is masked
+                return pw
             except OSError as e:
                 raise MailError(f"cannot read email.password_file {self.cfg.password_file}: "
                                 f"{e.strerror or type(e).__name__}") from None

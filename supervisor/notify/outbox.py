@@ -30,7 +30,11 @@ class Severity(StrEnum):
 UNCAPPED_KINDS = frozenset({"idle_warning", "stop_cancelled", "stopping", "training_finished",
                             "training_failed", "stop_failed",
                             # a spot notice leaves seconds: it cannot wait for the next hour's budget
-                            "preemption", "preemption_outcome", "preempted_previous"})
+                            "preemption", "preemption_outcome", "preempted_previous",
+                            # a BAD machine may be stopped right after it (health.on_bad = "stop")
+                            "gpu_health",
+                            # the disk fills before the next saves: a cap must not hold it past the save that fails
+                            "disk_forecast"})
 
 
 # An alert mailed by a daemon that then restarted is remembered; if no subsystem reports it again

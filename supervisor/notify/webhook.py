@@ -25,6 +25,7 @@ from typing import Any
 from supervisor import __version__
 from supervisor.config import redact_url
 from supervisor.notify.channels import Message, scrub, url_secret_parts
+from supervisor.redact import redact_obj
 
 SECRET_PREFIX = "whsec_"
 
@@ -116,7 +117,8 @@ class WebhookChannel:
         key = self._key()
         if self.facts is not None and not msg.facts:
             try:
-                msg = _with_facts(msg, self.facts(msg.kind))
+                # the status sections go out of the machine: secrets masked as on the socket
+                msg = _with_facts(msg, redact_obj(self.facts(msg.kind)))
             except Exception:  # noqa: BLE001 - the alert goes out without facts rather than not at all
                 pass
         body = json.dumps(payload(msg), default=str, separators=(",", ":")).encode()
@@ -153,6 +155,7 @@ _FACTS: dict[str, tuple[str, ...]] = {
     "gpu_mem_limit": ("gpus", "training"),
     "gpu_failed": ("gpus", "gpu_error"),
     "gpu_xid": ("gpus", "training"),
+    "gpu_health": ("health", "training"),
     "training_stalled": ("training", "gpus", "cost"),
     "idle_warning": ("idle", "stop", "cost", "sync"),
     "stop_cancelled": ("idle", "stop"),

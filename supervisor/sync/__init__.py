@@ -7,7 +7,7 @@ complete (`policy`, `complete`, `scan`, `scanner`), the persisted record of what
 `python -m supervisor.sync` is the one-shot CLI.
 
 Pure: `complete`, `backoff`, `retention`, `final`. Shell: everything else.
-May import: the core, notify, training. Imported by: the daemon.
+May import: the core, notify, training. Imported by: the daemon, resume.
 """
 
 PURE = ("complete", "backoff", "retention", "final")

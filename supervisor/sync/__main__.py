@@ -19,7 +19,7 @@ import sys
 import threading
 
 from supervisor.clock import SystemClock
-from supervisor.config import ConfigError, load
+from supervisor.config import ConfigError, load, nothing_watched
 from supervisor.sync import _log
 
 
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = load(args.config)
+        if not args.final and nothing_watched(cfg):
+            raise ConfigError(nothing_watched(cfg))  # "in sync, 0 files" would be a lie
     except ConfigError as e:
         for p in e.problems:
             sys.stderr.write(p + "\n")

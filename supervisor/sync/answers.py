@@ -56,14 +56,19 @@ class Answers:
             tickets = [t for t in self._idle_waits.tickets() if pass_id >= t.spec.after_pass]
             if not tickets:
                 return
-            if error is None:
-                assert self._up is not None
-                if sc.settling(self._units.values(), self._up.synced):
-                    return
-                error = "; ".join(sc.blocked(self._units.values(), self._up.synced)) or None
+            assert self._up is not None
+            units = list(self._units.values())
             for t in tickets:
-                if error is not None:
-                    r = self._result(False, t.spec.started_ok, error=error, unsynced=self._unsynced(None))
+                if t.spec.want is None:
+                    t.spec.want = sc.wanted(units, self._up.synced)
+                mine = [u for u in units if u.key in t.spec.want]
+                err = error
+                if err is None:
+                    if sc.settling(mine, self._up.synced):
+                        continue
+                    err = "; ".join(sc.blocked(mine, self._up.synced)) or None
+                if err is not None:
+                    r = self._result(False, t.spec.started_ok, error=err, unsynced=self._unsynced(None))
                 else:
                     r = self._result(True, t.spec.started_ok)
                 self._idle_waits.settle(t, r)
@@ -95,7 +100,9 @@ class Answers:
             if j.verified == fp:
                 with self._lock:
                     sent = self.board.uploaded_session - j.started_ok
-                    self._finals.settle(t, final.verified(scope, expected, self.display, sent))
+                    r = final.verified(scope, expected, self.display, sent)
+                    r.unselected = list(self.board.unselected)
+                    self._finals.settle(t, r)
                 log.info("sync_final_verified", paths=j.paths, files=len(expected))
                 continue
             manifests = final.manifest_units(scope)
@@ -106,6 +113,7 @@ class Answers:
                 self._failed(f"verifying final sync: {e}", e)
                 return
             with self._lock:
+                self.health.recovered()  # the target answered
                 self._requested = True  # send what was lost, or scan once more for what is new
             if not lost:
                 j.verified = fp
@@ -124,7 +132,10 @@ class Answers:
         files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
         return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
                                uploaded_files=self.board.uploaded_session - started_ok, error=error,
-                               unsynced=list(unsynced or []))
+                               unsynced=list(unsynced or []),
+                               unsynced_units=sc.unsynced_units(self._units.values(), self.ledger.current)
+                               if unsynced and self.ledger else [], unselected=list(self.board.unselected),
+                               newest=sc.newest_checkpoints(self._units.values()) if ok else [])
 
     def _unsynced(self, scope: list[str] | None) -> list[str]:
         return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []

@@ -42,6 +42,7 @@ from supervisor.sync.final import FinalJob
 from supervisor.sync.health import AlertSink, Health
 from supervisor.sync.ledger import Ledger, LedgerBusy
 from supervisor.sync.policy import Policy, hf_cache_roots, is_cache_dir
+from supervisor.sync.proof import Proofs
 from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
 from supervisor.sync.targets import make_target, target_identity
@@ -72,9 +73,12 @@ EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (
 class _IdleJob:
     after_pass: int      # answered after this pass (one that started after the call)
     started_ok: int      # uploaded count when it began
+    # the units that pass found complete or about to be: what it waits for (a checkpoint the
+    # training writes later is the next `sync --wait`'s, or a run would never let it return)
+    want: frozenset[str] | None = None
 
 
-class SyncEngine(Answers):
+class SyncEngine(Answers, Proofs):
     """Implements interfaces.SyncView; `start()` once.
 
     cfg: the [sync] section; state_dir: where the ledger lives; alerts: where "sync failing" goes
@@ -196,6 +200,12 @@ class SyncEngine(Answers):
             self._requested = True
             self.health.backoff.retry_now()  # the user asked: retry now, whatever the backoff said
         self._wake.set()
+
+    def reload_credentials(self) -> None:
+        """`supervisorctl sync`: the target reads its credentials file again before the next request."""
+        reload = getattr(self.target, "reload_credentials", None)
+        if callable(reload):
+            reload("sync requested")
 
     def emergency(self) -> None:
         """The machine is about to be taken (a spot notice): sync now and keep at it. Until the
@@ -385,6 +395,7 @@ class SyncEngine(Answers):
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
+            self.board.unselected = sc.unselected(self.scanner.looks, units.values())
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
             self._next_ready = now + ready + READY_MARGIN_S if ready is not None else None
@@ -424,8 +435,12 @@ class SyncEngine(Answers):
             work = sc.hold_for_newer(units, work, up.synced, self.cfg.complete_marker, EMERGENCY_QUIET_S)
         if not work:
             with self._lock:
-                if self.health.failing:
-                    self.health.recovered(contacted=False)  # nothing left that could fail
+                # nothing left that could fail, unless a final sync still has to ask the target
+                # whether it holds everything: that check is what fails while the target is down,
+                # and clearing the failure before each try restarted its clock every few seconds,
+                # so the "sync failing" alert never came (issue 29)
+                if (self.health.failing or self.health.alerted) and not self._finals.tickets():
+                    self.health.recovered(contacted=False)
             return None
         # newest first; folders one after another in one step (a commit, or one stream of files),
         # except under a spot notice: one folder at a time, looking again after each

@@ -11,12 +11,12 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor.notify.mails.sync import sync_failing, sync_refused
+from supervisor.notify.mails.sync import sync_failing, sync_public_refused, sync_refused
 from supervisor.states import SyncState
 from supervisor.sync._log import get_logger
 from supervisor.sync.backoff import Backoff
 from supervisor.sync.status import Board
-from supervisor.sync.targets.base import AccessDenied, RateLimited
+from supervisor.sync.targets.base import AccessDenied, PublicRepoRefused, RateLimited
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -42,8 +42,10 @@ class Health:
         self.cap = retry_max_backoff
         self.alert_after = fail_alert_after
         self.backoff = Backoff()
-        self.fired = False
+        # an alert a previous daemon raised (alerts persist across restarts) is this one's to resolve
+        self.fired = _still_active(alerts)
         self.refused = ""      # the target's words while it refuses our credentials
+        self.public = False    # ... because the repo is public (sync.hf_allow_public not set)
 
     @property
     def failing(self) -> bool:
@@ -56,6 +58,7 @@ class Health:
         retry_after = cause.retry_after if isinstance(cause, RateLimited) else None
         with self.board.lock:
             self.refused = error if isinstance(cause, AccessDenied) else ""
+            self.public = isinstance(cause, PublicRepoRefused)
             delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0), retry_after)
             self.board.current = ""
             self.board.move(SyncState.FAILING, failing=True)
@@ -82,6 +85,11 @@ class Health:
             except Exception:  # noqa: BLE001 - alerting must never stop the sync
                 log.exception("sync_alert_resolve_failed")
 
+    @property
+    def alerted(self) -> bool:
+        """The "sync failing" alert is out (this daemon's or an earlier one's)."""
+        return self.fired
+
     def evaluate_alert(self) -> None:
         if self.alerts is None:
             return
@@ -92,10 +100,21 @@ class Health:
             p, err = self.board.pending, self.board.last_error
             self.fired = True
         if self.refused:  # no retry fixes credentials: say so at once, and say which
-            mail = sync_refused(self.target, self.refused, p.files, p.bytes)
+            words = sync_public_refused if self.public else sync_refused
+            mail = words(self.target, self.refused, p.files, p.bytes)
         else:
             mail = sync_failing(self.target, failing_for, err, p.files, p.bytes)
         try:
             self.alerts.fire(ALERT_KEY, "sync_failing", "warning", mail.subject, mail.body)
         except Exception:  # noqa: BLE001 - alerting must never stop the sync
             log.exception("sync_alert_fire_failed")
+
+
+def _still_active(alerts: AlertSink | None) -> bool:
+    active = getattr(alerts, "active", None)
+    if not callable(active):
+        return False
+    try:
+        return any(a.get("key") == ALERT_KEY for a in active())
+    except Exception:  # noqa: BLE001 - alerting must never stop the sync
+        return False

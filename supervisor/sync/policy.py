@@ -8,9 +8,13 @@ Pure: every function works on relative POSIX paths (relative to the watched fold
 - Never uploaded whatever the globs say: temporary names (`tmp-checkpoint-*`, `*.tmp`, `*.part`,
   `*.incomplete`, rsync's `.name.XXXXXX`, editor locks) and the Hugging Face model cache
   (`models--*`, `datasets--*`, `.cache`, and the folders HF_HOME & co. point at).
+- A folder pattern with no `/` before its `/**` (`checkpoint-*/**`) matches that folder at any
+  depth, as in .gitignore: one run folder per training inside the watched folder
+  (`out/tiny/checkpoint-5/`) is the usual layout and must not be skipped silently. Write
+  `./checkpoint-*/**` to mean the top level only.
 - A *unit* is what completes as a whole and gets a manifest: the shortest folder matching an
-  include pattern of the form `PATTERN/**` (checkpoint-1200/), else the folder holding an
-  `adapter_config.json` (a PEFT adapter saved anywhere), else the single file itself.
+  include pattern of the form `PATTERN/**` (checkpoint-1200/, run/checkpoint-1200/), else the
+  folder holding an `adapter_config.json` (a PEFT adapter saved anywhere), else the single file.
 """
 
 from __future__ import annotations
@@ -90,6 +94,18 @@ def _component_regex(part: str) -> str:
     return "".join(out)
 
 
+def any_depth(pattern: str) -> str:
+    """`checkpoint-*/**` -> `**/checkpoint-*/**` (a folder pattern without `/` matches at any
+    depth); `./checkpoint-*/**` stays anchored at the watched folder; anything else unchanged."""
+    raw = pattern.strip().replace("\\", "/")
+    if raw.startswith("./") or raw.startswith("/"):
+        return normalize_glob(raw)
+    p = normalize_glob(raw)
+    if p.endswith("/**") and len(p) > 3 and "/" not in p[:-3] and p[:-3] != "**":
+        return "**/" + p
+    return p
+
+
 def normalize_glob(pattern: str) -> str:
     p = pattern.strip().replace("\\", "/")
     while p.startswith("./"):
@@ -145,7 +161,8 @@ def folder_prefix(pattern: str) -> str | None:
     p = normalize_glob(pattern)
     if p.endswith("/**") and len(p) > 3:
         prefix = p[:-3]
-        if "**" not in prefix.split("/"):
+        # a leading `**/` (any depth) is allowed: the shortest matching ancestor is the unit
+        if "**" not in prefix.split("/")[1 if prefix.startswith("**/") else 0:]:
             return prefix
     return None
 
@@ -159,6 +176,7 @@ class Policy:
     excluded_roots: list[str] = field(default_factory=list)  # absolute folders never entered
 
     def __post_init__(self) -> None:
+        self.include = [any_depth(p) for p in self.include]
         self._inc = [glob_regex(p) for p in self.include]
         self._exc = [glob_regex(p) for p in self.exclude]
         self._folders = [re.compile(glob_regex(fp).pattern) for fp in
@@ -196,6 +214,12 @@ class Policy:
             return False
         probe1, probe2 = f"{reldir}/\x00", f"{reldir}/\x00/\x00"
         return not any(r.fullmatch(probe1) and r.fullmatch(probe2) for r in self._exc)
+
+    def in_cache(self, reldir: str, abspath: str) -> bool:
+        """Is this folder a cache (or inside an excluded root)? Such a folder is never training output."""
+        a = os.path.normpath(abspath)
+        return (any(is_cache_dir(p) for p in reldir.split("/"))
+                or any(a == r or a.startswith(r.rstrip("/") + "/") for r in self._roots))
 
     def folder_unit(self, rel: str) -> str | None:
         """The shortest ancestor folder of file `rel` that an include pattern makes a unit."""

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from supervisor.durations import format_duration
+from supervisor.durations import format_bytes, format_duration
 from supervisor.sync.complete import FileObs, Verdict, damage_words, judge, needs_marker
 from supervisor.sync.policy import ADAPTER_MARKER, Policy
 from supervisor.sync.targets.base import join_key
@@ -384,3 +384,57 @@ def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: flo
                     no_marker.append((u.label, idle))
             waiting.append((u.label, reason))
     return Pending(n, b, sorted(waiting), no_marker)
+
+
+# --- what people must be told about ----------------------------------------------------------------
+
+def unselected(looks: Iterable[str], units: Iterable[Unit]) -> list[str]:
+    """Folders that look like checkpoints (`checkpoint-N`, seen by the walk) but hold no file the
+    policy selects: they will never leave the machine, so status and the end mails name them."""
+    held = [u.abspath for u in units if u.selected]
+    return sorted(d for d in set(looks) if not any(within(h, d) or within(d, h) for h in held))
+
+
+def newest_checkpoints(scope: Iterable[Unit]) -> list[str]:
+    """The newest `checkpoint-N` of each run folder in the scope (`tiny/checkpoint-40`), so a
+    "verified" mail shows which training the target holds and a stale one stands out."""
+    best: dict[tuple[str, str], tuple[int, str]] = {}
+    for u in scope:
+        if u.kind != "dir" or not u.selected:
+            continue
+        parent, _, name = u.rel.rpartition("/")
+        step = _step(name)
+        if step is None:
+            continue
+        k = (u.root.path, parent)
+        if k not in best or step > best[k][0]:
+            best[k] = (step, u.label)
+    return sorted(v[1] for v in best.values())
+
+
+def _step(name: str) -> int | None:
+    if name.startswith("checkpoint-") and name[11:].isdigit():
+        return int(name[11:])
+    return None
+
+
+def wanted(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> frozenset[str]:
+    """The units a `sync --wait` waits for: those complete now, or about to be (their writer just
+    went quiet), or held back by a damaged file (it must hear why), and not on the target yet."""
+    return frozenset(u.key for u in units if u.selected and not u.retired and not synced(u)
+                     and (u.verdict.complete or u.verdict.partial or u.verdict.ready_in is not None
+                          or bool(u.verdict.damaged)))
+
+
+def unsynced_units(units: Iterable[Unit], current: Current) -> list[str]:
+    """One line per folder (or single file) with files only on this machine: what a failed
+    `sync --wait` names, instead of every file of every checkpoint."""
+    out = []
+    for u in units:
+        if u.retired or not u.selected:
+            continue
+        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns)]
+        if missing:
+            out.append(f"{u.abspath}: {len(missing)} of {len(u.selected)} files not on the target "
+                       f"({format_bytes(sum(s.size for s in missing))}; {u.verdict.reason})")
+    return sorted(out)

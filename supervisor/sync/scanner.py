@@ -36,6 +36,7 @@ class Scanner:
         self.seen: dict[tuple[str, str], sc.Seen] = {}
         self._scanned: dict[str, float] = {}  # root path -> monotonic time of its last scan
         self.header_reads = 0
+        self.looks: list[str] = []  # checkpoint-N folders the last walk saw (entered or not)
         # large JSON files by content: the same tokenizer.json in every checkpoint is parsed once
         self._json_whole: dict[tuple[int, bytes], bool] = {}
 
@@ -49,6 +50,7 @@ class Scanner:
         being judged again, and none of its files is opened."""
         units: dict[sc.UnitKey, sc.Unit] = {}
         alive: set[tuple[str, str]] = set()
+        self.looks = []
         for root in roots:
             raw = self.walk(root, sc.nested_roots(root, roots))
             since = self._scanned.get(root.path)
@@ -131,6 +133,8 @@ class Scanner:
                     if e.is_symlink():
                         continue
                     if e.is_dir(follow_symlinks=False):
+                        if checkpoint_step(e.name) is not None and not self.policy.in_cache(rel, e.path):
+                            self.looks.append(os.path.normpath(e.path))
                         if self.policy.enter_dir(rel, e.path) and os.path.normpath(e.path) not in skip:
                             stack.append(rel)
                         continue

@@ -25,6 +25,7 @@ class Board:
         self.current = ""
         self.pending = Pending(0, 0, [], [])
         self.partial: list[str] = []
+        self.unselected: list[str] = []  # checkpoint-like folders no include selects (never synced)
         self.uploaded_session = 0       # files sent since the engine started
         self.sent = 0                   # bytes sent since the engine started
         self.samples: deque[tuple[float, int]] = deque(maxlen=64)
@@ -86,6 +87,7 @@ class Board:
                 "partial": list(self.partial[:20]),
                 "sent_bytes": self.sent,
                 "watch": list(watch),
+                "unselected": list(self.unselected[:20]),
             }
 
 

@@ -31,7 +31,7 @@ from supervisor.notify.mails import training as words
 from supervisor.proc import ExitWatch, descendants, start_time
 from supervisor.statefile import atomic_write, set_aside
 from supervisor.states import TRAINING_ALIVE, TrainingState, check_training_move
-from supervisor.training.runner import RUNNER_MODULES, ExitRecord, RunSpec
+from supervisor.training.runner import RESUME_ENV, RUNNER_MODULES, ExitRecord, RunSpec
 from supervisor.training.tmux import Tmux, TmuxError
 
 log = structlog.get_logger("training")
@@ -103,13 +103,21 @@ class Training:
     """Owns training.json. All changes go through `_move`, under one lock."""
 
     def __init__(self, ctx: Context, on_start: Callable[[TrainingInfo], None] | None = None,
-                 on_end: Callable[[TrainingInfo], None] | None = None):
+                 on_end: Callable[[TrainingInfo], None] | None = None,
+                 before_start: Callable[[], None] | None = None):
         self.ctx = ctx
+        # asked before every start (control, autostart, automatic restart); raising TrainingError
+        # refuses the start with its message (the GPU health preflight with health.on_bad = "refuse")
+        self.before_start = before_start
         self.cfg = ctx.config.training
         self.state_dir = Path(ctx.config.state_dir)
         self.tmux = Tmux(self.state_dir / "tmux.sock")
         self.on_start = on_start
         self.on_end = on_end
+        # set by the daemon (the resume wing): env for every start (TRAIN_SUPERVISOR_RESUME_FROM), and
+        # what autostart goes through (a restore from the target before the start)
+        self.extra_env: Callable[[], dict[str, str]] = dict
+        self.gate: Callable[[Callable[[], dict]], dict] = lambda start: start()
         self._lock = threading.RLock()
         self._runner = ExitWatch()  # the runner, asked every second
         self._pids_memo: tuple[int, float, float, frozenset[int]] | None = None
@@ -192,12 +200,9 @@ class Training:
             memo = self._pids_memo
             if memo is not None and memo[0] == rp and 0 <= real - memo[1] < 1.0 and 0 <= now - memo[2] < 1.0:
                 return set(memo[3])
-            kids = descendants(rp)
+            kids = _tree_under(rp)
             if kids is None:
-                try:
-                    kids = {c.pid for c in psutil.Process(rp).children(recursive=True)}
-                except psutil.Error:
-                    return set()
+                return set()
             found = {rp} | kids
             self._pids_memo = (rp, real, now, frozenset(found))
             return found
@@ -246,7 +251,13 @@ class Training:
     def _runner_alive(self) -> bool:
         return self._runner.alive(self.doc.runner_pid, self.doc.runner_ctime)
 
-    def start(self, command: str | None = None, adhoc: bool = False) -> dict:
+    def start(self, command: str | None = None, adhoc: bool = False, cwd: str | None = None,
+              env: dict[str, str] | None = None) -> dict:
+        """Start the training. `cwd`/`env`: `supervisorctl run` from a user's shell, which runs the
+        command where and as that shell would (env is their whole environment); a restart of such
+        a run (restart = on-failure, `restart`, after a daemon restart) reuses its spec's."""
+        if self.before_start is not None and self.state not in TRAINING_ALIVE:
+            self.before_start()
         with self._lock:
             if self.state in TRAINING_ALIVE:
                 raise TrainingError(f"training is already {self.state.value} (pid {self.doc.child_pid}); "
@@ -261,18 +272,25 @@ class Training:
             if not cmd or not cmd.strip():
                 raise TrainingError("no training command: set training.command in the config, "
                                     "or use `supervisorctl run -- CMD`")
-            workdir = self.cfg.workdir or None
+            if adhoc and cwd is None and env is None:
+                prev = prev_spec(self.doc)
+                if prev is not None and prev.env_exact and prev.command == cmd:
+                    cwd, env = prev.workdir, dict(prev.env)
+            workdir = cwd or self.cfg.workdir or None
             if workdir and not os.path.isdir(workdir):
-                raise TrainingError(f"training.workdir {workdir} does not exist")
-            run_id = self._next_run_id()
+                what = "the folder `run` was called in" if cwd else "training.workdir"
+                raise TrainingError(f"{what} {workdir} does not exist")
+            run_id = next_run_id(self.state_dir, self.doc)
             run_dir = self.state_dir / "runs" / str(run_id)
             run_dir.mkdir(parents=True, exist_ok=True)
             now = self.ctx.clock.time()
-            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=dict(self.cfg.env),
+            # the caller's environment (`run` from a shell) wins over training.env: it is what their shell
+            # would run with; what the daemon adds (the resume hint) is its own answer, never the caller's
+            spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=self._env(env),
                            log=self.cfg.log or str(self.state_dir / "train.log"), user=self.cfg.user or None,
-                           run_dir=str(run_dir), started_at=now)
+                           run_dir=str(run_dir), started_at=now, env_exact=env is not None)
             spec_path = run_dir / "spec.json"
-            atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o644)
+            atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o600)  # holds the env's secrets
             restarts = self.doc.restarts if self.doc.restarting else 0
             self._move(S.STARTING, run_id=run_id, command=cmd, adhoc=adhoc, started_at=now, ended_at=None,
                        exit_code=None, signal=None, run_dir=str(run_dir), log=spec.log, workdir=workdir,
@@ -293,11 +311,15 @@ class Training:
         self.poll()
         return self.status()
 
-    def _next_run_id(self) -> int:
-        """One above any run this state_dir has seen: a training.json set aside must not make a new
-        run reuse an old run's folder (its exit record would end the new run at once)."""
-        seen = [int(p.name) for p in (self.state_dir / "runs").glob("*") if p.name.isdigit()]
-        return max([self.doc.run_id, *seen]) + 1
+    def _env(self, caller: dict[str, str] | None = None) -> dict[str, str]:
+        """training.env, plus what the daemon adds; training.env wins (the owner's explicit word)."""
+        try:
+            extra = self.extra_env()
+        except Exception as e:  # noqa: BLE001 - a start never fails for want of a hint
+            log.warning("training_env_hook_failed", error=str(e))
+            extra = {}
+        caller = {k: v for k, v in (caller or {}).items() if k not in extra and k != RESUME_ENV}
+        return {**extra, **self.cfg.env, **caller}
 
     def stop(self) -> dict:
         with self._lock:
@@ -337,7 +359,7 @@ class Training:
                 return
             self._set(autostart_boot_id=boot_id())
         try:
-            self.start()
+            self.gate(self.start)
         except TrainingError as e:
             log.error("autostart_failed", error=str(e))
 
@@ -482,3 +504,30 @@ def command_line(argv: list[str]) -> str:
     return argv[0] if len(argv) == 1 else shlex.join(argv)
 
 
+def prev_spec(doc: TrainingDoc) -> RunSpec | None:
+    """The spec of the last run (a `run` from a shell is restarted where and as it was started)."""
+    if not doc.run_dir:
+        return None
+    try:
+        return RunSpec.read(Path(doc.run_dir) / "spec.json")
+    except (OSError, ValueError):
+        return None
+
+
+def next_run_id(state_dir: Path, doc: TrainingDoc) -> int:
+    """One above any run this state_dir has seen: a training.json set aside must not make a new
+    run reuse an old run's folder (its exit record would end the new run at once)."""
+    seen = [int(p.name) for p in (state_dir / "runs").glob("*") if p.name.isdigit()]
+    return max([doc.run_id, *seen]) + 1
+
+
+def _tree_under(pid: int) -> set[int] | None:
+    """Every process under `pid` (a few reads down /proc; psutil where the kernel lacks them);
+    None when it is gone."""
+    kids = descendants(pid)
+    if kids is None:
+        try:
+            kids = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            return None
+    return kids

@@ -29,6 +29,7 @@ import structlog
 from supervisor import records
 from supervisor.interfaces import LineListener
 from supervisor.statefile import StateStore, set_aside
+from supervisor.training.safeopen import UnsafeLog, open_log
 
 log = structlog.get_logger("logfollow")
 
@@ -59,7 +60,10 @@ class LogFollower:
     def __init__(self, path: str, listeners: Sequence[LineListener], start_at_end: bool = False,
                  max_bytes_per_poll: int = 4 * 1024 * 1024, max_line: int = 64 * 1024,
                  max_backlog: int = 64 * 1024 * 1024, partial_flush_s: float = 5.0,
-                 store: StateStore | None = None, max_replay: int = 8 * 1024 * 1024):
+                 store: StateStore | None = None, max_replay: int = 8 * 1024 * 1024,
+                 user: str | None = None, since: str | None = None):
+        self.user = user   # training.user: the log is opened as the runner opens it (safeopen)
+        self._unsafe = ""
         self.listeners = list(listeners)
         self.max_bytes_per_poll = max_bytes_per_poll
         self.max_line = max_line
@@ -79,15 +83,18 @@ class LogFollower:
         self.lines_fed = 0
         self.bytes_skipped = 0
         self.listener_errors: dict[str, int] = {}
-        self.switch(path, start_at_end=start_at_end)
+        self.switch(path, start_at_end=start_at_end, since=since)
 
     # --- control -------------------------------------------------------------------------------
-    def switch(self, path: str, start_at_end: bool = False) -> None:
+    def switch(self, path: str, start_at_end: bool = False, since: str | None = None) -> None:
         """Follow `path` from now on. The path followed now keeps its position (nothing is read twice
         or skipped; a file replaced meanwhile is handled by `poll` like a rotation); another file is
         opened at its end when start_at_end (a daemon restart must not re-alert old OOM lines), else
         at its start. A file that does not exist yet is read from its beginning once it appears.
-        A position saved for `path` by an earlier daemon overrules start_at_end (see the module)."""
+        A position saved for `path` by an earlier daemon overrules start_at_end (see the module).
+        With no saved position and `since` (the current run's banner), the file is read from the
+        last line that starts with `since` (capped to max_replay like a resume): what a training
+        printed in its first seconds, while no daemon had yet saved a position, is not skipped."""
         with self._lock:
             path = path or ""
             if path == self.path:
@@ -103,6 +110,8 @@ class LogFollower:
                 except OSError:
                     size = 0
                 resume = self._resume_offset(size)
+                if resume is None and since:
+                    resume = self._banner_offset(since, size)
                 if resume is not None:
                     self._offset = resume
                 elif start_at_end:
@@ -194,6 +203,25 @@ class LogFollower:
             log.info("log_resumed", path=self.path, offset=start, replay_bytes=size - start, same_file=same)
         return start
 
+    def _banner_offset(self, since: str, size: int) -> int | None:
+        """The offset of the last line starting with `since` within the last max_replay bytes
+        (None: not there, e.g. an older run's log); the replay from it is capped like a resume."""
+        start = max(0, size - self.max_replay)
+        try:
+            data = os.pread(self._fd, size - start, start)  # type: ignore[arg-type]
+        except OSError:
+            return None
+        needle = since.encode(errors="replace")
+        i = data.rfind(b"\n" + needle)
+        if i >= 0:
+            i += 1
+        elif start == 0 and data.startswith(needle):
+            i = 0
+        else:
+            return None
+        log.info("log_read_from_run_start", path=self.path, offset=start + i, replay_bytes=size - start - i)
+        return start + i
+
     def _head(self, n: int) -> str:
         if n <= 0:
             return ""
@@ -226,7 +254,12 @@ class LogFollower:
     # --- internals -----------------------------------------------------------------------------
     def _open(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = open_log(self.path, os.O_RDONLY | os.O_NONBLOCK, self.user)
+        except UnsafeLog as e:
+            if self._unsafe != str(e):  # once, not every poll
+                self._unsafe = str(e)
+                log.warning("log_unsafe", path=self.path, error=str(e))
+            return False
         except OSError:
             return False
         try:

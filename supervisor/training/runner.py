@@ -23,9 +23,10 @@ from pathlib import Path
 
 from supervisor import records
 from supervisor.notify.mails import describe_exit
-from supervisor.redact import redact
+from supervisor.redact import redact, register, secret_name
 from supervisor.statefile import Reserve, atomic_write
 from supervisor.timefmt import when
+from supervisor.training.safeopen import open_log
 
 BANNER_PREFIX = "===== train-supervisor run "
 # Signals meant for the job: the runner lets them pass and outlives them (USR1/USR2: a spot notice's
@@ -37,6 +38,8 @@ BANNER_COMMAND_MAX = 2000   # the command as the banner repeats it, cut beyond t
 # The module the tmux pane runs; the name before the wings is kept so a daemon upgraded while a
 # training runs still re-adopts the runner the older version started.
 RUNNER_MODULES = ("supervisor.training.runner", "supervisor.runner")
+# Where the training is told to resume from: set by the daemon alone (the resume wing), for each start.
+RESUME_ENV = "TRAIN_SUPERVISOR_RESUME_FROM"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     started_at: float | None = None
+    # `supervisorctl run`: `env` is the caller's whole environment (their PATH, venv, exports), not
+    # additions to the daemon's; kept here so a restart after a daemon restart runs it the same way
+    env_exact: bool = False
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
@@ -90,9 +96,33 @@ def banner(run_id: int, started: float, command: str) -> str:
     return f"{BANNER_PREFIX}{run_id} started {when(started)}: {shown}"
 
 
+def run_banner(run_id: int | None) -> str | None:
+    """How the banner of run `run_id` starts (None: no run yet)."""
+    return f"{BANNER_PREFIX}{run_id} started" if run_id else None
+
+
 def is_banner(line: str) -> bool:
     """A line the runner wrote about the run (its start or end), not the job's output."""
     return line.startswith(BANNER_PREFIX)
+
+
+def run_log_tail(path: str, run_id: int | None, n: int) -> list[str]:
+    """The last `n` lines run `run_id` wrote to the log (after its banner, the banners left out):
+    what a failure mail and `run` show. [] when the log cannot be read."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode("utf-8", "replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return []
+    start = f"{BANNER_PREFIX}{run_id} started"
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(start):
+            lines = lines[i + 1:]
+            break
+    return [ln[:300] for ln in lines if ln.strip() and not is_banner(ln)][-n:]
 
 
 def _signame(n: int) -> str:
@@ -111,19 +141,31 @@ def main(argv: list[str] | None = None) -> int:
         pass
     for s in JOB_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    env = dict(os.environ)
+    env = {} if spec.env_exact else dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()
+    # set only by the daemon for this start (where to resume from); one inherited from the daemon's
+    # own environment would point a fresh run at a checkpoint that may no longer be there
+    env.pop(RESUME_ENV, None)
     env.update(spec.env)
-    log_path = spec.log
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
+    # the banner is redacted in this process: the daemon's registry of secret values is not here
+    register(*[v for k, v in spec.env.items() if secret_name(k)])
+    # opened so that root never follows a path the training user controls (safeopen's docstring)
+    try:
+        fd = open_log(spec.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, spec.user, make_dirs=True)
+    except OSError as e:
+        msg = f"train-supervisor: cannot start the training: cannot open its log safely: {e}\n"
+        sys.stdout.write(msg)
+        _record(spec, 127, None)
+        return 127
+    log = os.fdopen(fd, "ab", buffering=0)  # noqa: SIM115 - lives as long as the job
     log.write(f"\n{banner(spec.run_id, time.time(), spec.command)}\n".encode(errors="replace"))
     kwargs: dict = {}
     if spec.user:
         try:
-            kwargs = as_user(str(spec.user), env, set(spec.env))
+            # a `run` caller's HOME, USER and LOGNAME are theirs, not training.user's: those follow the user
+            kwargs = as_user(str(spec.user), env, set() if spec.env_exact else set(spec.env))
         except KeyError:
             msg = f"train-supervisor: cannot start the training: training.user {spec.user!r} does not exist\n"
             log.write(msg.encode())

@@ -20,9 +20,27 @@
  *   gpu.N.mig_rc=RC     return code of nvmlDeviceGetMigMode (3 on GPUs without MIG)
  *   gpu.N.events=MASK   supported event types (default Xid critical = 8)   gpu.N.events_rc=RC
  *   gpu.N.xid=79 gpu.N.xid_seq=1   raise one Xid event each time xid_seq grows
+ *   cuda=12040          nvmlSystemGetCudaDriverVersion (default 12040 = CUDA 12.4)
+ *
+ * Health fields: each one UNSET makes its entry point return NOT_SUPPORTED (3), as on a GPU or
+ * driver without it, so "unknown" is exercised through ctypes:
+ *   gpu.N.ecc_mode=1                      nvmlDeviceGetEccMode (current = pending)
+ *   gpu.N.ecc_uncorrected_volatile=2      nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)
+ *   gpu.N.ecc_uncorrected_aggregate=5     nvmlDeviceGetTotalEccErrors(UNCORRECTED, AGGREGATE)
+ *   gpu.N.retired_pending=1               nvmlDeviceGetRetiredPagesPendingStatus
+ *   gpu.N.remap_pending=1 gpu.N.remap_failed=1   nvmlDeviceGetRemappedRows (either set = supported)
+ *   gpu.N.pcie_gen=4 gpu.N.pcie_gen_max=5 nvmlDeviceGetCurr/MaxPcieLinkGeneration
+ *   gpu.N.pcie_width=4 gpu.N.pcie_width_max=16   nvmlDeviceGetCurr/MaxPcieLinkWidth
+ *   gpu.N.throttle=0x48                   nvmlDeviceGetCurrentClocksEventReasons (and the older
+ *                                         ...ClocksThrottleReasons): NVML's clock-event bitmask
+ *   gpu.N.temp=45                         nvmlDeviceGetTemperature(V) in C
+ *   gpu.N.power_mw=70000                  nvmlDeviceGetPowerUsage in mW
+ *   gpu.N.persistence=1                   nvmlDeviceGetPersistenceMode
+ *   gpu.N.nvlink_down=2                   the GPU has 18 NVLink links, the first 2 inactive;
+ *                                         nvmlDeviceGetNvLinkState on links 18+ is NOT_SUPPORTED
  *
  * Built with -DFAKE_OLD_DRIVER the library lacks the newer entry points (memory v2, process
- * list v2/v3), like an old driver, so the binding's FunctionNotFound fallbacks are exercised.
+ * list v2/v3, ClocksEventReasons, TemperatureV, CudaDriverVersion_v2), like an old driver, so the binding's FunctionNotFound fallbacks are exercised.
  *
  * Test helpers (not NVML): fake_nvml_reset(), fake_nvml_count("nvmlDeviceGetMemoryInfo_v2"),
  * fake_nvml_initialized().
@@ -79,6 +97,18 @@ typedef struct {
 struct fake_set { int used; unsigned long long mask[MAXG]; };
 typedef struct fake_set *nvmlEventSet_t;
 
+/* health fields: unset ones answer NOT_SUPPORTED */
+enum {
+    H_ECC_MODE, H_ECC_VOL, H_ECC_AGG, H_RETIRED, H_REMAP_PENDING, H_REMAP_FAILED, H_PCIE_GEN,
+    H_PCIE_GEN_MAX, H_PCIE_WIDTH, H_PCIE_WIDTH_MAX, H_THROTTLE, H_TEMP, H_POWER, H_PERSIST, H_NVLINK_DOWN, H_N
+};
+static const char *h_keys[H_N] = {
+    "ecc_mode", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "retired_pending", "remap_pending",
+    "remap_failed", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "throttle", "temp", "power_mw",
+    "persistence", "nvlink_down",
+};
+#define NVLINKS 18
+
 struct gpu_script {
     char name[96], uuid[96];
     int util, mem_util, util_rc;
@@ -92,10 +122,12 @@ struct gpu_script {
     unsigned long long events;
     int events_rc;
     int xid, xid_seq;
+    unsigned int has;                 /* bit per health field below: set in the script */
+    unsigned long long hv[H_N];
 };
 
 struct script {
-    int init_rc, count, count_rc;
+    int init_rc, count, count_rc, cuda;
     char driver[80];
     struct gpu_script g[MAXG];
 };
@@ -119,10 +151,13 @@ static const char *fn_names[] = {
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMigMode",
     "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2",
     "nvmlDeviceGetSupportedEventTypes", "nvmlEventSetFree", "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetNvLinkState", "health",
 };
 enum {
     F_INIT, F_SHUTDOWN, F_COUNT, F_HANDLE, F_NAME, F_UUID, F_UTIL, F_MEM, F_MEM2, F_PROC1, F_PROC2,
-    F_PROC3, F_MIG, F_SETCREATE, F_REGISTER, F_WAIT, F_SUPPORTED, F_SETFREE, F_DRIVER, F_N
+    F_PROC3, F_MIG, F_SETCREATE, F_REGISTER, F_WAIT, F_SUPPORTED, F_SETFREE, F_DRIVER, F_CLK_EVENT,
+    F_CLK_THROTTLE, F_NVLINK, F_HEALTH, F_N
 };
 static long counts[F_N];
 
@@ -130,6 +165,7 @@ static void defaults(void)
 {
     memset(&S, 0, sizeof S);
     S.count = 1;
+    S.cuda = 12040;
     strcpy(S.driver, "550.54.15");
     for (int i = 0; i < MAXG; i++) {
         struct gpu_script *g = &S.g[i];
@@ -187,6 +223,14 @@ static void set_gpu(struct gpu_script *g, const char *k, const char *v)
     else if (!strcmp(k, "events_rc")) g->events_rc = (int)n;
     else if (!strcmp(k, "xid")) g->xid = (int)n;
     else if (!strcmp(k, "xid_seq")) g->xid_seq = (int)n;
+    else {
+        for (int h = 0; h < H_N; h++) {
+            if (!strcmp(k, h_keys[h])) {
+                g->has |= 1u << h;
+                g->hv[h] = u;
+            }
+        }
+    }
 }
 
 static void parse(FILE *f)
@@ -203,6 +247,7 @@ static void parse(FILE *f)
         if (!strcmp(k, "init")) S.init_rc = atoi(v);
         else if (!strcmp(k, "count")) S.count = atoi(v) < 0 ? 0 : (atoi(v) > MAXG ? MAXG : atoi(v));
         else if (!strcmp(k, "count_rc")) S.count_rc = atoi(v);
+        else if (!strcmp(k, "cuda")) S.cuda = atoi(v);
         else if (!strcmp(k, "driver")) snprintf(S.driver, sizeof S.driver, "%s", v);
         else if (!strncmp(k, "gpu.", 4)) {
             char *dot;
@@ -556,3 +601,153 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     set->used = 0;
     LEAVE(NVML_SUCCESS);
 }
+
+/* ---- health -------------------------------------------------------------------------------- */
+/* one scripted field of a device, or NOT_SUPPORTED when the script leaves it unset */
+#define HEALTH_FIELD(fn_counter, field, out_expr)                              \
+    nvmlReturn_t rc;                                                           \
+    ENTER(fn_counter);                                                         \
+    int i = dev_index(d, &rc);                                                 \
+    if (i < 0) LEAVE(rc);                                                      \
+    if (!(S.g[i].has & (1u << (field)))) LEAVE(NVML_ERROR_NOT_SUPPORTED);      \
+    out_expr;                                                                  \
+    LEAVE(NVML_SUCCESS)
+
+#define F_NONE F_HEALTH /* the other health calls share one counter ("health") */
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t d, int *current, int *pending)
+{
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_ECC_MODE, (*current = *pending = (int)S.g[i].hv[H_ECC_MODE]));
+}
+
+/* errorType 1 = uncorrected; counterType 0 = volatile, 1 = aggregate. Corrected counts: NOT_SUPPORTED. */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType, unsigned long long *count)
+{
+    nvmlReturn_t rc;
+    ENTER(F_NONE);
+    int i = dev_index(d, &rc);
+    if (i < 0) LEAVE(rc);
+    if (!count || counterType < 0 || counterType > 1) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    int field = counterType == 0 ? H_ECC_VOL : H_ECC_AGG;
+    if (errorType != 1 || !(S.g[i].has & (1u << field))) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *count = S.g[i].hv[field];
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *pending)
+{
+    if (!pending) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_RETIRED, (*pending = S.g[i].hv[H_RETIRED] ? 1 : 0));
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
+                                       unsigned int *pending, unsigned int *failed)
+{
+    nvmlReturn_t rc;
+    ENTER(F_NONE);
+    int i = dev_index(d, &rc);
+    if (i < 0) LEAVE(rc);
+    if (!corr || !unc || !pending || !failed) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (!(S.g[i].has & ((1u << H_REMAP_PENDING) | (1u << H_REMAP_FAILED)))) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *corr = 0;
+    *unc = 0;
+    *pending = S.g[i].hv[H_REMAP_PENDING] ? 1u : 0u;
+    *failed = S.g[i].hv[H_REMAP_FAILED] ? 1u : 0u;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_PCIE_GEN, (*v = (unsigned int)S.g[i].hv[H_PCIE_GEN]));
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_PCIE_GEN_MAX, (*v = (unsigned int)S.g[i].hv[H_PCIE_GEN_MAX]));
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_PCIE_WIDTH, (*v = (unsigned int)S.g[i].hv[H_PCIE_WIDTH]));
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_PCIE_WIDTH_MAX, (*v = (unsigned int)S.g[i].hv[H_PCIE_WIDTH_MAX]));
+}
+
+#ifndef FAKE_OLD_DRIVER
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_CLK_EVENT, H_THROTTLE, (*v = S.g[i].hv[H_THROTTLE]));
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_CLK_THROTTLE, H_THROTTLE, (*v = S.g[i].hv[H_THROTTLE]));
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    if (sensor != 0) return NVML_ERROR_NOT_SUPPORTED;
+    HEALTH_FIELD(F_NONE, H_TEMP, (*v = (unsigned int)S.g[i].hv[H_TEMP]));
+}
+
+#ifndef FAKE_OLD_DRIVER
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_v1_t;
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_v1_t *t)
+{
+    if (!t) return NVML_ERROR_INVALID_ARGUMENT;
+    if (t->version != (unsigned int)(sizeof(nvmlTemperature_v1_t) | (1u << 24)))
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (t->sensorType != 0) return NVML_ERROR_NOT_SUPPORTED;
+    HEALTH_FIELD(F_NONE, H_TEMP, (t->temperature = (int)S.g[i].hv[H_TEMP]));
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_POWER, (*v = (unsigned int)S.g[i].hv[H_POWER]));
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, int *v)
+{
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    HEALTH_FIELD(F_NONE, H_PERSIST, (*v = S.g[i].hv[H_PERSIST] ? 1 : 0));
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active)
+{
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= NVLINKS) {
+        nvmlReturn_t rc;
+        ENTER(F_NVLINK);
+        if (dev_index(d, &rc) < 0) LEAVE(rc);
+        LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    }
+    HEALTH_FIELD(F_NVLINK, H_NVLINK_DOWN, (*active = link < S.g[i].hv[H_NVLINK_DOWN] ? 0u : 1u));
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
+{
+    ENTER(F_NONE);
+    if (refcount <= 0) LEAVE(NVML_ERROR_UNINITIALIZED);
+    if (!v) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (S.cuda <= 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *v = S.cuda;
+    LEAVE(NVML_SUCCESS);
+}
+
+#ifndef FAKE_OLD_DRIVER
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+#endif

@@ -7,7 +7,9 @@ One module per subject, so the words for a subsystem sit together:
   training.py  training finished / failed, restarted
   progress.py  the early estimate
   sync.py      sync failing
+  money.py     the caps' projection warning, the stop for a cap, a failed hook
   gpu.py       GPU memory at its limit, GPU lost, Xid meanings, CUDA/host OOM and NCCL advice, host checks
+  disk.py      the disk forecast line and "disk full soon": what fills it, what would free space
 
 Times are written with `supervisor.timefmt` (local time with its zone) and sizes/durations with
 `supervisor.durations`, so every mail reads the same way.
@@ -30,4 +32,11 @@ def describe_exit(exit_code: int | None, signal: str | None) -> str:
         return f"killed by {signal}"
     if exit_code is None:
         return "exit status unknown"
-    return f"exit code {exit_code}"
+    return f"exit code {exit_code}{EXIT_MEANING.get(exit_code, '')}"
+
+
+# What the shell's own exit codes mean (the job runs under `bash -c`): the first thing to check.
+EXIT_MEANING = {
+    126: ": found but not executable (permission denied, or not a program)",
+    127: ": command not found (not on the PATH the job ran with)",
+}

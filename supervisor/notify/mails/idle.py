@@ -66,6 +66,18 @@ def not_whole_text(damaged: list[str] | tuple[str, ...], partial: list[str] | tu
     return out
 
 
+def held_text(newest: list[str] | tuple[str, ...], unselected: list[str] | tuple[str, ...]) -> str:
+    """Which training the target holds (the newest checkpoint of each run folder, so a stale one
+    stands out) and what it never will (checkpoint folders no include pattern selects)."""
+    out = ""
+    if newest:
+        out += "Newest checkpoint of each run folder on the target:\n" + "".join(f"  {n}\n" for n in newest[:20])
+    if unselected:
+        out += ("NOT synced, no include pattern selects them (see sync.include / sync.exclude):\n"
+                + "".join(f"  {n}\n" for n in unselected[:20]))
+    return out
+
+
 def not_whole_count(damaged: list[str] | tuple[str, ...], partial: list[str] | tuple[str, ...]) -> str:
     """"1 damaged file, 2 incomplete checkpoints" ("" when everything is whole)."""
     bits = []
@@ -180,6 +192,12 @@ class Stopping:
     plan: StopPlan = StopPlan((), "", "")
     cost: IdleCost | None = None
     interrupted: Interrupted | None = None
+    reason: str = ""               # words for a stop that is neither idleness nor a finished run
+    cap: str = ""                  # the stop is a cap's (supervisor.money): which, in words
+
+
+# A stop for another reason than idleness or a finished run (idle.machine.stop_now): its words.
+STOP_REASONS = {"gpu_bad": "GPU health BAD"}
 
 
 def stopping(f: Stopping) -> Mail:
@@ -188,12 +206,14 @@ def stopping(f: Stopping) -> Mail:
         what = (f"Final sync verified: {s.get('files', 0)} files, {format_bytes(s.get('bytes', 0))} "
                 f"at {s.get('target') or '(no target)'} ({s.get('uploaded_files', 0)} uploaded just now).\n"
                 f"Folders: {', '.join(f.plan.paths) or '(none)'}\n"
+                f"{held_text(s.get('newest') or [], s.get('unselected') or [])}"
                 f"{not_whole_text(s.get('damaged') or [], s.get('partial_units') or [])}")
     else:
         unsynced = "\n".join(f"  {p}" for p in (s.get("unsynced") or [])[:20])
         what = (f"The final sync did NOT verify ({s.get('error') or '?'}), and the machine stops anyway "
-                f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n")
-    reason = "training finished" if f.finished else f"idle for {format_duration(f.idle_s)}"
+                f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n"
+                f"{held_text((), s.get('unselected') or [])}")
+    reason = f.cap or f.reason or ("training finished" if f.finished else f"idle for {format_duration(f.idle_s)}")
     not_whole = not_whole_count(s.get("damaged") or [], s.get("partial_units") or [])
     subject = f"stopping now ({reason}): " + (
         f"final sync verified, {s.get('files', 0)} files at {s.get('target') or 'no target'}"

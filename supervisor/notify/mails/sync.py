@@ -17,6 +17,18 @@ def sync_failing(target: str, failing_for_s: float, last_error: str, pending_fil
         "Check with: supervisorctl status; retry now with: supervisorctl sync --wait")
 
 
+def sync_public_refused(target: str, error: str, pending_files: int, pending_bytes: int) -> Mail:
+    """The hf:// repo is public and sync.hf_allow_public is not set: nothing is uploaded there."""
+    return Mail(
+        f"sync refused: {target} is a public repo",
+        f"Nothing is uploaded to {target}: {error}\n"
+        f"Not yet on the target: {pending_files} files ({format_bytes(pending_bytes)}).\n\n"
+        "A typo or a reused repo name must not publish weights trained on private data. Nothing is lost:\n"
+        "the files stay on this machine, and a final sync before any stop waits for the target.\n"
+        "Either make the repo private on the Hub, or point sync.target at another repo, or set\n"
+        "sync.hf_allow_public = true if the checkpoints are meant to be public; then: supervisorctl sync --wait")
+
+
 def sync_refused(target: str, error: str, pending_files: int, pending_bytes: int) -> Mail:
     """`target` refused our credentials (bad token, no write access): nothing goes up until a
     person fixes them, so this is sent at once, not after the failing delay."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.notify.mails import Mail, describe_exit
-from supervisor.notify.mails.idle import not_whole_text
+from supervisor.notify.mails.idle import held_text, not_whole_text
 from supervisor.timefmt import hm, when
 
 
@@ -21,6 +21,7 @@ class RunEnd:
     ended_at: float | None
     log_path: str
     workdir: str
+    log_tail: tuple[str, ...] = ()   # a failed run's last lines (its own, after its banner)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Outputs:
     sync_target: str = ""        # the configured target, for "synced continuously"
     damaged: tuple[str, ...] = ()        # files sent as they are although they fail their format check
     partial_units: tuple[str, ...] = ()  # checkpoints sent as they are although never finished
+    newest: tuple[str, ...] = ()         # the newest checkpoint of each run folder the target holds
+    unselected: tuple[str, ...] = ()     # checkpoint-like folders no include selects: never synced
 
 
 @dataclass(frozen=True)
@@ -93,9 +96,10 @@ def _outputs_text(o: Outputs, workdir: str) -> str:
     if o.ok:
         return (f"Outputs: final sync verified, {o.files} files ({format_bytes(o.bytes)}) at "
                 f"{o.target or '(no target: nothing leaves this machine)'}; folders "
-                f"{', '.join(o.paths) or '(none)'}\n{not_whole_text(o.damaged, o.partial_units)}")
+                f"{', '.join(o.paths) or '(none)'}\n{held_text(o.newest, o.unselected)}"
+                f"{not_whole_text(o.damaged, o.partial_units)}")
     return (f"Outputs: the final sync FAILED ({o.error}); not yet safe:\n"
-            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n")
+            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n" + held_text((), o.unselected))
 
 
 def _next_text(n: Next) -> str:
@@ -108,6 +112,9 @@ def _next_text(n: Next) -> str:
     if n.mode == "idle":
         return (f"\nNext: idle protection decides: a warning after {format_duration(n.warn_after_s)} "
                 f"idle, the stop {format_duration(n.stop_after_warning_s)} later.\n")
+    if n.mode == "early-fail":
+        return ("\nIt failed within its first minute, so the machine is not stopped for it (on_finish applies "
+                "to runs that got going): fix it and start it again. Idle protection still stops an idle machine.\n")
     return "\non_finish = \"none\": nothing is stopped because the training ended.\n"
 
 
@@ -120,9 +127,30 @@ def ended(f: Ended) -> Mail:
     subject = f"training {'finished' if r.finished else 'FAILED'} ({how})"
     if f.next.mode == "stop" and f.next.warned:
         subject += f"; stopping at {hm(f.next.stop_at)}"
+    tail = "".join(f"  {x}\n" for x in r.log_tail)
     body = (f"Training {'finished' if r.finished else 'failed'}: {how} (run {r.run_id}).\n"
             f"Command: {r.command}\n{ran}{_progress_text(f.progress)}{_outputs_text(f.outputs, r.workdir)}"
-            f"Log: {r.log_path}\n{_next_text(f.next)}")
+            f"Log: {r.log_path}\n" + (f"Last lines of the log:\n{tail}" if tail else "") + _next_text(f.next))
+    return Mail(subject, body)
+
+
+def final_sync_failing(finished: bool, error: str, units: tuple[str, ...], pending_files: int,
+                       target: str) -> Mail:
+    """The training ended and its final sync cannot reach the target: at once, not when the final
+    sync gives up (final_sync_timeout), for the machine must not stop with work only on its disk."""
+    if units or pending_files:
+        n = f"{len(units)} checkpoint{'s' if len(units) != 1 else ''}" if units else f"{pending_files} files"
+        what = f"{n} not on the target; the machine will not stop until they are"
+    else:  # all sent before, but the target cannot be asked whether it still holds them
+        what = "the target cannot confirm it holds the checkpoints; the machine will not stop until it does"
+    end = "finished" if finished else "FAILED"
+    # the subject is cut at 150 characters: the error (a path, a URL) goes first in the body
+    subject = f"training {end}; final sync FAILING; {what}"
+    body = (f"training {end}; final sync FAILING: {error}; {what}.\n\nTarget: {target or '(unknown)'}\n"
+            + (("Not on the target:\n" + "".join(f"  {u}\n" for u in units[:20]) + "\n") if units else "")
+            + "The machine will not stop until they are: the daemon keeps retrying, and says so here when "
+              "they are safe.\nCheck the target (credentials, bucket, network); `supervisorctl status` shows "
+              "the sync's last error, `supervisorctl sync --wait` retries now.\n")
     return Mail(subject, body)
 
 

@@ -9,6 +9,9 @@ and never abort the batch.
 Optional capabilities (the engine asks through the functions at the end of this module, so a
 target without them needs nothing): `put_units` lands several complete units, manifests included,
 in one step (the Hub: one commit), and `describe` adds facts for status.
+
+The read side (resume): every target kind is also a `Reader` (`list_keys`, `read_file`, `download`);
+`list_units` and `read_manifest` build on it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from supervisor.sync.policy import MANIFEST_NAME
+
 
 class TargetError(Exception):
     """The target failed; the batch stops and is retried with backoff."""
@@ -31,6 +36,11 @@ class TargetError(Exception):
 class AccessDenied(TargetError):
     """The target refused our credentials (bad token, no write access): retrying will not help
     until a person fixes them, so an engine may alert at once."""
+
+
+class PublicRepoRefused(AccessDenied):
+    """The Hub repo is public and `sync.hf_allow_public` is not set: nothing is uploaded there (a
+    typo or a reused name must not publish weights trained on private data)."""
 
 
 class RateLimited(TargetError):
@@ -292,3 +302,52 @@ class _Recording:
 
     def cancelled(self) -> bool:
         return self.sink.cancelled()
+
+
+# --- the read side (resume) ------------------------------------------------------------------
+
+class Reader(Protocol):
+    """What a restore asks of a target: every key with its size, one small file's bytes, and a
+    unit's files downloaded into a folder here. Every target kind implements it."""
+
+    def list_keys(self) -> dict[str, int]:
+        """Every file under the target's base (relative key -> size; -1 when the target does
+        not say)."""
+        ...
+
+    def read_file(self, key: str) -> bytes | None:
+        """A small file's bytes (a manifest, trainer_state.json); None when it is not there."""
+        ...
+
+    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+                 progress: Callable[[int], None]) -> dict[str, str] | None:
+        """`unit_key/rel` into `dest_dir/rel` for each (rel, size), reporting bytes as they
+        arrive. Raises TargetError. Returns rel -> sha256 of the bytes written when it hashed them
+        on the way (S3), else None and the caller hashes the files; either way the caller checks
+        them against the manifest."""
+        ...
+
+
+def reader(target: object) -> Reader:
+    """The target's read side; TargetError naming the kind when it has none."""
+    for name in ("list_keys", "read_file", "download"):
+        if not callable(getattr(target, name, None)):
+            raise TargetError(f"{getattr(target, 'display', type(target).__name__)}: this target cannot be "
+                              "read back (no restore support)")
+    return target  # type: ignore[return-value]
+
+
+def read_manifest(target: object, unit_key: str) -> bytes | None:
+    return reader(target).read_file(join_key(unit_key, MANIFEST_NAME))
+
+
+def list_units(target: object, threads: int = 8) -> tuple[dict[str, int], dict[str, bytes | None]]:
+    """The target's keys, and each folder holding a manifest with that manifest's bytes (None: it
+    vanished between the listing and the read), the reads several at a time (a LoRA run holds
+    dozens of units: one round trip each would add up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = reader(target).list_keys()
+    units = sorted(k[: -len(MANIFEST_NAME) - 1] for k in keys if k.endswith("/" + MANIFEST_NAME))
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="list-units") as pool:
+        return keys, dict(zip(units, pool.map(lambda u: read_manifest(target, u), units), strict=True))

@@ -43,6 +43,7 @@ from supervisor.sync.targets.base import (
     join_key,
 )
 from supervisor.sync.targets.hf_commit import Committer, NoSink, Plan, remote_etag
+from supervisor.sync.targets.hf_read import HfReader
 from supervisor.sync.targets.hf_repo import HubRepo
 from supervisor.sync.targets.hf_rules import parse_trainer_state, unit_of, unit_summary
 from supervisor.sync.targets.hf_stage import Stager
@@ -51,7 +52,7 @@ from supervisor.syncurl import TargetURL
 STATE_MAX = 32 << 20            # trainer_state.json read for commit messages only up to this size
 
 
-class HfTarget:
+class HfTarget(HfReader):
     """The Target (and its optional put_units and describe) for one hf:// URL."""
 
     lands_units = True  # put_units is one commit: a unit's files and manifest appear together or not at all

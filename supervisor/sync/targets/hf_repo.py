@@ -18,7 +18,7 @@ from typing import Any
 from supervisor import __version__
 from supervisor.config import SyncConfig
 from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import AccessDenied, RateLimited, TargetError, join_key
+from supervisor.sync.targets.base import AccessDenied, PublicRepoRefused, RateLimited, TargetError, join_key
 from supervisor.sync.targets.hf_rules import choose_upload_path, find_token, retry_after_s
 from supervisor.syncurl import TargetURL
 
@@ -173,6 +173,12 @@ class HubRepo:
         except Exception as e:  # noqa: BLE001
             raise self.error("repo info", e) from None
         self._private = private
+        if not private and not self.cfg.hf_allow_public:
+            log.warning("hf_repo_public_refused", repo=self.repo_id)
+            raise PublicRepoRefused(
+                f"{self.repo_id} is a public {self.repo_type} repo: everything uploaded there is visible to "
+                f"anyone, so nothing is uploaded (make it private on the Hub, or set "
+                f"sync.hf_allow_public = true if it is meant to be public)")
         if not private and not self._warning:
             self._warning = (f"{self.repo_id} is a public repo: every checkpoint uploaded there is visible "
                              f"to anyone")
@@ -182,6 +188,14 @@ class HubRepo:
                       repo_type=self.repo_type, exist_ok=True)
         self._ready = True
         return api
+
+    def is_public(self) -> bool | None:
+        """Whether the repo exists and is public; None when the Hub cannot say (not reachable, no
+        token, no such repo). Creates nothing: for check-config."""
+        try:
+            return not bool(self.client().repo_info(self.repo_id, repo_type=self.repo_type).private)
+        except Exception:  # noqa: BLE001 - check-config only says what it could find out
+            return None
 
     def commit(self, ops: list[Any], message: str, description: str = "") -> str:
         api = self.ensure()

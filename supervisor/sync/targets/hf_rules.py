@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from supervisor.redact import register as register_secret
 from supervisor.sync.targets.base import AccessDenied
 
 
@@ -47,9 +48,11 @@ def find_token(token_file: str, env: dict[str, str]) -> tuple[str | None, str]:
             raise AccessDenied(f"cannot read sync.hf_token_file {token_file}: {e.strerror or e}") from None
         if not tok:
             raise AccessDenied(f"sync.hf_token_file {token_file} is empty")
+        register_secret(tok)   # a Hub error that echoes it is masked everywhere
         return tok, f"sync.hf_token_file ({token_file})"
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         if (env.get(var) or "").strip():
+            register_secret(env[var].strip())
             return env[var].strip(), f"the {var} environment variable"
     path = stored_token_path(env)
     try:
@@ -57,6 +60,7 @@ def find_token(token_file: str, env: dict[str, str]) -> tuple[str | None, str]:
             tok = fh.read().strip()
     except OSError:
         return None, ""
+    register_secret(tok)
     return (tok or None), f"the Hugging Face CLI login ({path})"
 
 

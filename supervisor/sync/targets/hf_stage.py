@@ -59,6 +59,7 @@ class Stager:
         big = [f for f in files if f.size > SMALL]
         hashes = self._hash_large(big, sink) if self.repo.upload_path == "lfs" else {}
         out: dict[str, Staged] = {}
+        sent_sha: dict[str, Any] = {}   # sha256 -> the op that got that content up, in this batch
         for group in groups(files):
             if sink.cancelled():
                 return out
@@ -70,15 +71,51 @@ class Stager:
                     sink.problem(f, e)
                     continue
                 sink.begin(f, {"mode": "hf", "sha256": prepared[-1][2]})
-            for item in self._preupload(prepared, sink):
+            for item, twin in self._preupload_once(prepared, sink, sent_sha):
                 try:
                     st = self._staged(*item)
                 except SourceProblem as e:
                     sink.problem(item[0], e)
                     continue
+                if twin:
+                    st.sent = 0   # its content went up with its twin's
                 out[st.f.key] = st
                 sink.progress(st.f, st.sent)
         return out
+
+    def _preupload_once(self, prepared: list, sink: UploadSink, sent_sha: dict[str, Any]) -> list:
+        """_preupload, sending each distinct content once per batch: a file whose sha256 another of
+        the batch already got up (two checkpoints' identical training_args.bin or rng_state.pth)
+        is not handed to the client (which would PUT the same object twice) but takes over how
+        its twin was staged. [(item, is_twin)]."""
+        fresh, twins, here = [], [], set()
+        for p in prepared:
+            sha = p[2]
+            if sha and (sha in sent_sha or sha in here):
+                twins.append(p)
+            else:
+                fresh.append(p)
+                if sha:
+                    here.add(sha)
+        done = [(p, False) for p in self._preupload(fresh, sink)]
+        for p, _ in done:
+            if p[2]:
+                sent_sha.setdefault(p[2], p[1])
+        orphans = [p for p in twins if p[2] not in sent_sha]   # its twin was dropped (changed meanwhile)
+        if orphans:
+            for p in self._preupload(orphans, sink):
+                done.append((p, False))
+                sent_sha.setdefault(p[2], p[1])
+        for p in twins:
+            if p in orphans:
+                continue
+            src, op = sent_sha[p[2]], p[1]
+            op._upload_mode, op._should_ignore = src._upload_mode, src._should_ignore
+            op._is_uploaded = getattr(src, "_is_uploaded", False)
+            done.append((p, True))
+        if twins:
+            log.info("hf_twins", files=len(twins) - len(orphans), why="same sha256 as another file of the batch")
+        return done
 
     def _prepare(self, f: LocalFile, hashed: Any) -> tuple[LocalFile, Any, str, bytes | None]:
         """(file, CommitOperationAdd, sha256 or "" when hf_xet will compute it, bytes for small files)."""

@@ -185,6 +185,56 @@ class LocalTarget:
     def close(self) -> None:
         pass
 
+    # --- the read side (resume) -----------------------------------------------------------------
+    def list_keys(self) -> dict[str, int]:
+        if not self.base.is_dir():
+            raise TargetError(f"{self.base}: target folder is missing")
+        out: dict[str, int] = {}
+        for dirpath, _dirs, names in os.walk(self.base):
+            for n in names:
+                if ".tsync-" in n:
+                    continue  # a copy in progress (or left by a crash): never a file of the unit
+                p = os.path.join(dirpath, n)
+                try:
+                    st = os.stat(p, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out[os.path.relpath(p, self.base).replace(os.sep, "/")] = st.st_size
+        return out
+
+    def read_file(self, key: str) -> bytes | None:
+        try:
+            with open(self._dest(key), "rb") as fh:
+                return fh.read(64 << 20)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
+
+    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str, progress) -> dict[str, str]:
+        """Copies, hashing the bytes as they are written (rel -> sha256)."""
+        sums: dict[str, str] = {}
+        for rel, _size in files:
+            src = self._dest(f"{unit_key}/{rel}")
+            dest = os.path.join(dest_dir, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            h = hashlib.sha256()
+            try:
+                with open(src, "rb") as fi, open(dest, "wb") as fo:
+                    while chunk := fi.read(CHUNK):
+                        if self.bucket:
+                            self.bucket.take(len(chunk))
+                        h.update(chunk)
+                        fo.write(chunk)
+                        progress(len(chunk))
+            except FileNotFoundError:
+                raise TargetError(f"{src}: not on the target") from None
+            except OSError as e:
+                raise TargetError(f"{src}: {e.strerror or e}") from None
+            sums[rel] = h.hexdigest()
+        return sums
+
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)

@@ -46,30 +46,13 @@ from supervisor.sync.targets.base import (
     join_key,
     open_source,
 )
+from supervisor.sync.targets.rsync_read import RsyncReader
+from supervisor.sync.targets.rsync_ssh import AES_FIRST, AES_IN_CPU, control_dir, private_dir
 from supervisor.syncurl import TargetURL
 
 log = get_logger("sync.rsync")
 
 PARTIAL_DIR = ".rsync-partial"
-# OpenSSH's default ciphers with AES-GCM first: where the CPU has AES instructions it costs both
-# ends about a third less CPU than chacha20-poly1305 (the default), which counts on a box whose
-# cores are busy with training; the server still picks from the same set
-_AES_FIRST = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
-              "aes128-ctr,aes192-ctr,aes256-ctr")
-
-
-def _cpu_has_aes() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return "aes" in line.split(":", 1)[-1].split()
-    except OSError:
-        pass
-    return False
-
-
-_AES_IN_CPU = _cpu_has_aes()
 VANISHED = 24
 PARTIAL = 23
 SHELL_IDLE_S = 10.0
@@ -85,7 +68,7 @@ def _pdeathsig() -> None:
         pass
 
 
-class RsyncTarget:
+class RsyncTarget(RsyncReader):
     def __init__(self, url: TargetURL, cfg: SyncConfig, work_dir: str | Path):
         self.url = url
         self.cfg = cfg
@@ -94,10 +77,11 @@ class RsyncTarget:
         self.base = url.path.rstrip("/") or "/"
         self.work = Path(work_dir)
         self._ready = False
-        self.control_dir = _control_dir(self.work)
+        self.control_dir = control_dir(self.work)
         # our own name for the socket (not ssh's %C) so close() knows which one is ours
         ident = f"{self.remote_host}:{cfg.ssh_port}".encode()
         self.control_path = f"{self.control_dir}/{hashlib.sha1(ident).hexdigest()[:20]}" if self.control_dir else ""
+        self._warned_control = False
         self._suspect: set[str] = set()  # keys whose remote content differed: resend by checksum
         self._sh: _RemoteShell | None = None
         self._shell_lock = threading.Lock()
@@ -113,13 +97,18 @@ class RsyncTarget:
             argv += ["-i", c.ssh_key, "-o", "IdentitiesOnly=yes"]
         if c.known_hosts_file:
             argv += ["-o", f"UserKnownHostsFile={c.known_hosts_file}"]
-        if _AES_IN_CPU:
-            argv += ["-o", f"Ciphers={_AES_FIRST}"]
-        if self.control_path:
-            os.makedirs(self.control_dir, mode=0o700, exist_ok=True)  # another run's close() may have removed it
+        if AES_IN_CPU:
+            argv += ["-o", f"Ciphers={AES_FIRST}"]
+        # checked on every use, not only when first chosen: another run's close() may have removed
+        # the folder, and in the /tmp fallback a local user may have made it again first
+        if self.control_path and private_dir(self.control_dir):
             # one SSH connection for the rsync runs of a pass instead of a handshake each
             argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
                      "-o", "ControlPersist=15"]
+        elif self.control_path and not self._warned_control:
+            self._warned_control = True
+            log.warning("ssh_control_dir_unsafe", folder=self.control_dir,
+                        why="not a folder of ours with mode 0700; each run opens its own SSH connection")
         return argv
 
     def _rsync_base(self) -> list[str]:
@@ -503,22 +492,6 @@ class _RemoteShell:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait(5)
-
-
-def _control_dir(work: Path) -> str:
-    """A private folder for the SSH control socket, short enough for a unix socket path."""
-    for d in (work.parent / "cm", Path(f"/tmp/tsync-ssh-{os.getuid()}")):
-        if len(str(d)) + 1 + 20 + 17 >= 108:  # ssh binds "<path>.<16 random>" first; sun_path is 108
-            continue
-        try:
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = d.stat()
-            if st.st_uid != os.getuid() or st.st_mode & 0o077:
-                continue
-        except OSError:
-            continue
-        return str(d)
-    return ""
 
 
 def _split(f: LocalFile) -> tuple[str, str, str]:

@@ -42,6 +42,7 @@ from supervisor.sync.targets.base import (
 )
 from supervisor.sync.targets.s3_client import S3Connection
 from supervisor.sync.targets.s3_multipart import MultipartPut
+from supervisor.sync.targets.s3_read import S3Reader
 from supervisor.sync.targets.s3_wire import (
     BUFFER_MAX,
     COPY_MIN,
@@ -59,7 +60,7 @@ from supervisor.sync.targets.s3_wire import (
 log = get_logger("sync.s3")
 
 
-class S3Target(MultipartPut, S3Connection):
+class S3Target(MultipartPut, S3Connection, S3Reader):
     """Uploads: small files in one PUT (or a server-side copy of a twin the store holds), large
     ones by MultipartPut; the connection and listings are S3Connection's."""
 

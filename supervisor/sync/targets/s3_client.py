@@ -59,10 +59,22 @@ class S3Connection:
         with self._lock:
             if self._client is None:
                 self._client = self._make_client()
+            if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="s3-put")
                 # large files: one thread each to create, hash and complete; parts go to _pool
                 self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
             return self._client
+
+    def reload_credentials(self, why: str) -> None:
+        """Read sync.credentials_file again at the next request (boto3 reads it once, when the
+        client is made): after a refusal, or when the user asks for a sync, a fixed file must
+        work without a daemon restart."""
+        if not self.cfg.credentials_file:
+            return
+        with self._lock:
+            if self._client is not None:
+                self._client = None
+                log.info("s3_credentials_reread", file=self.cfg.credentials_file, why=why)
 
     def prepare(self) -> None:
         """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
@@ -139,6 +151,8 @@ class S3Connection:
                 raise NotFound(code) from None
             msg = err.get("Message", "") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
             if code in AUTH_CODES:
+                if op != "copy_object":  # a key that may not copy is refused that for good (s3.py)
+                    self.reload_credentials(f"{op} refused: {code}")
                 raise Refused(f"S3 {op} {kw.get('Key', '')}: {code}: {msg} (check the credentials and the "
                                "bucket's permissions)".strip()) from None
             raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}".strip()) from None

@@ -1,0 +1,148 @@
+"""Which unit on the target to resume from, decided from what the target lists and its manifests.
+
+A unit is a folder on the target that holds a `_MANIFEST.json` or is named `checkpoint-N`. It is
+*complete* only when its manifest parses, says `"complete": true`, and every file it lists is on
+the target with the listed size; anything else is skipped with the reason named (a half-uploaded
+`checkpoint-30` without a manifest is the classic trap). Newest = highest step: `global_step` from
+the unit's `trainer_state.json` when known, else the number in the folder's name.
+
+Pure: the caller lists the target and reads the manifests; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from supervisor.sync.manifest import FORMAT, ManifestFile, digest
+from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.training.checkpoints import checkpoint_step
+
+COMPLETE, PARTIAL, DAMAGED, NO_MANIFEST = "complete", "partial", "damaged", "no manifest"
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    key: str                               # the folder's key on the target ("checkpoint-20", "out/checkpoint-20")
+    state: str                             # COMPLETE | PARTIAL | DAMAGED | NO_MANIFEST
+    why: str = ""                          # for a skipped unit: what is wrong, in words
+    step: int | None = None
+    files: tuple[ManifestFile, ...] = ()
+    total_bytes: int = 0
+    saved_at: str = ""                     # the manifest's created_at (ISO-8601 UTC)
+    host: str = ""                         # the machine that wrote it
+    digest: str = ""
+    max_steps: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    def to_json(self) -> dict:
+        return {"unit": self.key, "state": self.state, "why": self.why, "step": self.step,
+                "files": len(self.files), "bytes": self.total_bytes, "saved_at": self.saved_at,
+                "host": self.host, "max_steps": self.max_steps}
+
+
+@dataclass
+class Choice:
+    order: list[UnitInfo] = field(default_factory=list)     # complete units, newest first: try in turn
+    skipped: list[UnitInfo] = field(default_factory=list)   # newer than the first complete one, not usable
+
+
+def unit_keys(keys: dict[str, int]) -> list[str]:
+    """The unit folders among the target's keys (key -> size)."""
+    out: set[str] = set()
+    for k in keys:
+        if "/" not in k:
+            continue
+        folder, name = k.rsplit("/", 1)
+        if name == MANIFEST_NAME:
+            out.add(folder)
+        for i, part in enumerate(folder.split("/")):
+            if checkpoint_step(part) is not None:
+                out.add("/".join(folder.split("/")[: i + 1]))
+                break
+    return sorted(out)
+
+
+def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
+    """A unit as its manifest and the target's listing describe it."""
+    step = checkpoint_step(key.rsplit("/", 1)[-1])
+    if manifest is None:
+        return UnitInfo(key, NO_MANIFEST, f"no {MANIFEST_NAME}: a partial upload", step)
+    try:
+        doc = json.loads(manifest.decode("utf-8"))
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError("not a train-supervisor manifest")
+        files = tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in doc.get("files") or [])
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        return UnitInfo(key, DAMAGED, f"manifest unreadable: {e}", step)
+    d = digest(list(files))
+    base = UnitInfo(key, COMPLETE, "", step, files, sum(f.size for f in files), str(doc.get("created_at") or ""),
+                    str(doc.get("host") or ""), d)
+    if doc.get("digest") and doc["digest"] != d:
+        return _with(base, DAMAGED, "manifest digest does not match its file list")
+    if doc.get("complete") is not True:
+        damaged = ", ".join(doc.get("damaged") or []) or "none named"
+        return _with(base, PARTIAL, f"manifest says not complete ({doc.get('partial') or 'partial'}; "
+                                    f"damaged: {damaged})")
+    if not files:
+        return _with(base, PARTIAL, "manifest lists no files")
+    gone = [f.path for f in files if keys.get(f"{key}/{f.path}") is None]
+    if gone:
+        return _with(base, PARTIAL, f"{len(gone)} listed file(s) missing on the target ({', '.join(gone[:3])})")
+    short = [f.path for f in files if keys.get(f"{key}/{f.path}", f.size) not in (f.size, -1)]
+    if short:
+        return _with(base, DAMAGED, f"size differs from the manifest: {', '.join(short[:3])}")
+    return base
+
+
+def with_state(u: UnitInfo, trainer_state: bytes | None) -> UnitInfo:
+    """The unit's step and max_steps from its `trainer_state.json` (when read), else as named."""
+    if trainer_state is None:
+        return u
+    try:
+        doc = json.loads(trainer_state.decode("utf-8"))
+        step = int(doc["global_step"])
+        mx = doc.get("max_steps")
+        max_steps = int(mx) if isinstance(mx, int | float) and mx > 0 else None
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return u
+    return UnitInfo(u.key, u.state, u.why, step, u.files, u.total_bytes, u.saved_at, u.host, u.digest, max_steps)
+
+
+def _with(u: UnitInfo, state: str, why: str) -> UnitInfo:
+    return UnitInfo(u.key, state, why, u.step, u.files, u.total_bytes, u.saved_at, u.host, u.digest, u.max_steps)
+
+
+def _rank(u: UnitInfo) -> tuple[int, str]:
+    return (u.step if u.step is not None else -1, u.saved_at)
+
+
+def choose(units: list[UnitInfo], name: str | None = None) -> Choice:
+    """The complete units to try, newest first, and the newer ones skipped (with their reasons).
+    `name` (`--checkpoint NAME`): only that unit (its key or folder name), skipped when unusable."""
+    if name:
+        want = [u for u in units if name in (u.key, u.name)]
+        return Choice([u for u in want if u.state == COMPLETE], [u for u in want if u.state != COMPLETE])
+    ranked = sorted(units, key=_rank, reverse=True)
+    order = [u for u in ranked if u.state == COMPLETE]
+    top = _rank(order[0]) if order else None
+    skipped = [u for u in ranked if u.state != COMPLETE and (top is None or _rank(u) > top)]
+    return Choice(order, skipped)
+
+
+def local_rel(unit_key: str, prefixes: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """(watched folder, path inside it) of a unit key, given (folder, key prefix) per watched folder
+    (a lone watched folder maps to the target's top, several each to their prefix); None when the
+    unit belongs to no watched folder."""
+    for folder, prefix in prefixes:
+        if not prefix:
+            if len(prefixes) == 1:
+                return folder, unit_key
+            continue
+        if unit_key.startswith(prefix + "/"):
+            return folder, unit_key[len(prefix) + 1:]
+    return None
+

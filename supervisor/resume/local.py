@@ -1,0 +1,53 @@
+"""The newest complete checkpoint already on this machine: a `checkpoint-N` folder in (or one level
+below) a watched folder that holds the completion marker (`trainer_state.json`, written last by the
+Trainer). Its path is what the training gets in TRAIN_SUPERVISOR_RESUME_FROM."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from supervisor.training.checkpoints import checkpoint_step
+
+STATE_MAX = 16 << 20
+
+
+def newest_local(folders: list[str], marker: str = "trainer_state.json") -> tuple[str, int] | None:
+    """(path, step) of the newest complete checkpoint under the folders; None when there is none."""
+    best: tuple[int, str] | None = None
+    for folder in folders:
+        for d in _candidates(folder):
+            if not os.path.isfile(os.path.join(d, marker or "trainer_state.json")):
+                continue
+            step = _step(d)
+            if step is not None and (best is None or step > best[0]):
+                best = (step, d)
+    return (best[1], best[0]) if best else None
+
+
+def _candidates(folder: str) -> list[str]:
+    out = []
+    try:
+        top = list(os.scandir(folder))
+    except OSError:
+        return out
+    for e in top:
+        if not e.is_dir(follow_symlinks=False) or e.name.startswith("."):
+            continue
+        if checkpoint_step(e.name) is not None:
+            out.append(e.path)
+            continue
+        try:  # one level down: a watched folder above several runs' output_dirs
+            out += [s.path for s in os.scandir(e.path)
+                    if s.is_dir(follow_symlinks=False) and checkpoint_step(s.name) is not None]
+        except OSError:
+            pass
+    return out
+
+
+def _step(path: str) -> int | None:
+    try:
+        with open(os.path.join(path, "trainer_state.json"), "rb") as fh:
+            return int(json.loads(fh.read(STATE_MAX))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return checkpoint_step(os.path.basename(path))

@@ -1,0 +1,285 @@
+"""The restore: the target's units surveyed, the newest complete one downloaded into its original
+place under the watched folder, every file checked against the manifest's sha256, and recorded in
+the sync ledger as on the target (so nothing restored is uploaded again and keep_last counts the
+restored units with the new ones).
+
+The files land in a hidden staging folder beside the destination (a temp name the sync never
+uploads) and are renamed into place only once all of them matched the manifest, so the training
+and the sync never see half a checkpoint. A file that does not match (same size, other bytes) makes
+the unit unusable: its staging folder is removed and the unit before it is tried, and the result
+says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from supervisor.resume.choose import COMPLETE, UnitInfo, choose, judge, local_rel, unit_keys, with_state
+from supervisor.sync._log import get_logger
+from supervisor.sync.ledger import Entry, Ledger
+from supervisor.sync.scan import Root
+from supervisor.sync.targets.base import TargetError, join_key, list_units, reader
+
+log = get_logger("resume")
+
+HASH_CHUNK = 8 << 20
+SURVEY_THREADS = 8
+VERIFY_THREADS = 4
+STATE_NAME = "trainer_state.json"
+
+
+class NothingToRestore(Exception):
+    """The target is reachable and holds no complete unit (or not the one asked for)."""
+
+
+class AllDamaged(NothingToRestore):
+    """Complete units are on the target, but none of them matched its manifest when downloaded:
+    there is work to resume from, so this is never a quiet fresh start."""
+
+
+@dataclass
+class Survey:
+    units: list[UnitInfo]                 # every unit on the target, newest first
+    order: list[UnitInfo]                 # the complete ones to try, newest first
+    skipped: list[UnitInfo]               # newer than the first complete one, and why not usable
+
+
+@dataclass
+class Result:
+    unit: UnitInfo
+    path: str
+    bytes: int
+    seconds: float
+    skipped: list[UnitInfo] = field(default_factory=list)
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (unit, why it was not used)
+    already_here: bool = False
+    dry_run: bool = False
+
+    def to_json(self) -> dict:
+        return {"unit": self.unit.key, "step": self.unit.step, "max_steps": self.unit.max_steps,
+                "path": self.path, "bytes": self.bytes, "seconds": round(self.seconds, 3),
+                "saved_at": self.unit.saved_at, "saved_on": self.unit.host,
+                "skipped": [{"unit": u.key, "why": u.why} for u in self.skipped],
+                "fallbacks": [{"unit": k, "why": w} for k, w in self.fallbacks],
+                "already_here": self.already_here, "dry_run": self.dry_run}
+
+
+class Progress:
+    """Bytes of the current restore, for status (rate and ETA over the whole restore)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.unit = ""
+        self.total = 0
+        self.done = 0
+        self.t0 = 0.0
+
+    def begin(self, unit: str, total: int) -> None:
+        with self._lock:
+            self.unit, self.total, self.done, self.t0 = unit, total, 0, time.monotonic()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+
+    def to_json(self) -> dict:
+        with self._lock:
+            el = max(1e-6, time.monotonic() - self.t0) if self.t0 else 0.0
+            rate = self.done / el if el else 0.0
+            left = max(0, self.total - self.done)
+            return {"unit": self.unit, "bytes_done": self.done, "bytes_total": self.total,
+                    "rate_bps": round(rate), "eta_s": round(left / rate, 1) if rate > 0 else None}
+
+
+class Restorer:
+    """target: built from sync.target; ledger: the sync engine's (None: record nothing, a dry run
+    or a one-shot list); roots: the watched folders with their key prefixes."""
+
+    def __init__(self, target: object, ledger: Ledger | None, roots: list[Root], now: Callable[[], float],
+                 etag_is_sha: bool = False, progress: Progress | None = None):
+        self.target = target
+        self.ledger = ledger
+        self.roots = roots
+        self.now = now
+        self.etag_is_sha = etag_is_sha
+        self.progress = progress or Progress()
+
+    # --- what the target holds -----------------------------------------------------------------
+    def survey(self, name: str | None = None) -> Survey:
+        keys, manifests = list_units(self.target, SURVEY_THREADS)
+
+        def one(k: str) -> UnitInfo:
+            u = judge(k, manifests.get(k), keys)
+            if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
+                u = with_state(u, reader(self.target).read_file(join_key(k, STATE_NAME)))
+            return u
+
+        with ThreadPoolExecutor(SURVEY_THREADS, thread_name_prefix="resume-survey") as pool:
+            units = list(pool.map(one, unit_keys(keys)))
+        ch = choose(units, name)
+        ranked = sorted(units, key=lambda u: (u.step if u.step is not None else -1, u.saved_at), reverse=True)
+        return Survey(ranked, ch.order, ch.skipped)
+
+    # --- the restore ---------------------------------------------------------------------------
+    def restore(self, name: str | None = None, dry_run: bool = False) -> Result:
+        """The newest complete unit (or `name`) into its place; the unit before it when one of its
+        files is damaged. Raises NothingToRestore, TargetError."""
+        sv = self.survey(name)
+        for u in sv.skipped:
+            log.warning("resume_unit_skipped", unit=u.key, state=u.state, why=u.why)
+        fallbacks: list[tuple[str, str]] = []
+        for u in sv.order:
+            where = local_rel(u.key, [(r.path, r.prefix) for r in self.roots])
+            if where is None:
+                fallbacks.append((u.key, "belongs to no watched folder"))
+                continue
+            dest = os.path.join(where[0], where[1])
+            if dry_run:
+                return Result(u, dest, u.total_bytes, 0.0, sv.skipped, fallbacks, dry_run=True)
+            t0 = time.monotonic()
+            try:
+                already = self._fetch(u, dest)
+            except Damaged as e:
+                log.error("resume_unit_damaged", unit=u.key, why=str(e), note="trying the unit before it")
+                fallbacks.append((u.key, str(e)))
+                continue
+            self._record(u, dest, sv.units)
+            res = Result(u, dest, 0 if already else u.total_bytes, time.monotonic() - t0, sv.skipped, fallbacks,
+                         already_here=already)
+            log.info("resume_restored", unit=u.key, path=dest, bytes=res.bytes, seconds=round(res.seconds, 2),
+                     fallbacks=len(fallbacks))
+            return res
+        why = "; ".join(f"{k}: {w}" for k, w in fallbacks) or "; ".join(f"{u.key}: {u.why}" for u in sv.skipped)
+        raise (AllDamaged if fallbacks else NothingToRestore)(f"no complete checkpoint{' named ' + name if name else ''} on the target"
+                               + (f" ({why})" if why else ""))
+
+    def _fetch(self, u: UnitInfo, dest: str) -> bool:
+        """Download and verify into dest; True when dest already held exactly this unit."""
+        if os.path.isdir(dest):
+            if not _verify(dest, u):
+                return True
+            aside = os.path.join(os.path.dirname(dest), f".{u.name}.resume-aside-{secrets.token_hex(3)}.partial")
+            os.replace(dest, aside)  # what was here is kept (a temp name the sync never uploads)
+            log.warning("resume_set_aside", path=dest, aside=aside, note="differs from the target's copy")
+        parent = os.path.dirname(dest)
+        os.makedirs(parent, exist_ok=True)
+        for old in os.listdir(parent):  # a restore cut short (the daemon stopped, the machine went) left these
+            if old.startswith(f".{u.name}.tsync-"):
+                shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
+        stage = os.path.join(parent, f".{u.name}.tsync-{secrets.token_hex(4)}")
+        os.makedirs(stage)
+        try:
+            self.progress.begin(u.key, u.total_bytes)
+            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], stage,
+                                                self.progress.add)
+            bad = _compare(stage, u, sums) if isinstance(sums, dict) else _verify(stage, u)
+            if bad:
+                raise Damaged("; ".join(bad[:3]))
+            self._record_files(u, stage, dest)
+            os.replace(stage, dest)
+            _fsync_dir(parent)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        return False
+
+    def _record_files(self, u: UnitInfo, stage: str, dest: str) -> None:
+        """Before the rename (which keeps inode and mtime): the sync never sees these files unrecorded."""
+        if self.ledger is None:
+            return
+        at = self.now()
+        for f in u.files:
+            st = os.stat(os.path.join(stage, f.path))
+            self.ledger.done(join_key(u.key, f.path), Entry(st.st_size, st.st_mtime_ns, f.sha256,
+                                                             f.sha256 if self.etag_is_sha else "",
+                                                             os.path.join(dest, f.path), at, st.st_ino))
+
+    def _record(self, u: UnitInfo, dest: str, units: list[UnitInfo]) -> None:
+        """The restored unit's files (when already here) and every complete unit's manifest: the
+        sync treats them as its own uploads (keep_last counts them; nothing is sent again)."""
+        if self.ledger is None:
+            return
+        if self.ledger.get(join_key(u.key, u.files[0].path)) is None:
+            self._record_files(u, dest, dest)
+        at = self.now()
+        for other in units:
+            if other.state == COMPLETE and self.ledger.manifest(other.key) is None:
+                self.ledger.manifest_done(other.key, other.digest, _epoch(other.saved_at) or at)
+        self.ledger.sync()
+
+
+class Damaged(Exception):
+    """A downloaded file does not match the manifest."""
+
+
+def _verify(folder: str, u: UnitInfo) -> list[str]:
+    """Every file's size and sha256 against the manifest; the problems found ([] when it matches).
+    Files are hashed on several threads (hashlib lets go of the GIL), the largest first."""
+    def check(f) -> str | None:
+        h = hashlib.sha256()
+        n = 0
+        try:
+            with open(os.path.join(folder, f.path), "rb") as fh:
+                while chunk := fh.read(HASH_CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+        except OSError as e:
+            return f"{f.path}: {e.strerror or e}"
+        if n != f.size:
+            return f"{f.path}: size {n}, manifest says {f.size}"
+        if h.hexdigest() != f.sha256:
+            return f"{f.path}: sha256 differs from the manifest"
+        return None
+
+    files = sorted(u.files, key=lambda f: -f.size)
+    with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="resume-verify") as pool:
+        found = list(pool.map(check, files))
+    order = {f.path: i for i, f in enumerate(u.files)}
+    return [p for _, p in sorted((order[f.path], p) for f, p in zip(files, found, strict=True) if p)]
+
+
+def _compare(folder: str, u: UnitInfo, sums: dict[str, str]) -> list[str]:
+    """Sizes here and the sha256s the target computed while writing (S3), against the manifest."""
+    bad = []
+    for f in u.files:
+        try:
+            n = os.stat(os.path.join(folder, f.path)).st_size
+        except OSError as e:
+            bad.append(f"{f.path}: {e.strerror or e}")
+            continue
+        if n != f.size:
+            bad.append(f"{f.path}: size {n}, manifest says {f.size}")
+        elif sums.get(f.path) != f.sha256:
+            bad.append(f"{f.path}: sha256 differs from the manifest")
+    return bad
+
+
+def _epoch(iso: str) -> float | None:
+    try:
+        return dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def saved_epoch(u: UnitInfo) -> float | None:
+    return _epoch(u.saved_at)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["AllDamaged", "Damaged", "NothingToRestore", "Progress", "Restorer", "Result", "Survey", "TargetError", "saved_epoch"]

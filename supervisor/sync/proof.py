@@ -1,0 +1,79 @@
+"""Proving a local folder is safe off the machine, for the disk wing's prune: the target holds the
+unit complete per its manifest (the ledger's manifest digest is of exactly these files, in these
+versions) and a content check against the target passes right now, the same check the final sync
+makes (`Target.missing` over every file with the fingerprint recorded at upload, and the
+manifest). A mixin of SyncEngine.
+
+The check runs on the caller's thread, not the sync worker's: the worker may be in the middle of
+a long upload (an 88 GiB checkpoint), and the disk must be freed before the next save, not after
+that upload. `missing` only reads the target, and every target reads safely beside the worker (S3:
+one thread-safe client; rsync: another ssh session over the same master; local: the filesystem;
+the Hub: HTTP). The ledger is locked on its own. A file the target lost is forgotten at once and
+the worker asked to send it again, as the final sync does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from supervisor.sync import final
+from supervisor.sync._log import get_logger
+from supervisor.sync.targets.base import Target, TargetError
+
+log = get_logger("sync")
+
+
+def _answer(ok: bool, reason: str = "", unit: str = "", files: dict | None = None, at: float = 0.0) -> dict:
+    return {"ok": ok, "reason": reason, "unit": unit, "files": files or {}, "checked_at": at}
+
+
+class Proofs:
+    target: Target | None
+    _lock: threading.RLock
+    _wake: threading.Event
+
+    def prove_held(self, paths: list[str]) -> dict[str, dict]:
+        """path -> {"ok", "reason", "unit" (the key on the target), "files" (rel -> [size, mtime_ns,
+        inode] of exactly the files verified), "checked_at" (clock.time() of the check)}. ok only
+        when the target was just seen to hold every file of the folder as uploaded, and its
+        complete manifest. Blocks on the target (a few requests per folder)."""
+        norm = [os.path.normpath(p) for p in paths if p]
+        if not norm:
+            return {}
+        if not self.enabled or self.target is None:
+            return {p: _answer(False, "no sync target") for p in norm}
+        with self._lock:
+            units = {u.abspath: u for u in self._units.values() if u.kind == "dir"}
+            up = self._up
+        out: dict[str, dict] = {}
+        for p in norm:
+            u = units.get(p)
+            if u is None or up is None or self.ledger is None:
+                out[p] = _answer(False, "not a folder the sync engine has seen")
+            elif not u.verdict.complete:
+                out[p] = _answer(False, f"not complete here ({u.verdict.reason})", u.key)
+            elif not up.held(u):
+                out[p] = _answer(False, "the target does not hold it complete per its manifest yet", u.key)
+            else:
+                out[p] = self._check(u)
+        return out
+
+    def _check(self, u) -> dict:
+        assert self.ledger is not None and self.target is not None
+        expected = {**final.expected([u], self.ledger.current), **final.manifest_keys({u.key})}
+        try:
+            lost = self.target.missing(expected)
+        except TargetError as e:
+            return _answer(False, f"the target cannot be checked: {e}", u.key)
+        except Exception as e:  # noqa: BLE001 - an odd failure of a target is a failed check, never a delete
+            log.exception("sync_proof_failed", unit=u.label)
+            return _answer(False, f"the target cannot be checked: {type(e).__name__}: {e}", u.key)
+        if lost:
+            log.warning("sync_proof_lost", unit=u.label, files=lost[:10], count=len(lost))
+            final.forget_lost(self.ledger, lost, {u.key})
+            self.request_sync()  # send what the target lost again
+            return _answer(False, f"the target lost {len(lost)} file(s): {', '.join(lost[:3])}", u.key)
+        files = {s.rel: [s.size, s.mtime_ns, s.ino] for s in u.selected}
+        log.info("sync_proof_ok", unit=u.label, files=len(files))
+        return _answer(True, "", u.key, files, self.clock.time())

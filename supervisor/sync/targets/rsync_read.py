@@ -1,0 +1,90 @@
+"""The rsync target's read side (resume): the listing rsync gives, one small file by `ssh cat`,
+and a unit's files in one rsync run (`--files-from`, over the target's shared SSH connection),
+with progress read from the growing files here while it runs. The content is verified by the
+caller against the manifest's sha256."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.sync.targets.base import TargetError, join_key
+
+PARTIAL_DIR = ".rsync-partial"
+SMALL_MAX = 64 << 20
+
+
+class RsyncReader:
+    """Mixed into RsyncTarget; uses its `listing`, `_run`, `_rsync_base`, `_remote`, `ssh_argv`."""
+
+    display: str
+    remote_host: str
+    listing: Callable[[str], dict[str, int]]
+    _run: Callable[..., subprocess.CompletedProcess]
+    _rsync_base: Callable[[], list[str]]
+    _remote: Callable[..., str]
+    ssh_argv: Callable[[], list[str]]
+
+    def list_keys(self) -> dict[str, int]:
+        return {k: v for k, v in self.listing("").items() if PARTIAL_DIR not in k.split("/")}
+
+    def read_file(self, key: str) -> bytes | None:
+        path = self._remote(key)
+        r = self._run([*self.ssh_argv(), self.remote_host,
+                       f"test -e {shlex.quote(path)} || exit 3; exec head -c {SMALL_MAX} -- {shlex.quote(path)}"],
+                      timeout=120)
+        if r.returncode == 3:
+            return None
+        if r.returncode != 0:
+            raise TargetError(f"{self.display}: cannot read {key} ({r.returncode}): "
+                              f"{r.stderr.decode(errors='replace')[-300:]}")
+        return r.stdout
+
+    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+                 progress: Callable[[int], None]) -> None:
+        os.makedirs(dest_dir, exist_ok=True)
+        done = threading.Event()
+        seen = [0]
+
+        def watch() -> None:  # rsync writes each file under a temp name in its folder: count them all
+            while not done.wait(0.5):
+                now = _tree_bytes(dest_dir)
+                if now > seen[0]:
+                    progress(now - seen[0])
+                    seen[0] = now
+
+        t = threading.Thread(target=watch, name="rsync-progress", daemon=True)
+        t.start()
+        with tempfile.NamedTemporaryFile("wb", prefix="restore-", suffix=".list") as lst:
+            lst.write(b"".join(os.fsencode(rel) + b"\0" for rel, _ in files))
+            lst.flush()
+            timeout = 600 + sum(max(0, s) for _, s in files) / (5 * 1024 * 1024)
+            argv: list[Any] = [*self._rsync_base(), "--from0", f"--files-from={lst.name}",
+                               f"{self.remote_host}:{self._remote(join_key(unit_key))}/", dest_dir.rstrip("/") + "/"]
+            try:
+                r = self._run(argv, timeout=timeout)
+            finally:
+                done.set()
+                t.join()
+        if r.returncode != 0:
+            raise TargetError(f"{self.display}: download of {unit_key} failed ({r.returncode}): "
+                              f"{r.stderr.decode(errors='replace')[-300:]}")
+        total = _tree_bytes(dest_dir)
+        if total > seen[0]:
+            progress(total - seen[0])
+
+
+def _tree_bytes(path: str) -> int:
+    n = 0
+    for dirpath, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                n += os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_size
+            except OSError:
+                pass
+    return n

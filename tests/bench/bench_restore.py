@@ -1,0 +1,147 @@
+"""Benchmark: our restore (`python -m supervisor.resume`: list, read the manifests, download, verify
+every file's sha256, record in the ledger) against `s5cmd cp`, `rclone copy` and `aws s3 cp
+--recursive` of the same folder from the same local SeaweedFS, on two trees:
+
+- `checkpoint`: one synthetic checkpoint of about 2 GiB (bench_sync.make_checkpoint);
+- `lora`: the newest folder of a LoRA run (bench_sync.make_lora_run: 20 checkpoints of ~50 MiB; the
+  restore lists and judges all 20 and downloads the newest).
+
+    python tests/bench/bench_restore.py [--tree checkpoint|lora|both] [--quick] [--rounds 3]
+
+The trees go up once with our sync (`python -m supervisor.sync --once`). Each round every tool
+downloads into an empty folder as a fresh process (start-up counts for everyone), the order rotated;
+the result is checked (file count and bytes), then removed. Prints each round and the medians, and
+our time relative to each peer. Peers come from the bench extra (`pip install -e .[bench]`); a
+missing one is reported and skipped. `--quick`: 256 MiB checkpoint, 20 x 12 MiB LoRA run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.bench.bench_sync import Bench, MiB, make_checkpoint, make_lora_run, run, tool  # noqa: E402
+from tests.fixtures.s3 import SeaweedS3  # noqa: E402
+from tests.fixtures.sync_engine import to_toml  # noqa: E402
+
+
+class Restore(Bench):
+    def upload(self, prefix: str) -> None:
+        run(self.ours(prefix), self.env)
+
+    def ours_restore(self, prefix: str, dest: Path) -> list[str]:
+        d = self.work / f"restore-{prefix}"
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        cfg = {"state_dir": str(d / "state"), "log_level": "warning",
+               "sync": {"target": f"s3://{self.s3.bucket}/{prefix}", "endpoint_url": self.s3.endpoint,
+                        "region": "us-east-1", "watch": [str(dest)]}}
+        (d / "cfg.toml").write_text(to_toml(cfg))
+        return [sys.executable, "-m", "supervisor.resume", "--config", str(d / "cfg.toml")]
+
+    def s5cmd_cp(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
+        exe = tool("s5cmd")
+        return exe and [exe, "--endpoint-url", self.s3.endpoint, "cp", f"s3://{self.s3.bucket}/{prefix}/{unit}/*",
+                        f"{dest / unit}/"]
+
+    def rclone_copy(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
+        if not self.rclone(prefix):
+            return None
+        return [tool("rclone") or "rclone", "copy", f"bench:{self.s3.bucket}/{prefix}/{unit}", str(dest / unit)]
+
+    def aws_cp(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
+        exe = tool("aws")
+        return exe and [exe, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", self.s3.endpoint,
+                        f"s3://{self.s3.bucket}/{prefix}/{unit}/", f"{dest / unit}/"]
+
+
+def tree_size(p: Path) -> tuple[int, int]:
+    files = [f for f in p.rglob("*") if f.is_file() and f.name != "_MANIFEST.json"]
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds: int) -> dict[str, list[float]]:
+    names = ["ours", "s5cmd", "rclone", "aws"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        line = []
+        for n in order:
+            dest = b.work / f"dest-{n}"
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.mkdir()
+            argv = b.ours_restore(prefix, dest) if n == "ours" else getattr(b, f"{n}_{'cp' if n != 'rclone' else 'copy'}")(
+                prefix, unit, dest)
+            if not argv:
+                if r == 0:
+                    print(f"  {n}: not installed, skipped")
+                continue
+            dt, _cpu = run(argv, b.env)
+            got = tree_size(dest / unit)
+            if got != want:
+                raise RuntimeError(f"{n}: restored {got}, expected {want}")
+            times[n].append(dt)
+            line.append(f"{n} {dt:.2f}s")
+            shutil.rmtree(dest)
+        print(f"  round {r + 1}: " + ", ".join(line), flush=True)
+    return {n: t for n, t in times.items() if t}
+
+
+def report(tree: str, nbytes: int, times: dict[str, list[float]]) -> None:
+    med = {n: statistics.median(t) for n, t in times.items()}
+    print(f"== {tree}: medians ({nbytes / MiB:.0f} MiB)")
+    for n, m in sorted(med.items(), key=lambda kv: kv[1]):
+        rel = f"  ours/{n} = {med['ours'] / m:.2f}" if n != "ours" and "ours" in med else ""
+        print(f"  {n:<7} {m:7.2f}s  {nbytes / MiB / m:8.1f} MiB/s{rel}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tree", choices=["checkpoint", "lora", "both"], default="both")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-restore-"))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "supervisor")], check=True,
+                   capture_output=True)
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    s3 = SeaweedS3(base / "seaweedfs")
+    s3.start()
+    try:
+        for tree in (["checkpoint", "lora"] if args.tree == "both" else [args.tree]):
+            src = base / f"src-{tree}"
+            src.mkdir(parents=True)
+            if tree == "checkpoint":
+                make_checkpoint(src, 256 if args.quick else 2048, 128 if args.quick else 512)
+            else:
+                make_lora_run(src, 20, 12 if args.quick else 50, 2 if args.quick else 1.8)
+            unit = max((p.name for p in src.iterdir()), key=lambda n: int(n.split("-")[1]))
+            want = tree_size(src / unit)
+            b = Restore(s3, src, base / f"work-{tree}")
+            t = time.perf_counter()
+            b.upload(tree)
+            print(f"\n== {tree}: {unit}, {want[0]} files, {want[1] / MiB:.0f} MiB "
+                  f"(uploaded in {time.perf_counter() - t:.1f}s)", flush=True)
+            shutil.rmtree(src)  # the restore must not find it locally
+            report(tree, want[1], bench_tree(b, tree, unit, want, args.rounds))
+    finally:
+        s3.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
