@@ -1,4 +1,4 @@
-"""The README's configuration reference, generated from the shipped default config and the schema
+"""The configuration reference (docs/configuration.md), generated from the shipped default config and the schema
 in config.py, so the two can never disagree: `python -m supervisor.configdoc` prints the Markdown.
 
 The "default" column is the built-in default. Where the file shows an example instead (a key that

@@ -61,7 +61,7 @@ def render_status(st: dict) -> str:
     if orch.get("name"):
         name = {"skypilot": "SkyPilot", "dstack": "dstack"}.get(orch["name"], orch["name"])
         lines.append(f"stoppers  two: {name} can stop this machine too ({orch.get('evidence', '')}); "
-                     "see the README, \"Under SkyPilot or dstack\"")
+                     "see docs/fleet.md, \"Under SkyPilot or dstack\"")
     probs = (st.get("daemon") or {}).get("problems") or []
     for p in probs[-3:]:
         lines.append(f"problem   {p}")
@@ -203,7 +203,7 @@ def sync_lines(st: dict) -> list[str]:
 
 
 def disk_lines(st: dict) -> list[str]:
-    """The `disk` block: one forecast line per filesystem, then the last deletes (README "Disk space")."""
+    """The `disk` block: one forecast line per filesystem, then the last deletes (docs/disk.md)."""
     dk = st.get("disk") or {}
     out = [f"disk      {fs.get('line', '')}" for fs in dk.get("filesystems") or []]
     if out and dk.get("prune") == "synced":

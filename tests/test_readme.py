@@ -1,4 +1,4 @@
-"""The README's configuration reference is generated from the shipped default config; keep them equal,
+"""The configuration reference (docs/configuration.md) is generated from the shipped default config; keep them equal,
 and hold the table itself to the truth: every "default" cell is the built-in default of config.py.
 Regenerate with: python -m supervisor.configdoc (and paste between the markers)."""
 
@@ -14,21 +14,22 @@ from supervisor import config as C
 from supervisor.configdoc import default_of, default_text, markdown, rows, schema_keys
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([a-z0-9_.]+)` \| (.+?) \| (.*) \|$")
 
 
 def _block() -> str:
-    text = README.read_text()
+    text = CONFIG_DOC.read_text()
     start = text.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
     return text[start:text.index("<!-- config-reference:end -->")].strip()
 
 
 def readme_rows() -> dict[str, tuple[str, str]]:
-    """key -> (default cell, description cell), read from the README's table as a person reads it."""
+    """key -> (default cell, description cell), read from docs/configuration.md's table as a person reads it."""
     out = {}
     for line in _block().splitlines():
         if m := ROW.match(line):
-            assert m.group(1) not in out, f"{m.group(1)}: two rows in the README"
+            assert m.group(1) not in out, f"{m.group(1)}: two rows in docs/configuration.md"
             out[m.group(1)] = (m.group(2).replace("\\|", "|"), m.group(3))
     return out
 
@@ -44,7 +45,7 @@ def _with(key: str, value) -> dict:
 
 def test_readme_config_reference_matches_default_config():
     assert _block() == markdown(default_text()).strip(), \
-        "README config reference is stale: run `python -m supervisor.configdoc` and paste it between the markers"
+        "docs/configuration.md is stale: run `python -m supervisor.configdoc` and paste it between the markers"
 
 
 def test_every_schema_key_has_a_row():
@@ -57,10 +58,10 @@ def test_each_default_in_the_readme_is_the_real_default(key):
     cell, desc = readme_rows()[key]
     real = default_of(key)
     if cell == "none":
-        assert real is None, f"{key}: the README says no default, the default is {real!r}"
+        assert real is None, f"{key}: docs/configuration.md says no default, the default is {real!r}"
         return
     if cell == "required":
-        assert real in ("", []), f"{key}: the README says required, yet it defaults to {real!r}"
+        assert real in ("", []), f"{key}: docs/configuration.md says required, yet it defaults to {real!r}"
         doc = _with(key, "x")
         del doc[key.split(".")[0]][key.split(".", 1)[1]]
         with pytest.raises(C.ConfigError, match=re.escape(key)):
@@ -70,12 +71,12 @@ def test_each_default_in_the_readme_is_the_real_default(key):
     try:
         value = tomllib.loads(f"v = {cell[1:-1]}")["v"]
     except tomllib.TOMLDecodeError as e:
-        pytest.fail(f"{key}: the README's default {cell} is not one whole TOML value ({e})")
+        pytest.fail(f"{key}: docs/configuration.md's default {cell} is not one whole TOML value ({e})")
     cfg = C.from_dict(_with(key, value))
     section = key.split(".")[0] if "." in key else None
     obj = getattr(cfg, section) if section else cfg
     got = getattr(obj, "from_" if key.endswith(".from") else key.rsplit(".", 1)[-1])
-    assert got == real, f"{key}: the README shows {cell}, meaning {got!r}; the default is {real!r}"
+    assert got == real, f"{key}: docs/configuration.md shows {cell}, meaning {got!r}; the default is {real!r}"
 
 
 def test_an_example_value_is_marked_as_one():

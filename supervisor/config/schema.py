@@ -1,7 +1,7 @@
 """Every config key, declared once with its kind, default and limits: one dataclass per [section].
 
 The loader (load.py) walks these declarations, so a key cannot be read without being validated;
-the checks across keys are checks.py. Add a key here and in default-config.toml (the README's
+the checks across keys are checks.py. Add a key here and in default-config.toml (docs/configuration.md's
 reference is generated from both: configdoc.py).
 """
 

@@ -18,7 +18,7 @@ _PROCESS_MARKS = {"skypilot": ("sky.skylet.skylet", "sky/skylet/skylet.py"),
                   "dstack": ("dstack-shim", "dstack-runner")}
 NAMES = {"skypilot": "SkyPilot", "dstack": "dstack"}
 NOTE = ("{name} manages this machine and can stop it by itself (its autostop / idle duration), besides "
-        "this daemon's idle stop: two stoppers are configured. Keep one in charge (see the README, "
+        "this daemon's idle stop: two stoppers are configured. Keep one in charge (see docs/fleet.md, "
         "\"Under SkyPilot or dstack\"); `supervisorctl idle-check` gives this daemon's verdict to the other.")
 
 

@@ -42,7 +42,7 @@ def preflight(p: Preflight) -> Mail:
     body += ["", "Machine: " + ", ".join(x for x in facts if x)]
     if p.unknown:
         body.append(f"{p.unknown} field(s) this GPU or driver does not report were left out (unknown, not a fault).")
-    body.append("Details: supervisorctl health (README: \"Is this machine healthy?\").")
+    body.append("Details: supervisorctl health (docs/health.md).")
     return Mail(f"GPU health {p.verdict}: {first}"[:150], "\n".join(body))
 
 

@@ -64,7 +64,7 @@ def summary(run: RunFacts, cost: CostFacts) -> str:
         lines.append(f"Progress: epoch {run.epoch:.2f}" + (f" of {run.num_epochs:g}" if run.num_epochs else "")
                      + loss)
     else:
-        lines.append("Progress: unknown (the log shows no progress lines; see README, Progress)")
+        lines.append("Progress: unknown (the log shows no progress lines; see docs/progress.md)")
     speed = []
     if run.steps_per_s is not None:
         speed.append(steps_rate(run.steps_per_s))
