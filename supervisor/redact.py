@@ -112,9 +112,16 @@ _NOT_A_VALUE = frozenset({"file", "files", "path", "paths", "dir", "directory", 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+# The shell's own variables whose names merely look like one: PWD is the working folder, not a
+# password (registered as a secret it masked every path under it in every message).
+_SHELL_VARS = frozenset({"PWD", "OLDPWD"})
+
+
 @functools.lru_cache(maxsize=2048)
 def secret_name(name: str) -> bool:
     """Does an option, variable or field with this name hold a secret?"""
+    if name.strip() in _SHELL_VARS:
+        return False
     words = [w for w in re.split(r"[-_.\s]+", _CAMEL.sub("_", name.strip("-").strip())) if w]
     words = [w.lower() for w in words]
     if not words:

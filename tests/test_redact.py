@@ -79,6 +79,7 @@ def test_leaves_what_is_not_a_secret(text):
     ("max_tokens", False), ("tokenizer", False), ("key", False), ("--keep-last", False),
     ("hf_token_file", False), ("password_file", False), ("AWS_ACCESS_KEY_ID", False), ("auth_type", False),
     ("tokens_per_s", False), ("keepalive_until", False), ("signal", False), ("", False),
+    ("PWD", False), ("OLDPWD", False), ("--db-pwd", True),
 ])
 def test_secret_name(name, secret):
     assert secret_name(name) is secret
@@ -191,3 +192,18 @@ def test_no_pattern_backtracks_on_hostile_input(unit):
     t0 = time.perf_counter()
     _redact(text)
     assert time.perf_counter() - t0 < 3.0
+
+
+def test_the_working_folder_in_the_environment_is_not_taken_for_a_password():
+    """A daemon started from /workspace has PWD=/workspace: registered as a secret, it masked every
+    path under it in every mail and status line (the fresh machine's demo showed `***/examples`)."""
+    from supervisor.config import from_dict
+    from supervisor.redact import forget_registered
+    from supervisor.wiring import register_secrets
+
+    try:
+        register_secrets(from_dict({}), env={"PWD": "/workspace", "OLDPWD": "/root/src", "DB_PWD": "hunter2pw!"})
+        assert redact("cd /workspace/out && ls /root/src") == "cd /workspace/out && ls /root/src"
+        assert "hunter2pw!" not in redact("mysql -p hunter2pw!")
+    finally:
+        forget_registered()
