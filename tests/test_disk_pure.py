@@ -115,6 +115,14 @@ def test_status_line_reads_like_the_issue():
                               "25 min); 6 checkpoints here, 4 verified off the machine")
 
 
+def test_a_tiny_run_far_from_full_reads_as_such():
+    """The demo's 60 KiB checkpoints every 2 s once read "full in ~419d6h (0 MiB per checkpoint")."""
+    fs = {"mount": "/", "free_bytes": 68 * GIB, "total_bytes": 252 * GIB, "full_in_s": 419 * 86400,
+          "checkpoint_bytes": 60 * 1024, "interval_s": 2, "checkpoints": 2, "verified_off": 1}
+    assert words.line(fs) == ("/ 68 GiB free of 252 GiB; not full within a month (60 KiB per checkpoint every "
+                              "2s); 2 checkpoints here, 1 verified off the machine")
+
+
 def test_alert_says_what_fills_and_what_frees():
     fs = {"mount": "/w", "free_bytes": 9 * MIB, "total_bytes": 64 * MIB, "full_in_s": 0, "need_bytes": 10 * MIB,
           "checkpoint_bytes": 8 * MIB, "interval_s": 2, "checkpoints": 6, "checkpoints_bytes": 48 * MIB,

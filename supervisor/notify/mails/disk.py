@@ -6,6 +6,7 @@ from __future__ import annotations
 from supervisor.notify.mails import Mail
 
 GIB = 1024**3
+FAR_S = 30 * 86400  # a forecast further out than this says nothing a person can act on
 
 
 def size(n: float | None) -> str:
@@ -16,7 +17,9 @@ def size(n: float | None) -> str:
         return f"{n / GIB:.0f} GiB"
     if n >= GIB:
         return f"{n / GIB:.1f} GiB"
-    return f"{n / 1024**2:.0f} MiB"
+    if n >= 1024**2:
+        return f"{n / 1024**2:.0f} MiB"
+    return f"{n / 1024:.0f} KiB"  # a tiny run's checkpoint is not "0 MiB"
 
 
 def span(s: float | None) -> str:
@@ -38,7 +41,8 @@ def line(fs: dict) -> str:
     out = f"{fs['mount']} {size(fs['free_bytes'])} free of {size(fs['total_bytes'])}"
     per, every = fs.get("checkpoint_bytes"), fs.get("interval_s")
     if fs.get("full_in_s") is not None:
-        full = "full before the next save" if fs["full_in_s"] <= 0 else f"full in ~{span(fs['full_in_s'])}"
+        full = ("full before the next save" if fs["full_in_s"] <= 0 else
+                f"full in ~{span(fs['full_in_s'])}" if fs["full_in_s"] < FAR_S else "not full within a month")
         out += f"; {full}"
         if per:
             out += f" ({size(per)} per checkpoint" + (f" every {span(every)})" if every else ")")
