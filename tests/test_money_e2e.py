@@ -159,7 +159,9 @@ def test_max_cost_the_eta_exceeds_warns_with_the_projection_saves_first_and_stop
     # 5 USD at 10 USD/h: the cap is 30 min of uptime; the run needs 300 steps at 0.1/s = 50 min
     clock = BillingClock()
     seen = tmp_path / "hooks.env"
-    hooks = [{"run": f"env | grep ^TRAIN_SUPERVISOR_ | sort >> {seen}; echo --- >> {seen}",
+    # one file per event: the final_sync_done hook runs on its own thread, the stop hook beside it, and
+    # two shells appending to one file interleave their lines (seen on the fresh machine)
+    hooks = [{"run": f"env | grep ^TRAIN_SUPERVISOR_ | sort > {seen}.$TRAIN_SUPERVISOR_EVENT",
               "events": ["stop", "final_sync_done"], "timeout": "10s"}]
     d = daemon(from_dict(config(tmp_path, smtp_server, {"max_cost": 5.0, "margin": "1m"}, hooks=hooks)), clock)
     start(d, tmp_path)
@@ -201,12 +203,15 @@ def test_max_cost_the_eta_exceeds_warns_with_the_projection_saves_first_and_stop
     assert stopping and "the spend cap of 5.00 USD" in stopping[-1][0]
     # the hooks: told the event, the reason, the target and the newest checkpoint on it (the SIGINT save)
     assert d.hooks.wait(10)
-    blocks = [dict(x.split("=", 1) for x in b.split("\n") if "=" in x) for b in seen.read_text().split("---")]
-    stop_env = next(b for b in blocks if b.get("TRAIN_SUPERVISOR_EVENT") == "stop")
+    def env_of(event: str) -> dict:
+        f = seen.with_name(f"{seen.name}.{event}")
+        return dict(x.split("=", 1) for x in f.read_text().splitlines() if "=" in x) if f.exists() else {}
+    stop_env = env_of("stop")
+    assert stop_env.get("TRAIN_SUPERVISOR_EVENT") == "stop", stop_env
     assert stop_env["TRAIN_SUPERVISOR_REASON"] == "max_cost" and stop_env["TRAIN_SUPERVISOR_FINAL_SYNC_OK"] == "True"
     assert stop_env["TRAIN_SUPERVISOR_CHECKPOINT"].endswith(f"checkpoint-{saved_step}")
     assert stop_env["TRAIN_SUPERVISOR_TARGET"] == str(tmp_path / "target")
-    assert any(b.get("TRAIN_SUPERVISOR_EVENT") == "final_sync_done" for b in blocks)
+    assert env_of("final_sync_done").get("TRAIN_SUPERVISOR_EVENT") == "final_sync_done"
 
 
 def test_a_deadline_with_a_40s_final_sync_still_stops_before_the_deadline(tmp_path, daemon, smtp_server):
