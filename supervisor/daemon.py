@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -288,10 +289,7 @@ class Daemon:
 
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_signal)
-        self.start()
-        settle_memory()
-        # no timeout: the signal handler sets the event and wakes this wait (nothing polls at rest)
-        self._stop.wait()
+        _run_until(self._stop, lambda: (self.start(), settle_memory()))
         # a SIGTERM that systemd did not send may be a container host taking the machine: sync first
         if self._stop_signal == signal.SIGTERM and self.spot.on_sigterm():
             self.spot.wait_outcome(self._stop_again)
@@ -471,6 +469,35 @@ DUTIES: tuple[Duty, ...] = (
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
 )
+
+
+def _run_until(stop: threading.Event, start: Callable[[], object]) -> None:
+    """start(), then wait for a signal handler to set `stop`.
+
+    The kernel hands a process's signal to any thread; Python runs the handler in the main thread
+    only when that thread runs bytecode. A main thread blocked in Event.wait() is not woken by a
+    signal another thread took, and then never stops (a fresh machine's SIGINT sat 90 s). The
+    wakeup fd is written by the C handler on whichever thread took the signal, so this select
+    always wakes: still no polling at rest."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        start()
+        while not stop.is_set():
+            select.select([wake_r], [], [])
+            _drain(wake_r)
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _int(v: Any, name: str, lo: int, hi: int) -> int:
