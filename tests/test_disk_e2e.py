@@ -11,10 +11,8 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from supervisor.statefile import StateStore
 from supervisor.sync.engine import SyncEngine
 from tests.fixtures.hf_writer import safetensors_bytes, torch_zip_bytes
 from tests.fixtures.sync_engine import ListMailer, engine_config
+from tests.fixtures.tmpfs import small_tmpfs
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,19 +41,8 @@ BEST = 3                      # the Trainer's best_model_checkpoint from step 3 
 
 @pytest.fixture
 def tmpfs():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: mounts a small tmpfs")
-    mnt = Path(tempfile.mkdtemp(prefix="tsv-disk-"))
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES},mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        mnt.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs CAP_SYS_ADMIN")
-    try:
+    with small_tmpfs(FS_BYTES, "tsv-disk-") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-        shutil.rmtree(mnt, ignore_errors=True)
 
 
 class Trainer:

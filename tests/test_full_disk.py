@@ -11,9 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from supervisor import statefile
 from supervisor.statefile import RESERVE_NAME, Reserve, StateStore, StateWriteError, atomic_write, write_all
 from supervisor.sync.ledger import Entry, Ledger, LedgerWriteError
 from supervisor.sync.targets.base import TargetError
+from tests.fixtures.tmpfs import small_tmpfs
 
 FS_BYTES = 16 * 1024 * 1024
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -63,19 +61,8 @@ class SmallDisk:
 
 @pytest.fixture
 def disk():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: mounts a small tmpfs to fill up")
-    mnt = Path(tempfile.mkdtemp(prefix="tsv-full-"))
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES},mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        mnt.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs CAP_SYS_ADMIN")
-    try:
+    with small_tmpfs(FS_BYTES, "tsv-full-") as mnt:
         yield SmallDisk(mnt)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-        shutil.rmtree(mnt, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
