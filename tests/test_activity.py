@@ -104,9 +104,10 @@ def test_an_editor_session_without_a_terminal_holds_the_machine_until_its_window
         # (root's ~/.bashrc runs first, sometimes slowly: the command is `bash -c ...` until it execs cat)
         found = wait_until(lambda: _ours(sshd, client, "session"), 60, what="the editor's ssh session")
         assert found[0]["host"] == "127.0.0.1" and found[0]["command"] in ("bash", "cat")
-        server = wait_until(lambda: _processes_running(*editor) + _processes_running("sleep", marker), 60,
-                            what="the detached editor server")
-        assert len(server) == 2
+        # (script forks the sleep after it starts: wait for the pair, not for the first of them)
+        server = wait_until(lambda: (lambda both: both if len(both) == 2 else [])(
+            _processes_running(*editor) + _processes_running("sleep", marker)), 60,
+            what="the detached editor server and its child")
         p = psutil.Process(server[1])
         assert not any(a.name() in activity.SSH_SERVERS for a in p.parents()), "it must run detached"
         # (read from /proc: psutil's terminal() map is memoized, see the first test)
