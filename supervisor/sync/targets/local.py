@@ -27,6 +27,7 @@ from supervisor.sync.targets.base import (
     UploadSink,
     check_unchanged,
     open_source,
+    write_all,
 )
 
 log = get_logger("sync.local")
@@ -90,7 +91,7 @@ class LocalTarget:
                         self.bucket.take(len(chunk))
                     h.update(chunk)
                     try:
-                        _write_all(out, chunk)
+                        write_all(out, chunk)
                     except OSError as e:
                         raise TargetError(f"{dest}: write failed: {e.strerror or e}") from None
                     off += len(chunk)
@@ -226,7 +227,7 @@ class LocalTarget:
                         if self.bucket:
                             self.bucket.take(len(chunk))
                         h.update(chunk)
-                        fo.write(chunk)
+                        write_all(fo.fileno(), chunk)
                         progress(len(chunk))
             except FileNotFoundError:
                 raise TargetError(f"{src}: not on the target") from None
@@ -234,13 +235,6 @@ class LocalTarget:
                 raise TargetError(f"{src}: {e.strerror or e}") from None
             sums[rel] = h.hexdigest()
         return sums
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def _sha256_file(path: Path) -> str:

@@ -2,7 +2,7 @@
 over the connection's one boto3 client (its pool holds concurrency*2+4 connections).
 
 A file larger than one part is fetched in `part_size` ranges (at least 16 MiB) written in place
-with pwrite into a file of its final size, all files of the unit sharing one pool of `concurrency`
+with pwrite (in base.WRITE_SLICE pieces) into a file of its final size, all files of the unit sharing one pool of `concurrency`
 threads, so a 2 GiB checkpoint and a LoRA folder of 40 small files both keep every connection
 busy. The content is verified by the caller against the manifest's sha256."""
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-from supervisor.sync.targets.base import TargetError
+from supervisor.sync.targets.base import TargetError, write_all
 from supervisor.sync.targets.s3_wire import NotFound
 
 RANGE_MIN = 16 << 20
@@ -106,11 +106,7 @@ class S3Reader:
                     self.limiter.take(got)
                 if whole is not None:
                     whole.update(buf[:got])
-                view = buf[:got]
-                while view:
-                    n = os.pwrite(fd, view, off)
-                    view = view[n:]
-                    off += n
+                off = write_all(fd, buf[:got], off)
                 progress(got)
         finally:
             os.close(fd)
