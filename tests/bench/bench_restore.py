@@ -13,6 +13,7 @@ downloads into an empty folder as a fresh process (start-up counts for everyone)
 the result is checked (file count and bytes), then removed. Prints each round and the medians, and
 our time relative to each peer. Peers come from the bench extra (`pip install -e .[bench]`); a
 missing one is reported and skipped. `--quick`: 256 MiB checkpoint, 20 x 12 MiB LoRA run.
+The Hub target (`lora` tree against `hf download`): tests/bench/bench_restore_hf.py.
 """
 
 from __future__ import annotations
