@@ -15,8 +15,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
+from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import TargetError, write_all
+from supervisor.sync.targets.s3_light import LightS3, Unsupported
 from supervisor.sync.targets.s3_wire import NotFound
+
+log = get_logger("sync.s3")
 
 RANGE_MIN = 16 << 20
 HASH_CHUNK = 8 << 20
@@ -34,10 +38,42 @@ class S3Reader:
     limiter: Any
     bucket: str
 
+    _light_client: LightS3 | bool | None = None  # None: not decided yet; False: boto3
+
+    def _light(self) -> LightS3 | None:
+        """The boto3-less client when this setup allows it (s3_light.py says when)."""
+        if self._light_client is None:
+            self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
+                                                    self.cfg.credentials_file) or False
+        return self._light_client or None
+
+    def _not_light(self, why: Exception) -> None:
+        if self._light_client:
+            log.info("s3_read_with_boto3", why=str(why))
+        self._light_client = False
+
     def list_keys(self) -> dict[str, int]:
+        if self._light_client is not False:
+            self._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
+        light = self._light()
+        if light:
+            full = self._key("")
+            base = full.strip("/") + "/" if full.strip("/") else ""
+            try:
+                return {k[len(base):]: size for k, size, _etag in light.list(base) if k.startswith(base)}
+            except Unsupported as e:
+                self._not_light(e)
         return {k: o.size for k, o in self.listing("").items()}
 
     def read_file(self, key: str) -> bytes | None:
+        light = self._light()
+        if light:
+            try:
+                return light.read(self._key(key), SMALL_MAX)
+            except NotFound:
+                return None
+            except Unsupported as e:
+                self._not_light(e)
         try:
             resp = self._call("get_object", Bucket=self.bucket, Key=self._key(key))
         except NotFound:
@@ -82,15 +118,17 @@ class S3Reader:
 
     def _get_range(self, key: str, dest: str, start: int, end: int, oh: _OrderedHash,
                    progress: Callable[[int], None]) -> None:
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if end >= 0:
-            kw["Range"] = f"bytes={start}-{end}"
         try:
-            resp = self._call("get_object", **kw)
+            body, light = self._open(key, start, end)
         except NotFound:
             raise TargetError(f"S3 get {key}: not on the target") from None
-        body = resp["Body"]
-        fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
+        whole_body = False
+        try:
+            fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
+        except BaseException:
+            if light is not None:
+                light.drop()
+            raise
         off = start
         whole = hashlib.sha256() if end < 0 else None  # one GET for the whole file: hashed as it arrives
         buf = memoryview(bytearray(READ_BUF))  # read into one buffer: no new bytes object per chunk
@@ -101,6 +139,7 @@ class S3Reader:
                 except Exception as e:  # noqa: BLE001 - a connection dropped mid-body
                     raise TargetError(f"S3 get {key}: {type(e).__name__}: {e}") from None
                 if not got:
+                    whole_body = True
                     break
                 if self.limiter:
                     self.limiter.take(got)
@@ -110,6 +149,8 @@ class S3Reader:
                 progress(got)
         finally:
             os.close(fd)
+            if light is not None and not whole_body:
+                light.drop()  # a body left half read must not meet the connection's next request
             body.close()
         if end >= 0 and off != end + 1:
             raise TargetError(f"S3 get {key}: range {start}-{end} came back short ({off - start} bytes)")
@@ -117,6 +158,20 @@ class S3Reader:
             oh.whole(whole, off)
         else:
             oh.done(start, off)
+
+
+    def _open(self, key: str, start: int, end: int) -> tuple[Any, LightS3 | None]:
+        """The body of a GET of key (the range start..end, inclusive, when end >= 0)."""
+        light = self._light()
+        if light:
+            try:
+                return light.get(key, start, end), light
+            except Unsupported as e:
+                self._not_light(e)
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if end >= 0:
+            kw["Range"] = f"bytes={start}-{end}"
+        return self._call("get_object", **kw)["Body"], None
 
 
 class _OrderedHash:
