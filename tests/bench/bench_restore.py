@@ -8,6 +8,9 @@ every file's sha256, record in the ledger) against `s5cmd cp`, `rclone copy` and
 
     python tests/bench/bench_restore.py [--tree checkpoint|lora|both] [--quick] [--rounds 3]
 
+`s5verify` is `s5cmd cp` followed by sha256sum of every file (two at a time): the peers copy
+unchecked, ours checks every byte against the manifest, and this row prices that check.
+
 The trees go up once with our sync (`python -m supervisor.sync --once`). Each round every tool
 downloads into an empty folder as a fresh process (start-up counts for everyone), the order rotated;
 the result is checked (file count and bytes), then removed. Prints each round and the medians, and
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -61,6 +65,15 @@ class Restore(Bench):
             return None
         return [tool("rclone") or "rclone", "copy", f"bench:{self.s3.bucket}/{prefix}/{unit}", str(dest / unit)]
 
+    def s5verify_cp(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
+        """s5cmd cp, then every file hashed with sha256sum on both cores: what a user runs to know
+        the copy matches its manifest (ours always checks every byte; the plain peers do not)."""
+        cp = self.s5cmd_cp(prefix, unit, dest)
+        if not cp or not shutil.which("sha256sum"):
+            return None
+        return ["bash", "-c", " ".join(map(shlex.quote, cp)) + f" >/dev/null && find {shlex.quote(str(dest / unit))} "
+                "-type f ! -name _MANIFEST.json -print0 | xargs -0 -P 2 -n 8 sha256sum >/dev/null"]
+
     def aws_cp(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
         exe = tool("aws")
         return exe and [exe, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", self.s3.endpoint,
@@ -73,7 +86,7 @@ def tree_size(p: Path) -> tuple[int, int]:
 
 
 def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds: int) -> dict[str, list[float]]:
-    names = ["ours", "s5cmd", "rclone", "aws"]
+    names = ["ours", "s5cmd", "rclone", "aws", "s5verify"]
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
