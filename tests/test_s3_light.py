@@ -192,3 +192,35 @@ def test_a_dead_endpoint_is_a_target_error_after_the_attempts():
     light = LightS3(f"http://127.0.0.1:{port}", "b", "us-east-1", KEYS)
     with pytest.raises(TargetError, match="ConnectionRefused"):
         light.read("k", 10)
+
+
+def test_an_upload_pass_of_small_files_never_imports_boto3(s3_server, s3_prefix, tmp_path):
+    """A LoRA run's files are all below the multipart threshold: PUTs, the tokenizer's server-side
+    copies, the manifests and the verifying listing all go without boto3, and land verified."""
+    from tests.fixtures.hf_writer import HFWriter
+    from tests.fixtures.toml_writer import to_toml
+
+    out = tmp_path / "out"
+    w = HFWriter(out)
+    for step in (10, 20):
+        w.checkpoint(step)
+    cfgf = tmp_path / "c.toml"
+    cfgf.write_text(to_toml({"state_dir": str(tmp_path / "state"), "log_level": "warning",
+                             "sync": {**s3_server.sync_config(s3_prefix), "watch": [str(out)], "quiet_period": "0"}}))
+    code = ("import sys, runpy; sys.argv = ['sync', '--config', sys.argv[1], '--once']\n"
+            "try:\n    runpy.run_module('supervisor.sync', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "sys.stderr.write('BOTO=%s' % ('botocore' in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    r = subprocess.run([sys.executable, "-c", code, str(cfgf)], capture_output=True, text=True, timeout=60,
+                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "BOTO=False" in r.stderr, r.stderr
+    objs = s3_server.objects(s3_prefix)
+    for step in (10, 20):
+        here = {p.relative_to(out).as_posix(): p.read_bytes() for p in (out / f"checkpoint-{step}").rglob("*")
+                if p.is_file()}
+        for rel, data in here.items():
+            assert objs[rel]["size"] == len(data)
+            assert s3_server.get(f"{s3_prefix}/{rel}") == data
+        assert f"checkpoint-{step}/_MANIFEST.json" in objs

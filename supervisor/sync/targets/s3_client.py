@@ -1,5 +1,7 @@
 """The S3 connection: the boto3 client built once (on a thread of its own while the scan runs),
-every call's errors turned into the target's, and the listing, manifest and delete requests."""
+every call's errors turned into the target's, and the listing, manifest and delete requests. The
+plain requests of a pass (PUT, server-side copy, list) go through s3_light.py instead when the
+setup allows it, so a pass of small files never imports boto3."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from supervisor.sync.targets.base import (
     TokenBucket,
     join_key,
 )
+from supervisor.sync.targets.s3_light import LightS3, Unsupported
 from supervisor.sync.targets.s3_wire import (
     AUTH_CODES,
     LOOPBACK,
@@ -33,6 +36,7 @@ from supervisor.syncurl import TargetURL
 log = get_logger("sync.s3")
 
 LIST_WHOLE_AFTER = 4  # folders in one missing() above which the whole target is listed once
+LIGHT_OPS = frozenset({"put_object", "copy_object", "list_objects_v2"})
 
 
 class S3Connection:
@@ -55,15 +59,34 @@ class S3Connection:
         self._copies = True  # server-side copies of content the target holds; off once refused
 
     # --- plumbing -------------------------------------------------------------------------------
-    def client(self) -> Any:
+    _light_client: LightS3 | bool | None = None  # None: not decided yet; False: boto3 for good
+
+    def _light(self) -> LightS3 | None:
+        """The boto3-less client when this setup allows it (s3_light.py says when)."""
+        if self._light_client is None:
+            self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
+                                                    self.cfg.credentials_file) or False
+        return self._light_client or None
+
+    def _not_light(self, why: Exception) -> None:
+        if self._light_client:
+            log.info("s3_with_boto3", why=str(why))
+        self._light_client = False
+
+    def pools(self) -> None:
         with self._lock:
-            if self._client is None:
-                self._client = self._make_client()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="s3-put")
                 # large files: one thread each to create, hash and complete; parts go to _pool
                 self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
-            return self._client
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+            client = self._client
+        self.pools()
+        return client
 
     def reload_credentials(self, why: str) -> None:
         """Read sync.credentials_file again at the next request (boto3 reads it once, when the
@@ -71,16 +94,23 @@ class S3Connection:
         work without a daemon restart."""
         if not self.cfg.credentials_file:
             return
+        reread = bool(self._light_client)
+        if reread:
+            self._light_client = None  # the light client's keys too, at its next request
         with self._lock:
             if self._client is not None:
                 self._client = None
-                log.info("s3_credentials_reread", file=self.cfg.credentials_file, why=why)
+                reread = True
+        if reread:
+            log.info("s3_credentials_reread", file=self.cfg.credentials_file, why=why)
 
     def prepare(self) -> None:
         """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
         second) while the scan still runs; the first request then finds it ready."""
         # not self._lock: client() holds it while the client is built, and the scan calling
         # this for every unit must not wait for that
+        if self._light():
+            return  # the requests a pass makes go without boto3; it is built only if one needs it
         with self._prep_lock:
             if self._client is not None or self._preparing:
                 return
@@ -140,6 +170,16 @@ class S3Connection:
         return join_key(self.prefix, k)
 
     def _call(self, op: str, **kw: Any) -> Any:
+        light = self._light() if op in LIGHT_OPS else None
+        if light:
+            try:
+                return self._light_call(light, op, kw)
+            except Unsupported as e:
+                self._not_light(e)
+            except Refused:
+                if op != "copy_object":
+                    self.reload_credentials(f"{op} refused")
+                raise
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -158,6 +198,20 @@ class S3Connection:
             raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}".strip()) from None
         except BotoCoreError as e:
             raise TargetError(f"S3 {op}: {e}") from None
+
+    def _light_call(self, light: LightS3, op: str, kw: dict[str, Any]) -> Any:
+        """The operation through the light client, answered in boto3's shape."""
+        if op == "put_object":
+            cs = {"x-amz-checksum-crc32": kw["ChecksumCRC32"]} if "ChecksumCRC32" in kw else {}
+            if "ContentMD5" in kw:
+                cs["Content-MD5"] = kw["ContentMD5"]
+            return light.put_object(kw["Key"], kw["Body"], cs, kw.get("ContentType", ""))
+        if op == "copy_object":
+            src = kw["CopySource"]
+            if src["Bucket"] != self.bucket:
+                raise Unsupported("a copy from another bucket")
+            return light.copy_object(kw["Key"], src["Key"], self.bucket, kw.get("ChecksumAlgorithm") == "CRC32")
+        return light.list_page(kw["Prefix"], kw.get("ContinuationToken"))
 
     # --- manifests, checks, deletes ------------------------------------------------------------
     def write_manifest(self, unit_key: str, data: bytes) -> None:

@@ -1,16 +1,18 @@
-"""The S3 read side without boto3: signed GET and list requests over http.client, for the restore.
+"""S3 without boto3: SigV4-signed requests over http.client for the plain operations, GET and list
+(the restore) and PUT, server-side copy and list (an upload pass of files below the multipart
+threshold; multipart and the rest stay boto3's).
 
-Why: a restore is one short process (or one call in the daemon) of a few dozen to a few hundred
-GETs. Importing boto3 and building its client costs a quarter second of CPU, and each request
-through botocore another 1-3 ms (its event hooks, models and parsers), which made a 50 MiB LoRA
-restore 3x slower than `s5cmd cp`. The bytes are checked against the manifest's sha256 either
-way, so what this client gets wrong cannot land unverified; it only has to be fast and to step
-aside when the setup is not one it knows.
+Why: importing boto3 and building its client costs a quarter second of CPU, and each request
+through botocore another 1-3 ms (its event hooks, models and parsers): 3x `s5cmd cp` for a 50 MiB
+LoRA restore, and a third of our CPU for a LoRA run's upload. Integrity does not rest on this
+client: a PUT carries the checksum (CRC32 or Content-MD5) that the store verifies before accepting
+it and echoes back for the caller to compare, and a restore checks every byte against the
+manifest's sha256. It only has to be fast and to step aside when the setup is not one it knows.
 
 It is used only when the setup is plain: static keys from the environment or from
-`sync.credentials_file`, no profile, proxy or endpoint from the environment (AWS_CA_BUNDLE is honoured). Any
-other setup, and any answer it does not expect (a redirect to another region, a malformed
-listing), raises `Unsupported` and the caller uses boto3 for the rest of the restore.
+`sync.credentials_file`, no profile, proxy or endpoint from the environment (AWS_CA_BUNDLE is
+honoured). Any other setup, and any answer it does not expect (a redirect to another region, a
+malformed listing), raises `Unsupported` and the caller uses boto3 for the rest of the run.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import threading
 import time
 import urllib.parse
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from supervisor.sync.targets.base import TargetError
 from supervisor.sync.targets.s3_wire import AUTH_CODES, NotFound, Refused
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+UNSIGNED = "UNSIGNED-PAYLOAD"
+SEND_CHUNK = 1 << 20
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 UNRESERVED = "-_.~"
 ATTEMPTS = 3
@@ -79,17 +84,21 @@ def signing_key(secret: str, date: str, region: str) -> bytes:
 
 
 def sign(method: str, host: str, path: str, query: dict[str, str], keys: tuple[str, str, str], region: str,
-         when: dt.datetime) -> dict[str, str]:
-    """The headers of a SigV4-signed request without a body (AWS's "Signature Version 4" for S3)."""
+         when: dt.datetime, extra: dict[str, str] | None = None, payload: str = EMPTY_SHA256) -> dict[str, str]:
+    """The headers of a SigV4-signed request (AWS's "Signature Version 4" for S3): `extra` headers
+    are sent and signed (every x-amz-* one must be); `payload` is the body's sha256 or
+    UNSIGNED-PAYLOAD (the body is covered by the checksum header the store verifies)."""
     amz = when.strftime("%Y%m%dT%H%M%SZ")
     date = amz[:8]
-    headers = {"host": host, "x-amz-content-sha256": EMPTY_SHA256, "x-amz-date": amz}
+    headers = {"host": host, "x-amz-content-sha256": payload, "x-amz-date": amz}
     if keys[2]:
         headers["x-amz-security-token"] = keys[2]
+    for k, v in (extra or {}).items():
+        headers[k.lower()] = v
     names = sorted(headers)
     canonical = "\n".join([
         method, quote(path), "&".join(f"{quote(k, '')}={quote(v, '')}" for k, v in sorted(query.items())),
-        "".join(f"{n}:{headers[n].strip()}\n" for n in names), ";".join(names), EMPTY_SHA256])
+        "".join(f"{n}:{headers[n].strip()}\n" for n in names), ";".join(names), payload])
     scope = f"{date}/{region}/s3/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{amz}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
     sig = hmac.new(signing_key(keys[1], date, region), to_sign.encode(), hashlib.sha256).hexdigest()
@@ -161,48 +170,105 @@ class LightS3:
             c.close()
 
     def request(self, key: str | None, query: dict[str, str] | None = None,
-                headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
-        """A GET of `key` (None: the bucket) whose answer is 200/206; the caller reads and closes
-        the body. NotFound for 404, Refused for the credentials' refusals, TargetError once the
-        attempts are spent, Unsupported for anything else."""
+                headers: dict[str, str] | None = None, method: str = "GET", body: Any = None,
+                signed: dict[str, str] | None = None, what: str = "get") -> http.client.HTTPResponse:
+        """A request for `key` (None: the bucket) whose answer is 2xx; the caller reads the body.
+        `signed`: headers sent and signed; `body`: bytes, or a file-like with len(), seek and read
+        (sent again from its start on a retry). NotFound for 404, Refused for the credentials'
+        refusals, TargetError once the attempts are spent, Unsupported for anything else."""
         path = self.base + ("/" + key if key is not None else ("" if self.base else "/"))
         query = query or {}
         target = quote(path) + ("?" + "&".join(f"{quote(k, '')}={quote(v, '')}" for k, v in sorted(query.items()))
                                 if query else "")
+        name = f"S3 {what} {key or 'listing'}"
         last = ""
         for attempt in range(ATTEMPTS):
-            h = sign("GET", self.netloc, path, query, self.keys, self.region, dt.datetime.now(dt.UTC))
+            h = sign(method, self.netloc, path, query, self.keys, self.region, dt.datetime.now(dt.UTC), signed,
+                     UNSIGNED if body is not None else EMPTY_SHA256)
             if headers:
                 h.update(headers)
             try:
                 c = self._conn()
-                c.request("GET", target, headers=h)
+                if body is None:
+                    c.request(method, target, headers=h)
+                else:
+                    _send(c, method, target, h, body)
                 r = c.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 self.drop()  # a kept-alive connection the server closed meanwhile: again at once
                 last = f"{type(e).__name__}: {e}"
                 time.sleep(0.1 * (2 ** attempt - 1))
                 continue
-            if r.status in (200, 206):
+            if 200 <= r.status < 300:
                 return r
             try:
-                body = r.read(64 << 10)
+                err = r.read(64 << 10)
             except (OSError, http.client.HTTPException):
-                body = b""
+                err = b""
             if not r.isclosed():
                 self.drop()  # an error body longer than read: the connection is not reusable
-            code = _error_code(body)
+            code, msg = _error_code(err)
             if r.status == 404:
                 raise NotFound(code or "404")
             if r.status == 403 and code in AUTH_CODES | {""}:
-                raise Refused(f"S3 get {key or 'listing'}: {code or 403} (check the credentials and the bucket's "
+                raise Refused(f"{name}: {code or 403}: {msg} (check the credentials and the bucket's "
                               "permissions)")
             if r.status in (500, 502, 503, 504) or code in ("SlowDown", "RequestTimeout", "InternalError"):
                 last = f"{r.status} {code}"
                 time.sleep(0.1 * 2 ** attempt)
                 continue
+            if r.status == 400 and code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+                                            "XAmzContentSHA256Mismatch"):
+                raise TargetError(f"{name}: {code}: {msg} (the bytes changed on the way)")
             raise Unsupported(f"{r.status} {code}")
-        raise TargetError(f"S3 get {key or 'listing'}: {last}")
+        raise TargetError(f"{name}: {last}")
+
+    # --- the operations the upload path uses, answered as boto3 answers them -------------------
+    def put_object(self, key: str, body: Any, checksum: dict[str, str], content_type: str = "") -> dict:
+        signed = dict(checksum)
+        if content_type:
+            signed["Content-Type"] = content_type
+        r = self.request(key, method="PUT", body=body, signed=signed, what="put")
+        r.read()
+        out = {"ETag": r.getheader("ETag") or ""}
+        crc = r.getheader("x-amz-checksum-crc32")
+        if crc is not None:
+            out["ChecksumCRC32"] = crc
+        return out
+
+    def copy_object(self, key: str, source_key: str, bucket: str, crc: bool) -> dict:
+        signed = {"x-amz-copy-source": quote(f"{bucket}/{source_key}")}
+        if crc:
+            signed["x-amz-checksum-algorithm"] = "CRC32"
+        r = self.request(key, method="PUT", body=b"", signed=signed, what="copy")
+        body = r.read()
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as e:
+            raise Unsupported(f"copy answer not XML: {e}") from None
+        if root.tag.endswith("Error"):  # S3 may fail a copy after its 200 is sent
+            raise TargetError(f"S3 copy {key}: {root.findtext('Code')}: {root.findtext('Message')}")
+        res = {"ETag": root.findtext(f"{NS}ETag") or root.findtext("ETag") or ""}
+        crc_v = root.findtext(f"{NS}ChecksumCRC32") or root.findtext("ChecksumCRC32")
+        if crc_v:
+            res["ChecksumCRC32"] = crc_v
+        return {"CopyObjectResult": res}
+
+    def list_page(self, prefix: str, token: str | None) -> dict:
+        q = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
+        if token:
+            q["continuation-token"] = token
+        r = self.request(None, q, what="list")
+        try:
+            page, nxt = parse_listing(r.read())
+        except (OSError, http.client.HTTPException) as e:
+            self.drop()
+            raise TargetError(f"S3 list {prefix}: {type(e).__name__}: {e}") from None
+        out: dict[str, Any] = {"Contents": [{"Key": k, "Size": size, "ETag": etag} for k, size, etag in page],
+                               "IsTruncated": nxt is not None}
+        if nxt:
+            out["NextContinuationToken"] = nxt
+        return out
 
     def get(self, key: str, start: int = 0, end: int = -1) -> http.client.HTTPResponse:
         return self.request(key, headers={"Range": f"bytes={start}-{end}"} if end >= 0 else None)
@@ -222,25 +288,40 @@ class LightS3:
         out: list[tuple[str, int, str]] = []
         token: str | None = None
         while True:
-            q = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
-            if token:
-                q["continuation-token"] = token
-            r = self.request(None, q)
-            try:
-                page, token = parse_listing(r.read())
-            except (OSError, http.client.HTTPException) as e:
-                self.drop()
-                raise TargetError(f"S3 list {prefix}: {type(e).__name__}: {e}") from None
-            out += page
+            page = self.list_page(prefix, token)
+            out += [(o["Key"], o["Size"], o["ETag"]) for o in page["Contents"]]
+            token = page.get("NextContinuationToken")
             if not token:
                 return out
 
 
-def _error_code(body: bytes) -> str:
+def _send(c: http.client.HTTPConnection, method: str, target: str, headers: dict[str, str], body: Any) -> None:
+    """A request with a body: bytes at once, a file-like in SEND_CHUNK reads (from its start)."""
+    n = len(body)
+    c.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+    for k, v in headers.items():
+        c.putheader(k, v)
+    c.putheader("Content-Length", str(n))
+    if isinstance(body, bytes | bytearray | memoryview):
+        c.endheaders(body if n else None)
+        return
+    c.endheaders()
+    body.seek(0)
+    left = n
+    while left > 0:
+        chunk = body.read(min(SEND_CHUNK, left))
+        if not chunk:
+            raise OSError("the body ended short")
+        c.send(chunk)
+        left -= len(chunk)
+
+
+def _error_code(body: bytes) -> tuple[str, str]:
     try:
-        return ET.fromstring(body).findtext("Code") or ""
+        root = ET.fromstring(body)
     except ET.ParseError:
-        return ""
+        return "", ""
+    return root.findtext("Code") or "", root.findtext("Message") or ""
 
 
 __all__ = ["LightS3", "Unsupported", "parse_listing", "sign", "static_keys"]

@@ -15,12 +15,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import TargetError, write_all
 from supervisor.sync.targets.s3_light import LightS3, Unsupported
 from supervisor.sync.targets.s3_wire import NotFound
-
-log = get_logger("sync.s3")
 
 RANGE_MIN = 16 << 20
 HASH_CHUNK = 8 << 20
@@ -34,23 +31,12 @@ class S3Reader:
     _call: Callable[..., Any]
     _key: Callable[[str], str]
     listing: Callable[[str], dict]
+    _light: Callable[[], LightS3 | None]
+    _not_light: Callable[[Exception], None]
+    _light_client: LightS3 | bool | None
     cfg: Any
     limiter: Any
     bucket: str
-
-    _light_client: LightS3 | bool | None = None  # None: not decided yet; False: boto3
-
-    def _light(self) -> LightS3 | None:
-        """The boto3-less client when this setup allows it (s3_light.py says when)."""
-        if self._light_client is None:
-            self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
-                                                    self.cfg.credentials_file) or False
-        return self._light_client or None
-
-    def _not_light(self, why: Exception) -> None:
-        if self._light_client:
-            log.info("s3_read_with_boto3", why=str(why))
-        self._light_client = False
 
     def list_keys(self) -> dict[str, int]:
         if self._light_client is not False:
