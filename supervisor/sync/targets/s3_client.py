@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from supervisor.config import SyncConfig
@@ -20,7 +20,6 @@ from supervisor.sync.targets.base import (
     TokenBucket,
     join_key,
 )
-from supervisor.sync.targets.s3_light import LightS3, Unsupported
 from supervisor.sync.targets.s3_wire import (
     AUTH_CODES,
     LOOPBACK,
@@ -32,6 +31,9 @@ from supervisor.sync.targets.s3_wire import (
     no_expect_for_small_bodies,
 )
 from supervisor.syncurl import TargetURL
+
+if TYPE_CHECKING:
+    from supervisor.sync.targets.s3_light import LightS3
 
 log = get_logger("sync.s3")
 
@@ -64,6 +66,9 @@ class S3Connection:
     def _light(self) -> LightS3 | None:
         """The boto3-less client when this setup allows it (s3_light.py says when)."""
         if self._light_client is None:
+            # imported here: a pass with nothing to send needs no client of either kind
+            from supervisor.sync.targets.s3_light import LightS3
+
             self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
                                                     self.cfg.credentials_file) or False
         return self._light_client or None
@@ -172,6 +177,8 @@ class S3Connection:
     def _call(self, op: str, **kw: Any) -> Any:
         light = self._light() if op in LIGHT_OPS else None
         if light:
+            from supervisor.sync.targets.s3_light import Unsupported
+
             try:
                 return self._light_call(light, op, kw)
             except Unsupported as e:
@@ -209,6 +216,8 @@ class S3Connection:
         if op == "copy_object":
             src = kw["CopySource"]
             if src["Bucket"] != self.bucket:
+                from supervisor.sync.targets.s3_light import Unsupported
+
                 raise Unsupported("a copy from another bucket")
             return light.copy_object(kw["Key"], src["Key"], self.bucket, kw.get("ChecksumAlgorithm") == "CRC32")
         return light.list_page(kw["Prefix"], kw.get("ContinuationToken"))

@@ -13,11 +13,13 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.sync.targets.base import TargetError, write_all
-from supervisor.sync.targets.s3_light import LightS3, Unsupported
 from supervisor.sync.targets.s3_wire import NotFound
+
+if TYPE_CHECKING:
+    from supervisor.sync.targets.s3_light import LightS3
 
 RANGE_MIN = 16 << 20
 HASH_CHUNK = 8 << 20
@@ -43,6 +45,8 @@ class S3Reader:
             self._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
         light = self._light()
         if light:
+            from supervisor.sync.targets.s3_light import Unsupported
+
             full = self._key("")
             base = full.strip("/") + "/" if full.strip("/") else ""
             try:
@@ -54,6 +58,8 @@ class S3Reader:
     def read_file(self, key: str) -> bytes | None:
         light = self._light()
         if light:
+            from supervisor.sync.targets.s3_light import Unsupported
+
             try:
                 return light.read(self._key(key), SMALL_MAX)
             except NotFound:
@@ -150,6 +156,8 @@ class S3Reader:
         """The body of a GET of key (the range start..end, inclusive, when end >= 0)."""
         light = self._light()
         if light:
+            from supervisor.sync.targets.s3_light import Unsupported
+
             try:
                 return light.get(key, start, end), light
             except Unsupported as e:
