@@ -169,6 +169,9 @@ def folder_prefix(pattern: str) -> str | None:
 
 # --- the policy --------------------------------------------------------------------------------
 
+SELECTS_MEMO_MAX = 200_000
+
+
 @dataclass
 class Policy:
     include: list[str]
@@ -182,10 +185,17 @@ class Policy:
         self._folders = [re.compile(glob_regex(fp).pattern) for fp in
                          (folder_prefix(p) for p in self.include) if fp]
         self._roots = [os.path.normpath(r) for r in self.excluded_roots if r]
+        self._selects: dict[str, bool] = {}
 
     def selects(self, rel: str) -> bool:
-        """Would the file at `rel` be uploaded (name rules, cache rules, globs)?"""
-        return self.allowed(rel) and any(r.fullmatch(rel) for r in self._inc)
+        """Would the file at `rel` be uploaded (name rules, cache rules, globs)? Remembered per
+        path: every scan asks again for every file kept (2,600 of them with 200 checkpoints)."""
+        hit = self._selects.get(rel)
+        if hit is None:
+            if len(self._selects) >= SELECTS_MEMO_MAX:
+                self._selects.clear()
+            hit = self._selects[rel] = self.allowed(rel) and any(r.fullmatch(rel) for r in self._inc)
+        return hit
 
     def allowed(self, rel: str) -> bool:
         """Not ruled out by name (temp, cache, our manifest) or by an exclude glob. Every file
