@@ -29,8 +29,11 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import TargetError
 from supervisor.sync.targets.s3_wire import AUTH_CODES, NotFound, Refused
+
+log = get_logger("sync.s3")
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -38,6 +41,8 @@ SEND_CHUNK = 1 << 20
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 UNRESERVED = "-_.~"
 ATTEMPTS = 3
+CONNECT_TIMEOUT = 10   # as the boto3 client's (s3_client.py)
+READ_TIMEOUT = 120
 # The environment settings boto3 honours that this client does not: with any of them set, boto3 it is.
 NOT_HANDLED_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTPS_PROXY",
                    "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "AWS_USE_FIPS_ENDPOINT",
@@ -157,10 +162,13 @@ class LightS3:
                 import ssl
 
                 ctx = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-                c = http.client.HTTPSConnection(self.netloc, timeout=120, context=ctx)
+                c = http.client.HTTPSConnection(self.netloc, timeout=CONNECT_TIMEOUT, context=ctx)
             else:
-                c = http.client.HTTPConnection(self.netloc, timeout=120)
+                c = http.client.HTTPConnection(self.netloc, timeout=CONNECT_TIMEOUT)
             self._local.conn = c
+        if c.sock is None:  # new, or closed by an answer that said so: connect with the short timeout
+            c.connect()
+            c.sock.settimeout(READ_TIMEOUT)
         return c
 
     def drop(self) -> None:
@@ -197,6 +205,7 @@ class LightS3:
             except (OSError, http.client.HTTPException) as e:
                 self.drop()  # a kept-alive connection the server closed meanwhile: again at once
                 last = f"{type(e).__name__}: {e}"
+                log.info("s3_light_retry", request=name, attempt=attempt + 1, error=last)
                 time.sleep(0.1 * (2 ** attempt - 1))
                 continue
             if 200 <= r.status < 300:
@@ -215,6 +224,7 @@ class LightS3:
                               "permissions)")
             if r.status in (500, 502, 503, 504) or code in ("SlowDown", "RequestTimeout", "InternalError"):
                 last = f"{r.status} {code}"
+                log.info("s3_light_retry", request=name, attempt=attempt + 1, error=last)
                 time.sleep(0.1 * 2 ** attempt)
                 continue
             if r.status == 400 and code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
