@@ -24,6 +24,20 @@ KEYS = (ACCESS_KEY, SECRET_KEY, "")
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_without_boto3(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module args` in a process of its own, which must succeed without importing botocore."""
+    code = ("import sys, runpy; mod = sys.argv[1]; sys.argv = ['x', *sys.argv[2:]]\n"
+            "try:\n    runpy.run_module(mod, run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "sys.stderr.write('BOTO=%s' % ('botocore' in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    r = subprocess.run([sys.executable, "-c", code, module, *args], capture_output=True, text=True, timeout=60,
+                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "BOTO=False" in r.stderr, r.stderr
+    return r
+
+
 @pytest.mark.parametrize("path,query,token", [
     ("/bucket/checkpoint-20/model.safetensors", {}, ""),
     ("/bucket/a b+c/ü é/x=y&z.bin", {}, "a-session-token/+="),
@@ -169,15 +183,7 @@ def test_a_restore_process_never_imports_boto3(s3_server, s3_prefix, tmp_path):
     cfgf = tmp_path / "c.toml"
     cfgf.write_text(to_toml({"state_dir": str(tmp_path / "state"), "log_level": "warning",
                              "sync": {**s3_server.sync_config(s3_prefix), "watch": [str(out)]}}))
-    code = ("import sys, runpy; sys.argv = ['resume', '--config', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('supervisor.resume', run_name='__main__')\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "sys.stderr.write('BOTO=%s' % ('botocore' in sys.modules))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    r = subprocess.run([sys.executable, "-c", code, str(cfgf)], capture_output=True, text=True, timeout=60,
-                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO)
-    assert r.returncode == 0, r.stderr
-    assert "BOTO=False" in r.stderr, r.stderr
+    r = run_without_boto3("supervisor.resume", "--config", str(cfgf))
     assert (out / "checkpoint-7" / "adapter_model.safetensors").read_bytes() == files["adapter_model.safetensors"]
     assert json.loads(r.stdout)["unit"] == "checkpoint-7"
 
@@ -207,15 +213,7 @@ def test_an_upload_pass_of_small_files_never_imports_boto3(s3_server, s3_prefix,
     cfgf = tmp_path / "c.toml"
     cfgf.write_text(to_toml({"state_dir": str(tmp_path / "state"), "log_level": "warning",
                              "sync": {**s3_server.sync_config(s3_prefix), "watch": [str(out)], "quiet_period": "0"}}))
-    code = ("import sys, runpy; sys.argv = ['sync', '--config', sys.argv[1], '--once']\n"
-            "try:\n    runpy.run_module('supervisor.sync', run_name='__main__')\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "sys.stderr.write('BOTO=%s' % ('botocore' in sys.modules))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    r = subprocess.run([sys.executable, "-c", code, str(cfgf)], capture_output=True, text=True, timeout=60,
-                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO)
-    assert r.returncode == 0, r.stderr
-    assert "BOTO=False" in r.stderr, r.stderr
+    run_without_boto3("supervisor.sync", "--config", str(cfgf), "--once")
     objs = s3_server.objects(s3_prefix)
     for step in (10, 20):
         here = {p.relative_to(out).as_posix(): p.read_bytes() for p in (out / f"checkpoint-{step}").rglob("*")
