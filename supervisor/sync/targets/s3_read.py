@@ -43,17 +43,7 @@ class S3Reader:
     def list_keys(self) -> dict[str, int]:
         if self._light_client is not False:
             self._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
-        light = self._light()
-        if light:
-            from supervisor.sync.targets.s3_light import Unsupported
-
-            full = self._key("")
-            base = full.strip("/") + "/" if full.strip("/") else ""
-            try:
-                return {k[len(base):]: size for k, size, _etag in light.list(base) if k.startswith(base)}
-            except Unsupported as e:
-                self._not_light(e)
-        return {k: o.size for k, o in self.listing("").items()}
+        return {k: o.size for k, o in self.listing("").items()}  # through s3_light when it may
 
     def read_file(self, key: str) -> bytes | None:
         light = self._light()
