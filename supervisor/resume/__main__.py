@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.list or args.dry_run):
             ledger = Ledger(cfg.state_dir, target_identity(url, cfg.sync))
         rs = Restorer(target, ledger, watch_roots(cfg.sync.watch), time.time,
-                      etag_is_sha=url.kind in ("local", "rsync"))
+                      etag_is_sha=url.kind in ("local", "rsync"), user=cfg.training.user)
         if args.list:
             out = {"target": url.display(), "units": [u.to_json() for u in rs.survey().units]}
         else:

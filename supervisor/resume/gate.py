@@ -188,7 +188,8 @@ class ResumeGate:
         target = make_target(url, self.cfg.sync, self.cfg.state_dir)
         try:
             return fn(Restorer(target, self.engine.ledger if record else None, list(self.engine.roots),
-                               self.clock.time, etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress))
+                               self.clock.time, etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress,
+                               user=self.cfg.training.user))
         finally:
             target.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 from supervisor.training.checkpoints import checkpoint_step
 
@@ -46,8 +47,13 @@ def _candidates(folder: str) -> list[str]:
 
 
 def _step(path: str) -> int | None:
+    """The step in the folder's trainer_state.json, opened without following a link or blocking on
+    a FIFO (the folder is the training user's; status asks this on every call)."""
     try:
-        with open(os.path.join(path, "trainer_state.json"), "rb") as fh:
+        fd = os.open(os.path.join(path, "trainer_state.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError("not a regular file")
             return int(json.loads(fh.read(STATE_MAX))["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         return checkpoint_step(os.path.basename(path))

@@ -17,6 +17,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -24,10 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from supervisor.resume.choose import COMPLETE, UnitInfo, choose, judge, local_rel, unit_keys, with_state
+from supervisor.resume.place import hand_over as _hand_over
+from supervisor.resume.place import open_inside, owner_of
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Root
 from supervisor.sync.targets.base import TargetError, join_key, list_units, reader
+from supervisor.training.safeopen import open_folder
 
 log = get_logger("resume")
 
@@ -102,11 +106,13 @@ class Progress:
 
 class Restorer:
     """target: built from sync.target; ledger: the sync engine's (None: record nothing, a dry run
-    or a one-shot list); roots: the watched folders with their key prefixes."""
+    or a one-shot list); roots: the watched folders with their key prefixes; user: training.user."""
 
     def __init__(self, target: object, ledger: Ledger | None, roots: list[Root], now: Callable[[], float],
-                 etag_is_sha: bool = False, progress: Progress | None = None):
+                 etag_is_sha: bool = False, progress: Progress | None = None, user: str | None = None):
         self.target = target
+        self.user = user or None            # training.user: the restored folders and files become theirs
+        self.owner = owner_of(self.user)
         self.ledger = ledger
         self.roots = roots
         self.now = now
@@ -163,33 +169,58 @@ class Restorer:
                                + (f" ({why})" if why else ""))
 
     def _fetch(self, u: UnitInfo, dest: str) -> bool:
-        """Download and verify into dest; True when dest already held exactly this unit."""
-        if os.path.isdir(dest):
-            if not _verify(dest, u):
-                return True
-            aside = os.path.join(os.path.dirname(dest), f".{u.name}.resume-aside-{secrets.token_hex(3)}.partial")
-            os.replace(dest, aside)  # what was here is kept (a temp name the sync never uploads)
+        """Download and verify into dest; True when dest already held exactly this unit.
+
+        The watched folder may belong to the training user, so nothing here follows a path there:
+        its folder is reached by open_folder's guarded walk, and every step after works relative
+        to that descriptor. The staging folder is root's own (0700) until its files are checked;
+        the readers write into it through /proc/PID/fd/N, which names that folder whatever is
+        renamed around it. Then it is given to the training user (whose Trainer later deletes old
+        checkpoints) and renamed into place."""
+        parent = open_folder(os.path.dirname(dest), self.user, make_dirs=True)
+        try:
+            return self._fetch_in(u, parent, os.path.basename(dest), dest)
+        finally:
+            os.close(parent)
+
+    def _fetch_in(self, u: UnitInfo, parent: int, name: str, dest: str) -> bool:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                try:
+                    if not _verify(fd, u):
+                        return True
+                finally:
+                    os.close(fd)
+            aside = f".{u.name}.resume-aside-{secrets.token_hex(3)}.partial"
+            os.rename(name, aside, src_dir_fd=parent, dst_dir_fd=parent)  # kept, under a name the sync never uploads
             log.warning("resume_set_aside", path=dest, aside=aside, note="differs from the target's copy")
-        parent = os.path.dirname(dest)
-        os.makedirs(parent, exist_ok=True)
         for old in os.listdir(parent):  # a restore cut short (the daemon stopped, the machine went) left these
             if old.startswith(f".{u.name}.tsync-"):
-                shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
-        stage = os.path.join(parent, f".{u.name}.tsync-{secrets.token_hex(4)}")
-        os.makedirs(stage)
+                shutil.rmtree(old, dir_fd=parent, ignore_errors=True)
+        stage = f".{u.name}.tsync-{secrets.token_hex(4)}"
+        os.mkdir(stage, 0o700, dir_fd=parent)
+        sfd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         try:
+            here = f"/proc/{os.getpid()}/fd/{sfd}"
             self.progress.begin(u.key, u.total_bytes)
-            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], stage,
-                                                self.progress.add)
-            bad = _compare(stage, u, sums) if isinstance(sums, dict) else _verify(stage, u)
+            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], here, self.progress.add)
+            bad = _compare(here, u, sums) if isinstance(sums, dict) else _verify(sfd, u)
             if bad:
                 raise Damaged("; ".join(bad[:3]))
-            self._record_files(u, stage, dest)
-            os.replace(stage, dest)
-            _fsync_dir(parent)
+            self._record_files(u, here, dest)
+            _hand_over(sfd, self.owner)
+            os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)
+            os.fsync(parent)
         except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
+            shutil.rmtree(stage, dir_fd=parent, ignore_errors=True)
             raise
+        finally:
+            os.close(sfd)
         return False
 
     def _record_files(self, u: UnitInfo, stage: str, dest: str) -> None:
@@ -221,17 +252,22 @@ class Damaged(Exception):
     """A downloaded file does not match the manifest."""
 
 
-def _verify(folder: str, u: UnitInfo) -> list[str]:
-    """Every file's size and sha256 against the manifest; the problems found ([] when it matches).
-    Files are hashed on several threads (hashlib lets go of the GIL), the largest first."""
+def _verify(folder: int, u: UnitInfo) -> list[str]:
+    """Every file's size and sha256 against the manifest, read through the descriptor `folder`
+    without following a link (open_inside); the problems found ([] when it matches). Files are
+    hashed on several threads (hashlib lets go of the GIL), the largest first."""
     def check(f) -> str | None:
         h = hashlib.sha256()
         n = 0
+        buf = bytearray(HASH_CHUNK)
         try:
-            with open(os.path.join(folder, f.path), "rb") as fh:
-                while chunk := fh.read(HASH_CHUNK):
-                    h.update(chunk)
-                    n += len(chunk)
+            fd = open_inside(folder, f.path)
+            try:
+                while got := os.readv(fd, [buf]):
+                    h.update(memoryview(buf)[:got])
+                    n += got
+            finally:
+                os.close(fd)
         except OSError as e:
             return f"{f.path}: {e.strerror or e}"
         if n != f.size:
@@ -272,14 +308,6 @@ def _epoch(iso: str) -> float | None:
 
 def saved_epoch(u: UnitInfo) -> float | None:
     return _epoch(u.saved_at)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["AllDamaged", "Damaged", "NothingToRestore", "Progress", "Restorer", "Result", "Survey", "TargetError", "saved_epoch"]

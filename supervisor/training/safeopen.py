@@ -64,12 +64,68 @@ def open_log(path: str, flags: int, user: str | None, mode: int = 0o644, make_di
         if make_dirs:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         return os.open(path, flags | os.O_CLOEXEC, mode)
-    uid = ids[0]
+    fd, name = _walk(path, make_dirs, None)
+    try:
+        out = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            _check_file(out, path, ids[0])
+            os.set_blocking(out, bool(~flags & os.O_NONBLOCK))
+        except BaseException:
+            os.close(out)
+            raise
+        return out
+    finally:
+        os.close(fd)
+
+
+def open_folder(path: str, user: str | None, make_dirs: bool = False) -> int:
+    """A descriptor (O_RDONLY|O_DIRECTORY) on the folder `path`, reached like open_log's file: a
+    symlink is followed only where the training user could not have put it. Missing folders are
+    made (`make_dirs`) and given to the training user, whose job writes into them (a restore on a
+    fresh machine makes the output folder the Trainer then saves its checkpoints in)."""
+    ids = guarded(user)
+    if ids is None:
+        if make_dirs:
+            os.makedirs(path, exist_ok=True)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    owner = (ids[0], _primary_gid(user) if user else -1)
+    fd, name = _walk(path, make_dirs, owner)
+    try:
+        if name != "/" and make_dirs:
+            _mkdir_for(fd, name, owner)
+        out = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except NotADirectoryError:
+        raise UnsafeLog(f"{path!r} is not a folder") from None
+    finally:
+        os.close(fd)
+    return out
+
+
+def _primary_gid(user: str) -> int:
+    try:
+        return (pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)).pw_gid
+    except KeyError:
+        return -1
+
+
+def _mkdir_for(fd: int, name: str, owner: tuple[int, int] | None) -> None:
+    try:
+        os.mkdir(name, 0o755, dir_fd=fd)
+    except FileExistsError:
+        return
+    if owner is not None:
+        os.chown(name, owner[0], owner[1], dir_fd=fd, follow_symlinks=False)
+
+
+def _walk(path: str, make_dirs: bool, owner: tuple[int, int] | None) -> tuple[int, str]:
+    """(O_PATH descriptor on the folder that holds path's last component, that component's name),
+    every link on the way resolved by the module's rule. Folders missing on the way are made when
+    make_dirs (given to `owner` when set)."""
     if not os.path.isabs(path):
         path = os.path.abspath(path)
     todo = [p for p in path.split("/") if p]
     if not todo:
-        raise UnsafeLog(f"the log path {path!r} names no file")
+        raise UnsafeLog(f"the path {path!r} names no file")
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     hops = 0
     try:
@@ -78,48 +134,40 @@ def open_log(path: str, flags: int, user: str | None, mode: int = 0o644, make_di
             if name == ".":
                 continue
             dst = os.fstat(fd)
-            open_dir = open_to_others(dst)
-            last = not todo
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 st = None
             if st is not None and stat.S_ISLNK(st.st_mode):
                 sticky_root_link = dst.st_mode & stat.S_ISVTX and st.st_uid == 0
-                if open_dir and not sticky_root_link:
-                    raise UnsafeLog(f"the log path {path!r}: {name!r} is a symlink in a folder others than "
+                if open_to_others(dst) and not sticky_root_link:
+                    raise UnsafeLog(f"the path {path!r}: {name!r} is a symlink in a folder others than "
                                     f"root can write; root does not follow it")
                 hops += 1
                 if hops > 40:
-                    raise UnsafeLog(f"the log path {path!r}: too many symlinks")
+                    raise UnsafeLog(f"the path {path!r}: too many symlinks")
                 target = os.readlink(name, dir_fd=fd)
                 if target.startswith("/"):
                     os.close(fd)
                     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
                 todo = [p for p in target.split("/") if p] + todo
+                if not todo:
+                    return fd, "/"
                 continue
-            if last:
-                out = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
-                try:
-                    _check_file(out, path, uid)
-                    os.set_blocking(out, bool(~flags & os.O_NONBLOCK))
-                except BaseException:
-                    os.close(out)
-                    raise
-                return out
+            if not todo:
+                out, fd = fd, -1
+                return out, name
             if st is None:
                 if not make_dirs:
                     raise FileNotFoundError(2, "No such file or directory", path)
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
+                _mkdir_for(fd, name, owner)
             nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nfd
-        raise UnsafeLog(f"the log path {path!r} names a folder")
+        raise UnsafeLog(f"the path {path!r} names no file")
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def _check_file(fd: int, path: str, uid: int) -> None:
