@@ -193,10 +193,10 @@ def sha256_fd(fd: int, f: LocalFile, chunk: int = 8 << 20) -> str:
 
 # Files are written in slices of this size: on Linux 6.x ext4 (large folios) a write of 1 MiB+
 # makes the kernel allocate large page-cache folios, and in a VM (most rented GPU servers) the
-# first touch of those costs the host's page faults: a 2 GiB restore measured 11-15 s of system
-# time in 1 MiB writes against 1.6 s in 32 KiB ones (128 KiB: 3-6 s; Go's io.Copy, as in s5cmd
-# and rclone, writes 32 KiB).
-WRITE_SLICE = 32 << 10
+# first touch of those costs the host's page faults. A 2 GiB restore measured 3.3-5.7 s of system
+# time in 1 MiB writes against 1.1-1.3 s in writes of 128, 256 or 512 KiB (and in Go's 32 KiB, as
+# in s5cmd and rclone); 256 KiB is one write per receive buffer (s3_read.READ_BUF).
+WRITE_SLICE = 256 << 10
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int | None = None) -> int:
