@@ -121,16 +121,13 @@ class Restorer:
 
     # --- what the target holds -----------------------------------------------------------------
     def survey(self, name: str | None = None) -> Survey:
-        keys, manifests = list_units(self.target, SURVEY_THREADS)
-
-        def one(k: str) -> UnitInfo:
+        keys, manifests, states = list_units(self.target, SURVEY_THREADS, also=(STATE_NAME,))
+        units = []
+        for k in unit_keys(keys):
             u = judge(k, manifests.get(k), keys)
             if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
-                u = with_state(u, reader(self.target).read_file(join_key(k, STATE_NAME)))
-            return u
-
-        with ThreadPoolExecutor(SURVEY_THREADS, thread_name_prefix="resume-survey") as pool:
-            units = list(pool.map(one, unit_keys(keys)))
+                u = with_state(u, states.get(join_key(k, STATE_NAME)))
+            units.append(u)
         ch = choose(units, name)
         ranked = sorted(units, key=lambda u: (u.step if u.step is not None else -1, u.saved_at), reverse=True)
         return Survey(ranked, ch.order, ch.skipped)

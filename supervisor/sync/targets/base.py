@@ -361,13 +361,19 @@ def read_manifest(target: object, unit_key: str) -> bytes | None:
     return reader(target).read_file(join_key(unit_key, MANIFEST_NAME))
 
 
-def list_units(target: object, threads: int = 8) -> tuple[dict[str, int], dict[str, bytes | None]]:
-    """The target's keys, and each folder holding a manifest with that manifest's bytes (None: it
-    vanished between the listing and the read), the reads several at a time (a LoRA run holds
-    dozens of units: one round trip each would add up)."""
+def list_units(target: object, threads: int = 8, also: tuple[str, ...] = ()) -> tuple[
+        dict[str, int], dict[str, bytes | None], dict[str, bytes | None]]:
+    """The target's keys; each folder holding a manifest with that manifest's bytes (None: it
+    vanished between the listing and the read); and, by key, the bytes of the files named in `also`
+    that such a folder holds (a unit's trainer_state.json). All the reads go several at a time in
+    one round (a LoRA run holds dozens of units: one round trip each would add up)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    keys = reader(target).list_keys()
+    rd = reader(target)
+    keys = rd.list_keys()
     units = sorted(k[: -len(MANIFEST_NAME) - 1] for k in keys if k.endswith("/" + MANIFEST_NAME))
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="list-units") as pool:
-        return keys, dict(zip(units, pool.map(lambda u: read_manifest(target, u), units), strict=True))
+    extra = [join_key(u, n) for u in units for n in also if join_key(u, n) in keys]
+    wanted = [join_key(u, MANIFEST_NAME) for u in units] + extra
+    with ThreadPoolExecutor(max(1, min(threads, len(wanted))), thread_name_prefix="list-units") as pool:
+        got = dict(zip(wanted, pool.map(rd.read_file, wanted), strict=True))
+    return keys, {u: got[join_key(u, MANIFEST_NAME)] for u in units}, {k: got[k] for k in extra}

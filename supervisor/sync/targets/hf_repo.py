@@ -55,6 +55,7 @@ class HubRepo:
         self._private: bool | None = None
         self._created = False
         self._warning = ""
+        self.head_sha: str | None = None
         self.stats = {"commits": 0, "commit_429": 0, "inline_waits_s": 0.0}
 
     def hub(self) -> Any:
@@ -164,6 +165,8 @@ class HubRepo:
         try:
             info = api.repo_info(self.repo_id, repo_type=self.repo_type)
             private = bool(info.private)
+            if self.revision == "main" and info.sha:
+                self.head_sha = str(info.sha)  # the restore's listing pins this commit without asking again
         except errors.RepositoryNotFoundError:
             self.call("repo create", api.create_repo, self.repo_id, repo_type=self.repo_type,
                       private=self.cfg.hf_private, exist_ok=True)
