@@ -11,6 +11,10 @@ every file's sha256, record in the ledger) against `s5cmd cp`, `rclone copy` and
 `s5verify` is `s5cmd cp` followed by sha256sum of every file (two at a time): the peers copy
 unchecked, ours checks every byte against the manifest, and this row prices that check.
 
+`daemon` is the same restore the way the daemon runs it before a training starts: in a process
+already running (the imports done), a target and a Restorer made for the restore and closed after
+(resume/gate.py `_with`). The `ours` row adds Python's start-up and imports (~70 ms) to it.
+
 The trees go up once with our sync (`python -m supervisor.sync --once`). Each round every tool
 downloads into an empty folder as a fresh process (start-up counts for everyone), the order rotated;
 the result is checked (file count and bytes), then removed. Prints each round and the medians, and
@@ -22,6 +26,7 @@ The Hub target (`lora` tree against `hf download`): tests/bench/bench_restore_hf
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -80,36 +85,91 @@ class Restore(Bench):
                         f"s3://{self.s3.bucket}/{prefix}/{unit}/", f"{dest / unit}/"]
 
 
+WORKER = r"""
+import json, sys, time
+from supervisor.config import load
+from supervisor.resume.restore import Restorer
+from supervisor.sync.ledger import Ledger
+from supervisor.sync.scan import watch_roots
+from supervisor.sync.targets import make_target, target_identity
+from supervisor.sync import _log
+from supervisor.syncurl import parse_target
+for line in sys.stdin:
+    t = time.perf_counter()
+    cfg = load(line.strip())
+    _log.min_level = _log.LEVELS.get(str(cfg.log_level).lower(), 0)
+    url = parse_target(cfg.sync.target)
+    target = make_target(url, cfg.sync, cfg.state_dir)
+    ledger = Ledger(cfg.state_dir, target_identity(url, cfg.sync))
+    try:
+        res = Restorer(target, ledger, watch_roots(cfg.sync.watch), time.time).restore()
+    finally:
+        ledger.close()
+        target.close()
+    print("@@" + json.dumps({"s": time.perf_counter() - t, "unit": res.unit.key}), flush=True)
+"""
+
+
+class DaemonLike:
+    """A process that stays up between rounds and restores on request, as the daemon does."""
+
+    def __init__(self, env: dict):
+        self.p = subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def restore(self, cfg: str) -> float:
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write(cfg + "\n")
+        self.p.stdin.flush()
+        while line := self.p.stdout.readline():
+            if line.startswith("@@"):
+                return float(json.loads(line[2:])["s"])
+        raise RuntimeError(f"daemon-like restore failed ({self.p.wait()})")
+
+    def close(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        self.p.wait(30)
+
+
 def tree_size(p: Path) -> tuple[int, int]:
     files = [f for f in p.rglob("*") if f.is_file() and f.name != "_MANIFEST.json"]
     return len(files), sum(f.stat().st_size for f in files)
 
 
 def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds: int) -> dict[str, list[float]]:
-    names = ["ours", "s5cmd", "rclone", "aws", "s5verify"]
+    names = ["ours", "daemon", "s5cmd", "rclone", "aws", "s5verify"]
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        line = []
-        for n in order:
-            dest = b.work / f"dest-{n}"
-            if dest.exists():
+    daemon = DaemonLike(b.env)
+    try:
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            line = []
+            for n in order:
+                dest = b.work / f"dest-{n}"
+                if dest.exists():
+                    shutil.rmtree(dest)
+                dest.mkdir()
+                if n == "daemon":
+                    argv = b.ours_restore(prefix, dest)
+                    dt = daemon.restore(argv[-1])
+                else:
+                    argv = b.ours_restore(prefix, dest) if n == "ours" else getattr(
+                        b, f"{n}_{'cp' if n != 'rclone' else 'copy'}")(prefix, unit, dest)
+                    if not argv:
+                        if r == 0:
+                            print(f"  {n}: not installed, skipped")
+                        continue
+                    dt, _cpu = run(argv, b.env)
+                got = tree_size(dest / unit)
+                if got != want:
+                    raise RuntimeError(f"{n}: restored {got}, expected {want}")
+                times[n].append(dt)
+                line.append(f"{n} {dt:.2f}s")
                 shutil.rmtree(dest)
-            dest.mkdir()
-            argv = b.ours_restore(prefix, dest) if n == "ours" else getattr(b, f"{n}_{'cp' if n != 'rclone' else 'copy'}")(
-                prefix, unit, dest)
-            if not argv:
-                if r == 0:
-                    print(f"  {n}: not installed, skipped")
-                continue
-            dt, _cpu = run(argv, b.env)
-            got = tree_size(dest / unit)
-            if got != want:
-                raise RuntimeError(f"{n}: restored {got}, expected {want}")
-            times[n].append(dt)
-            line.append(f"{n} {dt:.2f}s")
-            shutil.rmtree(dest)
-        print(f"  round {r + 1}: " + ", ".join(line), flush=True)
+            print(f"  round {r + 1}: " + ", ".join(line), flush=True)
+    finally:
+        daemon.close()
     return {n: t for n, t in times.items() if t}
 
 
@@ -117,8 +177,9 @@ def report(tree: str, nbytes: int, times: dict[str, list[float]]) -> None:
     med = {n: statistics.median(t) for n, t in times.items()}
     print(f"== {tree}: medians ({nbytes / MiB:.0f} MiB)")
     for n, m in sorted(med.items(), key=lambda kv: kv[1]):
-        rel = f"  ours/{n} = {med['ours'] / m:.2f}" if n != "ours" and "ours" in med else ""
-        print(f"  {n:<7} {m:7.2f}s  {nbytes / MiB / m:8.1f} MiB/s{rel}")
+        rel = "".join(f"  {o}/{n} = {med[o] / m:.2f}" for o in ("ours", "daemon") if n not in ("ours", "daemon")
+                      and o in med)
+        print(f"  {n:<8} {m:7.2f}s  {nbytes / MiB / m:8.1f} MiB/s{rel}")
 
 
 def main() -> int:

@@ -10,7 +10,8 @@ The tree is bench_restore's `lora` one: a LoRA run (bench_sync.make_lora_run: 20
 (`python -m supervisor.sync --once`). Each round both tools download into an empty folder as a
 fresh process (start-up counts for both) with a fresh HF_HOME (no cache helps either side), the
 order rotated; the result is checked (file count and bytes), then removed. Prints each round and
-the medians, and ours / hf. The Hub runs in this process (Python's threading HTTP server), so its
+the medians, and ours / hf. `daemon` is our restore as the daemon runs it (in a process already
+up: bench_restore.DaemonLike), without Python's start-up and imports. The Hub runs in this process (Python's threading HTTP server), so its
 serving cost is shared by both tools. `--quick`: 20 x 12 MiB LoRA run.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.bench.bench_restore import report, tree_size  # noqa: E402
+from tests.bench.bench_restore import DaemonLike, report, tree_size  # noqa: E402
 from tests.bench.bench_sync import MiB, make_lora_run, run, tool  # noqa: E402
 from tests.fixtures.fake_hub import FakeHub  # noqa: E402
 from tests.fixtures.sync_engine import to_toml  # noqa: E402
@@ -76,27 +77,34 @@ class HubRestore:
 
 
 def bench(b: HubRestore, unit: str, want: tuple[int, int], rounds: int) -> dict[str, list[float]]:
-    names = ["ours", "hf"]
+    names = ["ours", "daemon", "hf"]
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        line = []
-        for n in order:
-            d = b.work / f"round-{r}-{n}"
-            dest = d / "out"
-            dest.mkdir(parents=True)
-            argv = getattr(b, n)(d, unit, dest)
-            h0 = dict(b.hub.requests)
-            dt, cpu = run(argv, b.round_env(d))
-            calls = {k: v - h0.get(k, 0) for k, v in sorted(b.hub.requests.items()) if v - h0.get(k, 0)}
-            got = tree_size(dest / unit)
-            if got != want:
-                raise RuntimeError(f"{n}: restored {got}, expected {want}")
-            times[n].append(dt)
-            line.append(f"{n} {dt:.2f}s (cpu {cpu:.2f}s, Hub requests {sum(calls.values())}: "
-                        + " ".join(f"{k} {v}" for k, v in calls.items()) + ")")
-            shutil.rmtree(d)
-        print(f"  round {r + 1}: " + ", ".join(line), flush=True)
+    daemon = DaemonLike({**b.env, "HF_HOME": str(b.work / "hf-home-daemon")})
+    try:
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            line = []
+            for n in order:
+                d = b.work / f"round-{r}-{n}"
+                dest = d / "out"
+                dest.mkdir(parents=True)
+                h0 = dict(b.hub.requests)
+                cpu = None
+                if n == "daemon":
+                    dt = daemon.restore(str(b.sync_cfg(d, dest)))
+                else:
+                    dt, cpu = run(getattr(b, n)(d, unit, dest), b.round_env(d))
+                calls = {k: v - h0.get(k, 0) for k, v in sorted(b.hub.requests.items()) if v - h0.get(k, 0)}
+                got = tree_size(dest / unit)
+                if got != want:
+                    raise RuntimeError(f"{n}: restored {got}, expected {want}")
+                times[n].append(dt)
+                line.append(f"{n} {dt:.2f}s ({'' if cpu is None else f'cpu {cpu:.2f}s, '}Hub requests "
+                            f"{sum(calls.values())}: " + " ".join(f"{k} {v}" for k, v in calls.items()) + ")")
+                shutil.rmtree(d)
+            print(f"  round {r + 1}: " + ", ".join(line), flush=True)
+    finally:
+        daemon.close()
     return times
 
 
