@@ -17,7 +17,9 @@ already running (the imports done), a target and a Restorer made for the restore
 
 The trees go up once with our sync (`python -m supervisor.sync --once`). Each round every tool
 downloads into an empty folder as a fresh process (start-up counts for everyone), the order rotated;
-the result is checked (file count and bytes), then removed. Prints each round and the medians, and
+the result is checked (file count and bytes), then removed. Dirty pages are written out before
+each run (os.sync, untimed): ours fsyncs the restored folder, and ext4's journal would otherwise
+make it wait for the writeback of the 2 GiB the tool before it left dirty. Prints each round and the medians, and
 our time relative to each peer. Peers come from the bench extra (`pip install -e .[bench]`); a
 missing one is reported and skipped. `--quick`: 256 MiB checkpoint, 20 x 12 MiB LoRA run.
 The Hub target (`lora` tree against `hf download`): tests/bench/bench_restore_hf.py.
@@ -140,6 +142,7 @@ def tree_size(p: Path) -> tuple[int, int]:
 def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds: int) -> dict[str, list[float]]:
     names = ["ours", "daemon", "s5cmd", "rclone", "aws", "s5verify"]
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpus: dict[str, list[float]] = {n: [] for n in names}
     daemon = DaemonLike(b.env)
     try:
         for r in range(rounds):
@@ -150,6 +153,7 @@ def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds
                 if dest.exists():
                     shutil.rmtree(dest)
                 dest.mkdir()
+                os.sync()  # no tool's timing pays for the writeback of the one before (ours fsyncs its folder)
                 if n == "daemon":
                     argv = b.ours_restore(prefix, dest)
                     dt = daemon.restore(argv[-1])
@@ -160,12 +164,13 @@ def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds
                         if r == 0:
                             print(f"  {n}: not installed, skipped")
                         continue
-                    dt, _cpu = run(argv, b.env)
+                    dt, cpu = run(argv, b.env)
+                    cpus[n].append(cpu)
                 got = tree_size(dest / unit)
                 if got != want:
                     raise RuntimeError(f"{n}: restored {got}, expected {want}")
                 times[n].append(dt)
-                line.append(f"{n} {dt:.2f}s")
+                line.append(f"{n} {dt:.2f}s" + (f" (cpu {cpus[n][-1]:.2f}s)" if n != "daemon" else ""))
                 shutil.rmtree(dest)
             print(f"  round {r + 1}: " + ", ".join(line), flush=True)
     finally:

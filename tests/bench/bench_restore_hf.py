@@ -88,6 +88,7 @@ def bench(b: HubRestore, unit: str, want: tuple[int, int], rounds: int) -> dict[
                 d = b.work / f"round-{r}-{n}"
                 dest = d / "out"
                 dest.mkdir(parents=True)
+                os.sync()  # as in bench_restore: nobody pays for the writeback of the run before
                 h0 = dict(b.hub.requests)
                 cpu = None
                 if n == "daemon":

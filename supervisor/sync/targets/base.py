@@ -191,12 +191,14 @@ def sha256_fd(fd: int, f: LocalFile, chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
-# Files are written in slices of this size: on Linux 6.x ext4 (large folios) a write of 1 MiB+
-# makes the kernel allocate large page-cache folios, and in a VM (most rented GPU servers) the
-# first touch of those costs the host's page faults. A 2 GiB restore measured 3.3-5.7 s of system
-# time in 1 MiB writes against 1.1-1.3 s in writes of 128, 256 or 512 KiB (and in Go's 32 KiB, as
-# in s5cmd and rclone); 256 KiB is one write per receive buffer (s3_read.READ_BUF).
-WRITE_SLICE = 256 << 10
+# Files are written in slices of this size: on Linux 6.x ext4 (large folios) a write of W bytes
+# makes the kernel allocate page-cache folios of up to W, and in a VM (most rented GPU servers)
+# those most likely come from the large free blocks the guest reported back to the host, whose
+# first touch costs the host's page faults. A 2 GiB restore measured 11-15 s of system time in 1 MiB writes
+# against 1.6 s in 32 KiB ones. 256 KiB writes matched 32 KiB on a quiet machine and cost 8-11 s
+# of CPU once other tools had churned the page cache (bench_restore's rotation). Go's io.Copy,
+# as in s5cmd, writes 32 KiB.
+WRITE_SLICE = 32 << 10
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int | None = None) -> int:
