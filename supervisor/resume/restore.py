@@ -31,7 +31,7 @@ from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Root
 from supervisor.sync.targets.base import TargetError, join_key, list_units, reader
-from supervisor.training.safeopen import open_folder
+from supervisor.training.safeopen import UnsafeLog, open_folder
 
 log = get_logger("resume")
 
@@ -174,7 +174,10 @@ class Restorer:
         the readers write into it through /proc/PID/fd/N, which names that folder whatever is
         renamed around it. Then it is given to the training user (whose Trainer later deletes old
         checkpoints) and renamed into place."""
-        parent = open_folder(os.path.dirname(dest), self.user, make_dirs=True)
+        try:
+            parent = open_folder(os.path.dirname(dest), self.user, make_dirs=True)
+        except UnsafeLog as e:
+            raise UnsafeLog(f"the restored checkpoint cannot be put in {os.path.dirname(dest)}: {e}") from None
         try:
             return self._fetch_in(u, parent, os.path.basename(dest), dest)
         finally:

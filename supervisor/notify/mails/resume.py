@@ -62,7 +62,7 @@ def unreachable(host: str, target: str, error: str, next_try_s: float, if_unreac
         then = "The training was started FROM SCRATCH (resume.if_unreachable = \"start_fresh\")."
     return Mail(f"{host}: cannot fetch the checkpoint to resume from ({target})",
                 f"The training was about to start and this machine holds no complete checkpoint, but the "
-                f"target {target} could not be read:\n  {error}\n\n{then}\n")
+                f"checkpoint could not be fetched from {target} and put in place:\n  {error}\n\n{then}\n")
 
 
 def all_damaged(host: str, target: str, error: str, started_fresh: bool) -> Mail:
