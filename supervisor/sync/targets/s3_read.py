@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from supervisor.sync.targets.s3_light import LightS3
 
 RANGE_MIN = 16 << 20
-REHASH_BUF = 256 << 10
 READ_BUF = 256 << 10
 SMALL_MAX = 64 << 20
 
@@ -209,16 +208,15 @@ class _OrderedHash:
             raise
 
     def _hash(self, start: int, end: int) -> None:
-        """Read back into one small buffer, hashed while it is in the CPU's cache: measured here
-        against a map of the file (its page faults cost more than the copy) and 8 MiB reads
-        (a new buffer each time)."""
-        buf = bytearray(REHASH_BUF)
-        view = memoryview(buf)
+        """Read back into this thread's small buffer, hashed while it is in the CPU's cache:
+        measured against a map of the file (its page faults cost more than the copy) and 8 MiB
+        reads (a new buffer each time, each one faulted in afresh)."""
+        view = _buffer()  # this thread's receive buffer: its GET is done by now
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             at = start
             while at < end:
-                got = os.preadv(fd, [view[:min(REHASH_BUF, end - at)]], at)
+                got = os.preadv(fd, [view[:min(len(view), end - at)]], at)
                 if not got:
                     raise TargetError(f"{self.path}: shorter than the ranges written")
                 self.h.update(view[:got])
