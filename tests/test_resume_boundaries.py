@@ -8,9 +8,7 @@ output folder should be, a FIFO or a link inside a checkpoint folder that is alr
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,27 +19,7 @@ from supervisor.resume.restore import Restorer
 from supervisor.sync.targets import make_target
 from supervisor.training.safeopen import UnsafeLog
 from tests.fixtures.hf_writer import HFWriter
-from tests.test_security import Member, _need_root, open_dir  # noqa: F401 - fixtures
-
-
-@pytest.fixture
-def member():
-    """A fresh training user `tsu-XXXX` (with a group of its own), removed afterwards. Unlike
-    test_security's, it asks nothing of group access (these tests use none), so the tests also run
-    where a forked second user does not get its group's rights (a chroot)."""
-    _need_root()
-    tag = secrets.token_hex(3)
-    group, name = f"tsg-{tag}", f"tsu-{tag}"
-    subprocess.run(["groupadd", group], check=True, capture_output=True)
-    try:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", group, name],
-                       check=True, capture_output=True)
-        try:
-            yield Member(name, group)
-        finally:
-            subprocess.run(["userdel", name], capture_output=True)
-    finally:
-        subprocess.run(["groupdel", group], capture_output=True)
+from tests.test_security import member, open_dir  # noqa: F401 - fixtures
 
 
 def _machine_a(make_engine, remote: Path, out: Path) -> HFWriter:
@@ -66,7 +44,7 @@ def _owned(p: Path) -> set[tuple[int, int]]:
 
 
 def test_a_restore_on_a_fresh_machine_leaves_the_output_folder_to_the_training_user(
-        make_engine, tmp_path, member, open_dir):  # noqa: F811 - open_dir from test_security
+        make_engine, tmp_path, member, open_dir):  # noqa: F811 - fixtures from test_security
     w = _machine_a(make_engine, tmp_path / "remote", tmp_path / "a" / "out")
     ws = open_dir / "ws"                     # the user's /workspace; out/ is not there yet
     ws.mkdir()
@@ -90,7 +68,7 @@ def test_a_restore_on_a_fresh_machine_leaves_the_output_folder_to_the_training_u
 
 
 def test_a_link_in_place_of_the_output_folder_is_not_followed(
-        make_engine, tmp_path, member, open_dir):  # noqa: F811 - open_dir from test_security
+        make_engine, tmp_path, member, open_dir):  # noqa: F811 - fixtures from test_security
     _machine_a(make_engine, tmp_path / "remote", tmp_path / "a" / "out")
     vault = open_dir / "rootonly"
     vault.mkdir(mode=0o700)
@@ -105,7 +83,7 @@ def test_a_link_in_place_of_the_output_folder_is_not_followed(
 
 
 def test_what_the_user_left_in_the_checkpoint_folder_is_read_without_following_or_blocking(
-        make_engine, tmp_path, member, open_dir):  # noqa: F811 - open_dir from test_security
+        make_engine, tmp_path, member, open_dir):  # noqa: F811 - fixtures from test_security
     w = _machine_a(make_engine, tmp_path / "remote", tmp_path / "a" / "out")
     vault = open_dir / "rootonly"
     vault.mkdir(mode=0o700)
