@@ -205,6 +205,34 @@ def test_restart_sends_nothing_again_and_a_changed_file_is_resent(make_engine, h
     assert check_folder(str(remote / "lora")) == []
 
 
+def test_a_manifest_written_just_before_a_kill_is_not_sent_again(make_engine, hf_writer, tmp_path):
+    """Killed after a folder's manifest reached the target but before the ledger recorded it: the
+    restarted daemon finds that manifest says exactly what it would write and keeps it; one that
+    says something else (or is not a manifest) is replaced."""
+    remote = tmp_path / "remote"
+    sync = {"target": str(remote), "watch": [str(hf_writer.out)], "quiet_period": "0.2s"}
+    hf_writer.checkpoint(10)
+    hf_writer.adapter("lora")
+    hf_writer.age(60)
+    e1 = make_engine(sync)
+    assert e1.wait_idle(30).ok
+    ledger, keys = e1.ledger, ("checkpoint-10", "lora")
+    assert ledger is not None and all(ledger.manifest(k) for k in keys)
+    for k in keys:  # as if the kill came between the manifest's PUT and its ledger record
+        ledger.manifest_forget(k)
+    ledger.sync()
+    e1.close()
+    (remote / "lora" / MANIFEST_NAME).write_text("{not json")
+    before = (remote / "checkpoint-10" / MANIFEST_NAME).stat()
+    e2 = make_engine(sync)
+    r = e2.wait_idle(30)
+    assert r.ok and r.uploaded_files == 0
+    after = (remote / "checkpoint-10" / MANIFEST_NAME).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "sent again"
+    assert check_folder(str(remote / "lora")) == []        # the garbage one was replaced
+    assert e2.ledger is not None and all(e2.ledger.manifest(k) for k in keys)
+
+
 def test_rescan_of_a_large_tree_reads_no_file_contents(make_engine, hf_writer, tmp_path):
     remote = tmp_path / "remote"
     cp = hf_writer.checkpoint(1)

@@ -106,6 +106,24 @@ def test_remote_loss_is_found_by_final_sync(make_engine, hf_writer, s3_server, s
     assert_remote_matches(s3_server, s3_prefix, "checkpoint-2", hf_writer.contents["checkpoint-2"])
 
 
+def test_a_manifest_on_the_store_but_not_in_the_ledger_is_kept(make_engine, hf_writer, s3_server, s3_prefix):
+    """The kill between a manifest's PUT and its ledger record (the kill -9 test below can land
+    there): the restarted daemon reads it back, finds it says what it would write, keeps it."""
+    hf_writer.checkpoint(2)
+    hf_writer.age(60)
+    cfg = {**s3_server.sync_config(s3_prefix), "watch": [str(hf_writer.out)]}
+    e1 = make_engine(cfg)
+    assert e1.wait_idle(60).ok and e1.ledger is not None
+    e1.ledger.manifest_forget("checkpoint-2")
+    e1.ledger.sync()
+    e1.close()
+    key = f"{s3_prefix}/checkpoint-2/{MANIFEST_NAME}"
+    times = s3_server.chunk_times(key)
+    e2 = make_engine(cfg)
+    assert e2.wait_idle(60).ok and e2.ledger is not None and e2.ledger.manifest("checkpoint-2")
+    assert s3_server.chunk_times(key) == times, "the manifest was sent again"
+
+
 def _journal_has(proc, op: str, key_part: str, n: int = 1) -> bool:
     return sum(1 for r in proc.journal() if r.get("op") == op and key_part in r.get("k", "")) >= n
 

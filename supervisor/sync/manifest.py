@@ -68,10 +68,11 @@ def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "
 
 def parse(data: bytes) -> list[ManifestFile]:
     """The files a manifest lists; ValueError naming what is wrong."""
-    return _parse(data)[1]
+    return parse_doc(data)[1]
 
 
-def _parse(data: bytes) -> tuple[dict, list[ManifestFile]]:
+def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
+    """The manifest's document and its files; ValueError naming what is wrong."""
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -93,7 +94,7 @@ def check_folder(folder: str) -> list[str]:
     """Problems found comparing a local copy of a folder with its manifest; [] when it matches."""
     try:
         with open(os.path.join(folder, MANIFEST_NAME), "rb") as fh:
-            doc, files = _parse(fh.read())
+            doc, files = parse_doc(fh.read())
     except FileNotFoundError:
         return [f"{folder}: no {MANIFEST_NAME} (partial upload)"]
     except ValueError as e:

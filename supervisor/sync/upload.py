@@ -21,7 +21,16 @@ from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest
 from supervisor.sync.scan import together as together_
 from supervisor.sync.status import Board
-from supervisor.sync.targets.base import LocalFile, SourceProblem, Target, UnitPut, Uploaded, put_units
+from supervisor.sync.targets.base import (
+    LocalFile,
+    SourceProblem,
+    Target,
+    TargetError,
+    UnitPut,
+    Uploaded,
+    put_units,
+    read_manifest,
+)
 from supervisor.training.checkpoints import checkpoint_step
 
 UNITS_PER_PUT = 32              # folders landed together at most (one commit on the Hub)
@@ -209,7 +218,7 @@ class Uploader:
         sink = _UnitsSink(self, plan)
         for u, todo in plan:
             if not todo:
-                self._finish(u)
+                self._finish(u, maybe_there=True)
         files = [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for _u, todo in plan for s in todo]
         if files:
             self.target.put_files(files, sink)
@@ -219,9 +228,11 @@ class Uploader:
                          "on the target; no manifest written")
         return not sink.problems
 
-    def _finish(self, u: Unit) -> None:
+    def _finish(self, u: Unit, maybe_there: bool = False) -> None:
         """Every file of the unit is on the target: its manifest now (serialised: the target's
-        threads may finish several units at once)."""
+        threads may finish several units at once). maybe_there: every file was on the target
+        before this pass, so a daemon killed between the manifest's write and its ledger record
+        may have left exactly this manifest there."""
         with self._finishing:
             if u.verdict.partial:
                 self.board.add_partial(u.label)
@@ -230,7 +241,7 @@ class Uploader:
                             note="uploaded with a manifest naming its damaged files" if needs_manifest(u)
                             else "uploaded without a manifest")
             if needs_manifest(u):
-                self._manifest(u)
+                self._manifest(u, maybe_there)
 
     def files(self, units: list[Unit]) -> bool:
         """Single-file units of one root in one batch (one rsync run, one pool of puts)."""
@@ -242,7 +253,7 @@ class Uploader:
         self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo], sink)
         return not sink.problems
 
-    def _manifest(self, u: Unit) -> None:
+    def _manifest(self, u: Unit, maybe_there: bool = False) -> None:
         """Write the folder's manifest (last), once every file is on the target."""
         files = self._listed(u)
         d = self._digest(u)
@@ -252,6 +263,8 @@ class Uploader:
         if m is not None and m.get("digest") == d:
             return
         v = u.verdict
+        if m is None and maybe_there and self._adopt(u, d):
+            return
         data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
                         source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
         self.target.write_manifest(u.key, data)
@@ -261,6 +274,28 @@ class Uploader:
                  files=len(files), bytes=sum(f.size for f in files))
         if v.complete and checkpoint_step(u.rel) is not None:
             self._keep_last(u)
+
+    def _adopt(self, u: Unit, d: str) -> bool:
+        """Record the manifest the target already holds when it says exactly what this one would
+        (same files and sha256s, same complete or damaged verdict): it is not sent again."""
+        try:
+            data = read_manifest(self.target, u.key)
+            if data is None:
+                return False
+            doc, files = mf.parse_doc(data)
+        except (TargetError, ValueError) as e:
+            log.info("sync_manifest_not_adopted", unit=u.label, reason=str(e))
+            return False
+        theirs = mf.digest(files) if doc.get("complete") is True else f"damaged:{mf.digest(files)}"
+        if theirs != d or sorted(doc.get("damaged") or []) != sorted(u.verdict.damaged):
+            return False
+        self.ledger.manifest_done(u.key, d, self.clock.time())
+        self.ledger.sync()
+        log.info("sync_unit_complete" if u.verdict.complete else "sync_unit_damaged_manifest", unit=u.label,
+                 files=len(files), bytes=sum(f.size for f in files), note="its manifest was on the target already")
+        if u.verdict.complete and checkpoint_step(u.rel) is not None:
+            self._keep_last(u)
+        return True
 
     def _keep_last(self, u: Unit) -> None:
         """Delete the checkpoint folders keep_last no longer keeps (only ones we uploaded)."""
