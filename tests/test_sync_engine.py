@@ -177,7 +177,8 @@ def test_symlinks_excludes_and_hf_cache_never_uploaded(make_engine, hf_writer, t
     assert b"PRIVATE" not in b"".join(tree(remote).values())
 
 
-def test_restart_sends_nothing_again_and_a_changed_file_is_resent(make_engine, hf_writer, tmp_path):
+def _synced_checkpoint_and_adapter(make_engine, hf_writer, tmp_path):
+    """checkpoint-10 and a LoRA adapter, synced to a local target by a first engine."""
     remote = tmp_path / "remote"
     sync = {"target": str(remote), "watch": [str(hf_writer.out)], "quiet_period": "0.2s"}
     hf_writer.checkpoint(10)
@@ -185,6 +186,11 @@ def test_restart_sends_nothing_again_and_a_changed_file_is_resent(make_engine, h
     hf_writer.age(60)
     e1 = make_engine(sync)
     assert e1.wait_idle(30).ok
+    return remote, sync, e1
+
+
+def test_restart_sends_nothing_again_and_a_changed_file_is_resent(make_engine, hf_writer, tmp_path):
+    remote, sync, e1 = _synced_checkpoint_and_adapter(make_engine, hf_writer, tmp_path)
     sent = e1.stats["files_uploaded"]
     assert sent == len(hf_writer.contents["checkpoint-10"]) + len(hf_writer.contents["lora"])
     e1.close()
@@ -209,13 +215,7 @@ def test_a_manifest_written_just_before_a_kill_is_not_sent_again(make_engine, hf
     """Killed after a folder's manifest reached the target but before the ledger recorded it: the
     restarted daemon finds that manifest says exactly what it would write and keeps it; one that
     says something else (or is not a manifest) is replaced."""
-    remote = tmp_path / "remote"
-    sync = {"target": str(remote), "watch": [str(hf_writer.out)], "quiet_period": "0.2s"}
-    hf_writer.checkpoint(10)
-    hf_writer.adapter("lora")
-    hf_writer.age(60)
-    e1 = make_engine(sync)
-    assert e1.wait_idle(30).ok
+    remote, sync, e1 = _synced_checkpoint_and_adapter(make_engine, hf_writer, tmp_path)
     ledger, keys = e1.ledger, ("checkpoint-10", "lora")
     assert ledger is not None and all(ledger.manifest(k) for k in keys)
     for k in keys:  # as if the kill came between the manifest's PUT and its ledger record
