@@ -89,9 +89,7 @@ class Uploader:
     def _digest(self, u: Unit) -> str | None:
         """What the ledger records for the unit's manifest: a partial one never passes for complete."""
         files = self._listed(u)
-        if files is None:
-            return None
-        return mf.digest(files) if u.verdict.complete else f"damaged:{mf.digest(files)}"
+        return None if files is None else _ledger_digest(files, u.verdict.complete)
 
     def _todo(self, selected: list[Selected]) -> list[Selected]:
         return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
@@ -256,46 +254,39 @@ class Uploader:
     def _manifest(self, u: Unit, maybe_there: bool = False) -> None:
         """Write the folder's manifest (last), once every file is on the target."""
         files = self._listed(u)
-        d = self._digest(u)
-        if files is None or d is None:
+        if files is None:
             return
+        v = u.verdict
+        d = _ledger_digest(files, v.complete)
         m = self.ledger.manifest(u.key)
         if m is not None and m.get("digest") == d:
             return
-        v = u.verdict
-        if m is None and maybe_there and self._adopt(u, d):
-            return
-        data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
-                        source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
-        self.target.write_manifest(u.key, data)
+        kept = m is None and maybe_there and self._there_already(u, d)
+        if not kept:
+            data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
+                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
+            self.target.write_manifest(u.key, data)
         self.ledger.manifest_done(u.key, d, self.clock.time())
         self.ledger.sync()
         log.info("sync_unit_complete" if v.complete else "sync_unit_damaged_manifest", unit=u.label,
-                 files=len(files), bytes=sum(f.size for f in files))
+                 files=len(files), bytes=sum(f.size for f in files),
+                 **({"note": "its manifest was on the target already"} if kept else {}))
         if v.complete and checkpoint_step(u.rel) is not None:
             self._keep_last(u)
 
-    def _adopt(self, u: Unit, d: str) -> bool:
-        """Record the manifest the target already holds when it says exactly what this one would
-        (same files and sha256s, same complete or damaged verdict): it is not sent again."""
+    def _there_already(self, u: Unit, d: str) -> bool:
+        """The target holds a manifest for the unit that says exactly what this one would (same
+        files and sha256s, same complete or damaged verdict): it need not be sent again."""
         try:
             data = read_manifest(self.target, u.key)
             if data is None:
                 return False
             doc, files = mf.parse_doc(data)
         except (TargetError, ValueError) as e:
-            log.info("sync_manifest_not_adopted", unit=u.label, reason=str(e))
+            log.info("sync_manifest_not_kept", unit=u.label, reason=str(e))
             return False
-        theirs = mf.digest(files) if doc.get("complete") is True else f"damaged:{mf.digest(files)}"
-        if theirs != d or sorted(doc.get("damaged") or []) != sorted(u.verdict.damaged):
-            return False
-        self.ledger.manifest_done(u.key, d, self.clock.time())
-        self.ledger.sync()
-        log.info("sync_unit_complete" if u.verdict.complete else "sync_unit_damaged_manifest", unit=u.label,
-                 files=len(files), bytes=sum(f.size for f in files), note="its manifest was on the target already")
-        if u.verdict.complete and checkpoint_step(u.rel) is not None:
-            self._keep_last(u)
-        return True
+        return (_ledger_digest(files, doc.get("complete") is True) == d
+                and sorted(doc.get("damaged") or []) == sorted(u.verdict.damaged))
 
     def _keep_last(self, u: Unit) -> None:
         """Delete the checkpoint folders keep_last no longer keeps (only ones we uploaded)."""
@@ -306,6 +297,11 @@ class Uploader:
             self.ledger.manifest_forget(unit_key)
             for k in self.ledger.keys_under(unit_key):
                 self.ledger.forget(k)
+
+
+def _ledger_digest(files: list[mf.ManifestFile], complete: bool) -> str:
+    """What the ledger records for a manifest of these files: a partial one never passes for complete."""
+    return mf.digest(files) if complete else f"damaged:{mf.digest(files)}"
 
 
 class _Sink:
