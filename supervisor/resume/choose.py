@@ -14,17 +14,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from supervisor.sync.manifest import FORMAT, ManifestFile, digest
+from supervisor.sync.manifest import ManifestFile, digest, parse_doc
+from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.training.checkpoints import checkpoint_step
 
 COMPLETE, PARTIAL, DAMAGED, NO_MANIFEST = "complete", "partial", "damaged", "no manifest"
+REFUSED = "refused"   # a name in it would lead outside its folder: never restored, and named
 
 
 @dataclass(frozen=True)
 class UnitInfo:
     key: str                               # the folder's key on the target ("checkpoint-20", "out/checkpoint-20")
-    state: str                             # COMPLETE | PARTIAL | DAMAGED | NO_MANIFEST
+    state: str                             # COMPLETE | PARTIAL | DAMAGED | NO_MANIFEST | REFUSED
     why: str = ""                          # for a skipped unit: what is wrong, in words
     step: int | None = None
     files: tuple[ManifestFile, ...] = ()
@@ -68,16 +70,19 @@ def unit_keys(keys: dict[str, int]) -> list[str]:
 
 def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
     """A unit as its manifest and the target's listing describe it."""
+    bad = problem(key)
+    if bad:  # a key with `..`, a leading `/`, `//` ...: it names no folder here, and nothing of it is read
+        return UnitInfo(key, REFUSED, f"the unit's key {shown(key)} is refused: {bad}")
     step = checkpoint_step(key.rsplit("/", 1)[-1])
     if manifest is None:
         return UnitInfo(key, NO_MANIFEST, f"no {MANIFEST_NAME}: a partial upload", step)
     try:
-        doc = json.loads(manifest.decode("utf-8"))
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError("not a train-supervisor manifest")
-        files = tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in doc.get("files") or [])
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        return UnitInfo(key, DAMAGED, f"manifest unreadable: {e}", step)
+        doc, listed = parse_doc(manifest)
+    except ValueError as e:
+        refused = "is refused" in str(e)
+        return UnitInfo(key, REFUSED if refused else DAMAGED, f"manifest {'refused' if refused else 'unreadable'}: {e}",
+                        step)
+    files = tuple(listed)
     d = digest(list(files))
     base = UnitInfo(key, COMPLETE, "", step, files, sum(f.size for f in files), str(doc.get("created_at") or ""),
                     str(doc.get("host") or ""), d)
@@ -129,7 +134,8 @@ def choose(units: list[UnitInfo], name: str | None = None) -> Choice:
     ranked = sorted(units, key=_rank, reverse=True)
     order = [u for u in ranked if u.state == COMPLETE]
     top = _rank(order[0]) if order else None
-    skipped = [u for u in ranked if u.state != COMPLETE and (top is None or _rank(u) > top)]
+    # a refused unit is named whatever its age: a name that leads outside its folder is someone's doing
+    skipped = [u for u in ranked if u.state != COMPLETE and (top is None or _rank(u) > top or u.state == REFUSED)]
     return Choice(order, skipped)
 
 

@@ -25,10 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from supervisor.resume.choose import COMPLETE, UnitInfo, choose, judge, local_rel, unit_keys, with_state
+from supervisor.resume.place import Staging, open_inside, owner_of
 from supervisor.resume.place import hand_over as _hand_over
-from supervisor.resume.place import open_inside, owner_of
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
+from supervisor.sync.names import problem
 from supervisor.sync.scan import Root
 from supervisor.sync.targets.base import TargetError, join_key, list_units, reader
 from supervisor.training.safeopen import UnsafeLog, open_folder
@@ -145,6 +146,9 @@ class Restorer:
             if where is None:
                 fallbacks.append((u.key, "belongs to no watched folder"))
                 continue
+            if problem(where[1]):  # judge() refused such keys already; a second look costs nothing
+                fallbacks.append((u.key, f"its key is refused: {problem(where[1])}"))
+                continue
             dest = os.path.join(where[0], where[1])
             if dry_run:
                 return Result(u, dest, u.total_bytes, 0.0, sv.skipped, fallbacks, dry_run=True)
@@ -206,13 +210,16 @@ class Restorer:
         os.mkdir(stage, 0o700, dir_fd=parent)
         sfd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         try:
-            here = f"/proc/{os.getpid()}/fd/{sfd}"
+            into = Staging(sfd, {f.path for f in u.files})
             self.progress.begin(u.key, u.total_bytes)
-            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], here, self.progress.add)
-            bad = _compare(here, u, sums) if isinstance(sums, dict) else _verify(sfd, u)
+            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], into, self.progress.add)
+            bad = _compare(sfd, u, sums) if isinstance(sums, dict) else _verify(sfd, u)
+            extra = into.extras()
+            if extra:
+                bad.append(f"the target sent what the manifest does not list: {', '.join(extra[:3])}")
             if bad:
                 raise Damaged("; ".join(bad[:3]))
-            self._record_files(u, here, dest)
+            self._record_files(u, sfd, dest)
             _hand_over(sfd, self.owner)
             os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)
             os.fsync(parent)
@@ -223,13 +230,13 @@ class Restorer:
             os.close(sfd)
         return False
 
-    def _record_files(self, u: UnitInfo, stage: str, dest: str) -> None:
+    def _record_files(self, u: UnitInfo, folder: int, dest: str) -> None:
         """Before the rename (which keeps inode and mtime): the sync never sees these files unrecorded."""
         if self.ledger is None:
             return
         at = self.now()
         for f in u.files:
-            st = os.stat(os.path.join(stage, f.path))
+            st = _stat_inside(folder, f.path)
             self.ledger.done(join_key(u.key, f.path), Entry(st.st_size, st.st_mtime_ns, f.sha256,
                                                              f.sha256 if self.etag_is_sha else "",
                                                              os.path.join(dest, f.path), at, st.st_ino))
@@ -240,7 +247,11 @@ class Restorer:
         if self.ledger is None:
             return
         if self.ledger.get(join_key(u.key, u.files[0].path)) is None:
-            self._record_files(u, dest, dest)
+            fd = open_folder(dest, self.user)
+            try:
+                self._record_files(u, fd, dest)
+            finally:
+                os.close(fd)
         at = self.now()
         for other in units:
             if other.state == COMPLETE and self.ledger.manifest(other.key) is None:
@@ -283,12 +294,21 @@ def _verify(folder: int, u: UnitInfo) -> list[str]:
     return [p for _, p in sorted((order[f.path], p) for f, p in zip(files, found, strict=True) if p)]
 
 
-def _compare(folder: str, u: UnitInfo, sums: dict[str, str]) -> list[str]:
-    """Sizes here and the sha256s the target computed while writing (S3), against the manifest."""
+def _stat_inside(folder: int, rel: str) -> os.stat_result:
+    fd = open_inside(folder, rel)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _compare(folder: int, u: UnitInfo, sums: dict[str, str]) -> list[str]:
+    """Sizes here and the sha256s the reader computed while writing, against the manifest; each
+    file reached through the folder's descriptor (a link in its place is a problem, not followed)."""
     bad = []
     for f in u.files:
         try:
-            n = os.stat(os.path.join(folder, f.path)).st_size
+            n = _stat_inside(folder, f.path).st_size
         except OSError as e:
             bad.append(f"{f.path}: {e.strerror or e}")
             continue

@@ -6,8 +6,8 @@ complete (`policy`, `complete`, `scan`, `scanner`), the persisted record of what
 `sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
 `python -m supervisor.sync` is the one-shot CLI.
 
-Pure: `complete`, `backoff`, `retention`, `final`. Shell: everything else.
+Pure: `complete`, `backoff`, `retention`, `final`, `names`. Shell: everything else.
 May import: the core, notify, training. Imported by: the daemon, resume.
 """
 
-PURE = ("complete", "backoff", "retention", "final")
+PURE = ("complete", "backoff", "retention", "final", "names")

@@ -19,12 +19,16 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 
+from supervisor.fileopen import open_regular
+from supervisor.sync.names import BadName, check_tree, remote_path, shown
 from supervisor.sync.policy import MANIFEST_NAME
 
 FORMAT = "train-supervisor-manifest/1"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,27 @@ def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError("not a train-supervisor manifest")
     out = []
-    for i, f in enumerate(doc.get("files") or []):
+    files = doc.get("files") or []
+    if not isinstance(files, list):
+        raise ValueError("manifest 'files' is not a list")
+    for i, f in enumerate(files):
         try:
-            out.append(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"])))
-        except (KeyError, TypeError, ValueError):
+            path, size, sha = f["path"], f["size"], f["sha256"]
+        except (KeyError, TypeError):
             raise ValueError(f"manifest entry {i} is malformed") from None
+        # the target's words, not ours: checked before anything joins them to a folder here
+        try:
+            rel = remote_path(path, f"manifest entry {i}: the path")
+        except BadName as e:
+            raise ValueError(str(e)) from None
+        if type(size) is not int or size < 0:
+            raise ValueError(f"manifest entry {i} ({shown(path)}): size {shown(size)} is not a byte count")
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise ValueError(f"manifest entry {i} ({shown(path)}): sha256 {shown(sha)} is not 64 hex digits")
+        out.append(ManifestFile(rel, size, sha))
+    clash = check_tree([f.path for f in out])  # type: ignore[misc]
+    if clash:
+        raise ValueError(f"manifest {clash}")
     if doc.get("digest") and doc["digest"] != digest(out):
         raise ValueError("manifest digest does not match its file list")
     return doc, out
@@ -108,7 +128,7 @@ def check_folder(folder: str) -> list[str]:
         try:
             h = hashlib.sha256()
             n = 0
-            with open(p, "rb") as fh:
+            with os.fdopen(open_regular(p), "rb") as fh:
                 while chunk := fh.read(8 << 20):
                     h.update(chunk)
                     n += len(chunk)

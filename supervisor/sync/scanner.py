@@ -8,6 +8,7 @@ import hashlib
 import os
 from collections.abc import Callable
 
+from supervisor.fileopen import open_regular
 from supervisor.sync import retention
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once
@@ -160,7 +161,7 @@ def read_whole(path: str, kind: str | None, size: int,
     """Read just enough of the file to tell whether its format says it is whole. `json_cache`:
     answers for large JSON files by (size, sha256 of the bytes), filled as they are parsed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError:
         return None
     try:

@@ -24,9 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from supervisor.fileopen import NotRegular, open_regular
+from supervisor.sync.names import problem
 from supervisor.sync.policy import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from supervisor.resume.place import Staging
 
 
 class TargetError(Exception):
@@ -145,9 +150,11 @@ def open_source(f: LocalFile) -> int:
     """Open a source file for reading without following a symlink, and check it is still the
     version that was judged complete. Raises SourceProblem."""
     try:
-        fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_regular(f.path)  # a FIFO swapped in after the scan is refused, never waited on
     except FileNotFoundError:
         raise SourceProblem("vanished", f.path) from None
+    except NotRegular as e:
+        raise SourceProblem("unreadable", f.path, e.strerror or str(e)) from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise SourceProblem("unreadable", f.path, "became a symlink") from None
@@ -341,9 +348,10 @@ class Reader(Protocol):
         """A small file's bytes (a manifest, trainer_state.json); None when it is not there."""
         ...
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
                  progress: Callable[[int], None]) -> dict[str, str] | None:
-        """`unit_key/rel` into `dest_dir/rel` for each (rel, size), reporting bytes as they
+        """`unit_key/rel` into the staging folder `into` for each (rel, size), every file created
+        with `into.create` (never a path joined from the target's names), reporting bytes as they
         arrive. Raises TargetError. Returns rel -> sha256 of the bytes written when it hashed them
         on the way (S3), else None and the caller hashes the files; either way the caller checks
         them against the manifest."""
@@ -373,7 +381,10 @@ def list_units(target: object, threads: int = 8, also: tuple[str, ...] = ()) -> 
 
     rd = reader(target)
     keys = rd.list_keys()
-    units = sorted(k[: -len(MANIFEST_NAME) - 1] for k in keys if k.endswith("/" + MANIFEST_NAME))
+    # a unit key that would lead outside its folder is refused by its name alone (resume.choose):
+    # nothing under it is read
+    units = sorted(u for u in (k[: -len(MANIFEST_NAME) - 1] for k in keys if k.endswith("/" + MANIFEST_NAME))
+                   if not problem(u))
     extra = [join_key(u, n) for u in units for n in also if join_key(u, n) in keys]
     wanted = [join_key(u, MANIFEST_NAME) for u in units] + extra
     with ThreadPoolExecutor(max(1, min(threads, len(wanted))), thread_name_prefix="list-units") as pool:

@@ -32,6 +32,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from supervisor.config import SyncConfig
+from supervisor.fileopen import open_regular
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.targets.base import (
     LocalFile,
@@ -168,7 +169,7 @@ class HfTarget(HfReader):
 
 def _read_state(path: str) -> dict | None:
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path), "rb") as fh:
             return parse_trainer_state(fh.read(STATE_MAX + 1)[:STATE_MAX])
     except OSError:
         return None

@@ -15,10 +15,13 @@ import hashlib
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor import __version__
 from supervisor.sync.targets.base import TargetError, join_key, write_all
+
+if TYPE_CHECKING:
+    from supervisor.resume.place import Staging
 
 SMALL_MAX = 64 << 20
 CHUNK = 256 << 10
@@ -70,13 +73,12 @@ class HfReader:
                 return bytes(out[:SMALL_MAX])
         return self._retrying("download", fetch)
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
                  progress: Callable[[int], None]) -> dict[str, str]:
-        """rel -> sha256 of what was written, hashed as it arrived."""
+        """rel -> sha256 of what was written, hashed as it arrived; each file created through
+        `into` (no path is joined here), afresh on a retry."""
         def one(item: tuple[str, int]) -> tuple[str, str]:
             rel, _size = item
-            dest = os.path.join(dest_dir, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
             got = [0]
 
             def fetch() -> str:
@@ -86,7 +88,7 @@ class HfReader:
                 h = hashlib.sha256()
                 with self._stream(join_key(unit_key, rel)) as r:
                     self._raise_for_status(r)
-                    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                    fd = into.create(rel)
                     try:
                         for chunk in r.iter_bytes(CHUNK):
                             h.update(chunk)

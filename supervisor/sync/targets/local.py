@@ -15,7 +15,9 @@ import shutil
 import stat
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from supervisor.fileopen import open_regular
 from supervisor.sync._log import get_logger
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.targets.base import (
@@ -29,6 +31,9 @@ from supervisor.sync.targets.base import (
     open_source,
     write_all,
 )
+
+if TYPE_CHECKING:
+    from supervisor.resume.place import Staging
 
 log = get_logger("sync.local")
 
@@ -213,16 +218,16 @@ class LocalTarget:
         except OSError as e:
             raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str, progress) -> dict[str, str]:
-        """Copies, hashing the bytes as they are written (rel -> sha256)."""
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging, progress) -> dict[str, str]:
+        """Copies, hashing the bytes as they are written (rel -> sha256); each file created
+        through `into`, each source opened as a regular file only (a FIFO planted in the target
+        folder holds nothing up)."""
         sums: dict[str, str] = {}
         for rel, _size in files:
             src = self._dest(f"{unit_key}/{rel}")
-            dest = os.path.join(dest_dir, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
             h = hashlib.sha256()
             try:
-                with open(src, "rb") as fi, open(dest, "wb") as fo:
+                with os.fdopen(open_regular(str(src)), "rb") as fi, os.fdopen(into.create(rel), "wb") as fo:
                     while chunk := fi.read(CHUNK):
                         if self.bucket:
                             self.bucket.take(len(chunk))

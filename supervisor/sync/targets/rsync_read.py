@@ -11,9 +11,12 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.sync.targets.base import TargetError, join_key
+
+if TYPE_CHECKING:
+    from supervisor.resume.place import Staging
 
 PARTIAL_DIR = ".rsync-partial"
 SMALL_MAX = 64 << 20
@@ -45,9 +48,12 @@ class RsyncReader:
                               f"{r.stderr.decode(errors='replace')[-300:]}")
         return r.stdout
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
                  progress: Callable[[int], None]) -> None:
-        os.makedirs(dest_dir, exist_ok=True)
+        """rsync writes into the staging folder by its /proc name, only the files named in the
+        (checked) list, without links or devices (-t only: no -l, -D); whatever else it might
+        leave there is found by the caller (Staging.extras) and refuses the unit."""
+        dest_dir = into.path
         done = threading.Event()
         seen = [0]
 

@@ -20,6 +20,7 @@ from supervisor.sync.targets.base import TargetError, write_all
 from supervisor.sync.targets.s3_wire import NotFound
 
 if TYPE_CHECKING:
+    from supervisor.resume.place import Staging
     from supervisor.sync.targets.s3_light import LightS3
 
 RANGE_MIN = 16 << 20
@@ -68,49 +69,47 @@ class S3Reader:
         finally:
             body.close()
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], dest_dir: str,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
                  progress: Callable[[int], None]) -> dict[str, str]:
         """Returns rel -> sha256 of what was written, hashed while the download runs (each file's
-        ranges in order as they complete), so the caller's check needs no second pass."""
+        ranges in order as they complete), so the caller's check needs no second pass. Each file
+        is created once through `into` (no path is joined here) and its ranges are written to
+        that one descriptor."""
         part = max(RANGE_MIN, int(self.cfg.part_size))
-        jobs: list[tuple[str, str, int, int, _OrderedHash]] = []  # key, dest, start, end (inclusive; -1: whole)
+        jobs: list[tuple[str, int, int, int, _OrderedHash]] = []  # key, fd, start, end (inclusive; -1: whole)
         hashes: dict[str, _OrderedHash] = {}
-        for rel, size in files:
-            dest = os.path.join(dest_dir, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with open(dest, "wb") as fh:
-                if size > 0:
-                    fh.truncate(size)
-            key = self._key(f"{unit_key}/{rel}")
-            oh = hashes[rel] = _OrderedHash(dest)
-            if size <= part:
-                jobs.append((key, dest, 0, -1, oh))
-            else:
-                jobs += [(key, dest, s, min(s + part, size) - 1, oh) for s in range(0, size, part)]
-        with ThreadPoolExecutor(max(1, int(self.cfg.concurrency)), thread_name_prefix="s3-get") as pool:
-            futs = [pool.submit(self._get_range, *j, progress) for j in jobs]
-            try:
-                for f in as_completed(futs):
-                    f.result()
-            except BaseException:
-                for f in futs:
-                    f.cancel()
-                raise
-        return {rel: oh.hexdigest() for rel, oh in hashes.items()}
+        fds: list[int] = []
+        try:
+            for rel, size in files:
+                fd = into.create(rel, size)
+                fds.append(fd)
+                key = self._key(f"{unit_key}/{rel}")
+                oh = hashes[rel] = _OrderedHash(fd, rel)
+                if size <= part:
+                    jobs.append((key, fd, 0, -1, oh))
+                else:
+                    jobs += [(key, fd, s, min(s + part, size) - 1, oh) for s in range(0, size, part)]
+            with ThreadPoolExecutor(max(1, int(self.cfg.concurrency)), thread_name_prefix="s3-get") as pool:
+                futs = [pool.submit(self._get_range, *j, progress) for j in jobs]
+                try:
+                    for f in as_completed(futs):
+                        f.result()
+                except BaseException:
+                    for f in futs:
+                        f.cancel()
+                    raise
+            return {rel: oh.hexdigest() for rel, oh in hashes.items()}
+        finally:
+            for fd in fds:
+                os.close(fd)
 
-    def _get_range(self, key: str, dest: str, start: int, end: int, oh: _OrderedHash,
+    def _get_range(self, key: str, fd: int, start: int, end: int, oh: _OrderedHash,
                    progress: Callable[[int], None]) -> None:
         try:
             body, light = self._open(key, start, end)
         except NotFound:
             raise TargetError(f"S3 get {key}: not on the target") from None
         whole_body = False
-        try:
-            fd = os.open(dest, os.O_WRONLY | os.O_CLOEXEC)
-        except BaseException:
-            if light is not None:
-                light.drop()
-            raise
         off = start
         whole = hashlib.sha256() if end < 0 else None  # one GET for the whole file: hashed as it arrives
         buf = _buffer()
@@ -130,7 +129,6 @@ class S3Reader:
                 off = write_all(fd, buf[:got], off)
                 progress(got)
         finally:
-            os.close(fd)
             if light is not None and not whole_body:
                 light.drop()  # a body left half read must not meet the connection's next request
             body.close()
@@ -175,7 +173,8 @@ class _OrderedHash:
     at the front hashes every contiguous range now complete (read back from the page cache);
     others only register theirs, so no download thread waits for another's hashing."""
 
-    def __init__(self, path: str):
+    def __init__(self, fd: int, path: str):
+        self.fd = fd
         self.path = path
         self.h = hashlib.sha256()
         self.next = 0
@@ -212,17 +211,13 @@ class _OrderedHash:
         measured against a map of the file (its page faults cost more than the copy) and 8 MiB
         reads (a new buffer each time, each one faulted in afresh)."""
         view = _buffer()  # this thread's receive buffer: its GET is done by now
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            at = start
-            while at < end:
-                got = os.preadv(fd, [view[:min(len(view), end - at)]], at)
-                if not got:
-                    raise TargetError(f"{self.path}: shorter than the ranges written")
-                self.h.update(view[:got])
-                at += got
-        finally:
-            os.close(fd)
+        at = start
+        while at < end:
+            got = os.preadv(self.fd, [view[:min(len(view), end - at)]], at)
+            if not got:
+                raise TargetError(f"{self.path}: shorter than the ranges written")
+            self.h.update(view[:got])
+            at += got
 
     def hexdigest(self) -> str:
         if self.final is not None:
