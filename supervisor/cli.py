@@ -155,6 +155,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     res = _req(args, "run", {"argv": argv, "cwd": cwd, "env": run_env(dict(os.environ))}, timeout=30)
     _print_training(res)
+    if res.get("env_withheld"):
+        sys.stderr.write(f"run: not passed to the job, each holds a secret of the daemon's: "
+                         f"{', '.join(res['env_withheld'])} (name it in training.pass_env to pass it)\n")
     return _watch_start(args, res.get("run_id"), res.get("log") or "")
 
 

@@ -64,6 +64,11 @@ def register(*values: str | None) -> None:
         _redact_cached.cache_clear()
 
 
+def registered() -> frozenset[str]:
+    """Every secret value registered so far (the job's environment withholds them)."""
+    return _registered
+
+
 def forget_registered() -> None:
     """Empty the registry (tests)."""
     global _registered, _by_value

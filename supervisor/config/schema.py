@@ -43,6 +43,7 @@ class TrainingConfig:
     session: str = _k("str", "train")
     log: str = _k("path", "")
     env: dict[str, str] = _k("strdict", {})
+    pass_env: list[str] = _k("strlist", [])
     user: str = _k("str", "")
     shell: str = _k("path", "/bin/bash")
     restart: str = _k("choice", "never", choices=("never", "on-failure"))

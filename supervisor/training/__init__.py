@@ -3,11 +3,11 @@
 Owns starting, watching, stopping and re-adopting the training (`job`), the process that sits in
 the tmux pane and records how it ended (`runner`, run as `python -m supervisor.training.runner`),
 the tmux CLI on our own socket (`tmux`), following the log (`logfollow`), opening it as root without
-following the training user's links (`safeopen`) and the Trainer's
+following the training user's links (`safeopen`), the job's own environment (`jobenv`) and the Trainer's
 checkpoint folder names (`checkpoints`).
 
-Pure: `checkpoints`. Shell: `job`, `runner`, `tmux`, `logfollow`, `safeopen`.
+Pure: `checkpoints`, `jobenv`. Shell: `job`, `runner`, `tmux`, `logfollow`, `safeopen`.
 May import: the core, notify (its words). Imported by: progress, idle, gpu, spot, sync, the daemon.
 """
 
-PURE = ("checkpoints",)
+PURE = ("checkpoints", "jobenv")

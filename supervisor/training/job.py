@@ -25,13 +25,17 @@ import structlog
 
 from supervisor import records
 from supervisor.clock import boot_id
+from supervisor.config import TrainingConfig
 from supervisor.context import Context
 from supervisor.interfaces import TrainingInfo
 from supervisor.notify.mails import training as words
 from supervisor.proc import ExitWatch, descendants, start_time
+from supervisor.redact import registered
 from supervisor.statefile import atomic_write, set_aside
 from supervisor.states import TRAINING_ALIVE, TrainingState, check_training_move
+from supervisor.training.jobenv import job_env
 from supervisor.training.runner import RESUME_ENV, RUNNER_MODULES, ExitRecord, RunSpec
+from supervisor.training.safeopen import user_ids
 from supervisor.training.tmux import Tmux, TmuxError
 
 log = structlog.get_logger("training")
@@ -117,6 +121,7 @@ class Training:
         # set by the daemon (the resume wing): env for every start (TRAIN_SUPERVISOR_RESUME_FROM), and
         # what autostart goes through (a restore from the target before the start)
         self.extra_env: Callable[[], dict[str, str]] = dict
+        self.withheld_env: list[str] = []   # names the last start kept from the job (they held our secrets)
         self.gate: Callable[[Callable[[], dict]], dict] = lambda start: start()
         self._lock = threading.RLock()
         self._runner = ExitWatch()  # the runner, asked every second
@@ -184,6 +189,7 @@ class Training:
             "signal": i.signal, "restarts": i.restarts, "command": i.command, "log": i.log_path,
             "session": i.session, "tmux_socket": self.tmux.socket, "run_id": i.run_id,
             "stop_requested": self.doc.stop_requested, "note": self.doc.note,
+            "env_withheld": list(self.withheld_env),
         }
 
     def pids(self) -> set[int]:
@@ -288,7 +294,7 @@ class Training:
             # would run with; what the daemon adds (the resume hint) is its own answer, never the caller's
             spec = RunSpec(run_id=run_id, command=cmd, shell=self.cfg.shell, workdir=workdir, env=self._env(env),
                            log=self.cfg.log or str(self.state_dir / "train.log"), user=self.cfg.user or None,
-                           run_dir=str(run_dir), started_at=now, env_exact=env is not None)
+                           run_dir=str(run_dir), started_at=now, env_exact=env is not None, env_whole=True)
             spec_path = run_dir / "spec.json"
             atomic_write(spec_path, json.dumps(spec.to_json()).encode(), 0o600)  # holds the env's secrets
             restarts = self.doc.restarts if self.doc.restarting else 0
@@ -312,14 +318,8 @@ class Training:
         return self.status()
 
     def _env(self, caller: dict[str, str] | None = None) -> dict[str, str]:
-        """training.env, plus what the daemon adds; training.env wins (the owner's explicit word)."""
-        try:
-            extra = self.extra_env()
-        except Exception as e:  # noqa: BLE001 - a start never fails for want of a hint
-            log.warning("training_env_hook_failed", error=str(e))
-            extra = {}
-        caller = {k: v for k, v in (caller or {}).items() if k not in extra and k != RESUME_ENV}
-        return {**extra, **self.cfg.env, **caller}
+        env, self.withheld_env = start_env(self.cfg, self.extra_env, caller)
+        return env
 
     def stop(self) -> dict:
         with self._lock:
@@ -531,3 +531,32 @@ def _tree_under(pid: int) -> set[int] | None:
         except psutil.Error:
             return None
     return kids
+
+
+def start_env(cfg: TrainingConfig, extra_env: Callable[[], dict[str, str]],
+              caller: dict[str, str] | None) -> tuple[dict[str, str], list[str]]:
+    """The job's whole environment (jobenv): the caller's or a few harmless names of ours,
+    training.pass_env, what the daemon adds, training.env; never a secret of the daemon's. With the
+    names withheld."""
+    try:
+        extra = extra_env()
+    except Exception as e:  # noqa: BLE001 - a start never fails for want of a hint
+        log.warning("training_env_hook_failed", error=str(e))
+        extra = {}
+    ids = user_ids(cfg.user) if cfg.user else None
+    other = ids is not None and ids[0] != os.geteuid()
+    env, withheld = job_env(os.environ, caller=caller, config_env=cfg.env, extra=extra, pass_env=cfg.pass_env,
+                            secrets=_daemon_secrets(), as_other_user=other, reserved=(RESUME_ENV,))
+    if withheld:
+        log.warning("training_env_withheld", names=withheld,
+                    note="each holds a secret of the daemon's; name it in training.pass_env to pass it")
+    return env, withheld
+
+
+def _daemon_secrets() -> set[str]:
+    """Every value registered as a secret, and the credentials the daemon's environment holds
+    whose names alone do not say secret (an AWS key id is half of the pair)."""
+    out = set(registered())
+    out.update(v for k in ("AWS_ACCESS_KEY_ID",) if (v := os.environ.get(k, "").strip()))
+    return out
+

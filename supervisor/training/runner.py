@@ -26,6 +26,7 @@ from supervisor.notify.mails import describe_exit
 from supervisor.redact import redact, register, secret_name
 from supervisor.statefile import Reserve, atomic_write
 from supervisor.timefmt import when
+from supervisor.training.jobenv import base
 from supervisor.training.safeopen import open_log
 
 BANNER_PREFIX = "===== train-supervisor run "
@@ -59,6 +60,9 @@ class RunSpec:
     # `supervisorctl run`: `env` is the caller's whole environment (their PATH, venv, exports), not
     # additions to the daemon's; kept here so a restart after a daemon restart runs it the same way
     env_exact: bool = False
+    # `env` is the job's whole environment, built by the daemon (jobenv): the runner adds nothing of
+    # its own (the tmux server's) environment. Specs of older daemons lack it.
+    env_whole: bool = False
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
@@ -143,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     for s in JOB_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    env = {} if spec.env_exact else dict(os.environ)
+    # never the runner's own environment (the daemon's, through tmux): an older spec gets only
+    # the harmless names of it
+    env = {} if spec.env_exact or spec.env_whole else base(os.environ, bool(spec.user))
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python jobs hold output back from a pipe
     # the daemon's reserve (state_dir/.reserve): freed if the exit record finds the disk full
     Reserve(Path(spec.run_dir).parent.parent).register()

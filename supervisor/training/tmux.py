@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
+
+from supervisor.training.jobenv import base
 
 log = structlog.get_logger("tmux")
 
@@ -21,6 +24,19 @@ def under_systemd() -> bool:
     that `systemctl restart train-supervisor` (which kills the unit's cgroup) spares the training."""
     return (os.geteuid() == 0 and os.path.isdir("/run/systemd/system") and shutil.which("systemd-run") is not None
             and os.environ.get("TRAIN_SUPERVISOR_NO_SCOPE") != "1")
+
+
+# What the runner in the pane needs to start (the interpreter finds its packages); the job's own
+# environment is built by the daemon and handed over in the run's spec.
+RUNNER_NEEDS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
+
+
+def server_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The tmux server's environment (and so the runner's): never the daemon's keys, which a
+    server started with the daemon's own environment would hold for every pane."""
+    out = base(env, as_other_user=False)
+    out.update({k: env[k] for k in RUNNER_NEEDS if k in env})
+    return out
 
 
 class Tmux:
@@ -59,7 +75,8 @@ class Tmux:
             args = ["systemd-run", "--scope", "--quiet", "--collect", f"--unit={scope_unit}",
                     "--description=train-supervisor training (tmux)", "--", *args]
         try:
-            cp = subprocess.run(args, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+            cp = subprocess.run(args, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
+                                env=server_env(os.environ))
         except FileNotFoundError as e:
             raise TmuxError(f"cannot run {e.filename}: not installed") from None
         except subprocess.TimeoutExpired:
