@@ -96,7 +96,7 @@ def test_probe_finds_nested_checkpoints_not_caches_nor_inside_a_dataset(tmp_path
     found = {os.path.relpath(f.path, tmp_path): f for f in probe.checkpoints(str(tmp_path))}
     assert set(found) == {"out/run1/checkpoint-5", "out/checkpoint-7"}
     assert found["out/checkpoint-7"].has_state and found["out/checkpoint-7"].step == 7
-    assert probe.files(str(tmp_path / "out" / "checkpoint-7"))["link"] == (-1, 0, 0)  # never followed
+    assert probe.files(str(tmp_path / "out" / "checkpoint-7"))["link"] == (-1, 0, 0, 0)  # never followed
 
 
 def test_prune_is_roots_alone():
@@ -134,3 +134,25 @@ def test_a_parent_swapped_for_a_symlink_after_the_check_does_not_send_the_delete
     (tmp_path / "out-moved" / "checkpoint-2" / "a").write_text("1")
     why = disk._delete(str(tmp_path / "out-moved" / "checkpoint-2"), {"files": {}}, 1, "hand")
     assert why == "holds files the target does not: a"
+
+
+def test_a_file_rewritten_in_place_with_its_mtime_set_back_is_not_pruned(tmp_path):
+    """Size, mtime and inode the same (the bytes rewritten in place, `touch -d` to the old mtime):
+    only the ctime tells, and the proof carries it (issue 35, finding 5)."""
+    from supervisor.disk import probe
+
+    ctx = make_ctx(tmp_path, SystemClock(), {})
+    ck = tmp_path / "out" / "checkpoint-1"
+    ck.mkdir(parents=True)
+    f = ck / "model.safetensors"
+    f.write_bytes(b"x" * 10)
+    proof = {"unit": "checkpoint-1", "files": {r: list(v) for r, v in probe.files(str(ck)).items()}, "checked_at": 1.0}
+    st = f.stat()
+    with open(f, "r+b") as fh:  # same inode, same size: new bytes the target does not hold
+        fh.write(b"y" * 10)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    disk = DiskWatch(ctx, None, [str(tmp_path / "out")])
+    why = disk._delete(str(ck), proof, 10, "hand")
+    assert why and "changed since the check: model.safetensors" in why
+    assert f.read_bytes() == b"y" * 10

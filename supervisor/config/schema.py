@@ -85,6 +85,7 @@ class SyncConfig:
     exclude: list[str] = _k("strlist", [])
     quiet_period: float = _k("duration", 30.0)
     complete_marker: str = _k("str", "trainer_state.json")
+    upload_sparse: bool = _k("bool", False)
     rescan_interval: float = _k("duration", 60.0, min=0.1)
     concurrency: int = _k("int", 16, min=1, max=64)
     part_size: int = _k("size", 8 * 1024 * 1024, min=5 * 1024 * 1024)

@@ -61,11 +61,11 @@ def usage(path: str) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, int]]:
-    """rel -> (size, mtime_ns, inode) of every regular file under `folder` (relative to `dir_fd`
+def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, int, int]]:
+    """rel -> (size, mtime_ns, inode, ctime_ns) of every regular file under `folder` (relative to `dir_fd`
     when given), symlinks never followed: one is listed with size -1, so it never matches what was
     verified."""
-    out: dict[str, tuple[int, int, int]] = {}
+    out: dict[str, tuple[int, int, int, int]] = {}
     try:
         # each fd fwalk yields is open only until the next step: stat inside the loop
         for top, dirs, names, fd in os.fwalk(folder, dir_fd=dir_fd, follow_symlinks=False):
@@ -77,11 +77,12 @@ def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, i
                 if stat.S_ISDIR(st.st_mode):
                     continue
                 rel = os.path.relpath(os.path.join(top, n), folder)
-                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino) if stat.S_ISREG(st.st_mode) else (-1, 0, 0)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) \
+                    else (-1, 0, 0, 0)
     except FileNotFoundError:
         return out
     except OSError:
-        out[UNREADABLE] = (-1, 0, 0)   # a walk that failed half-way never matches what was verified
+        out[UNREADABLE] = (-1, 0, 0, 0)   # a walk that failed half-way never matches what was verified
     return out
 
 

@@ -20,6 +20,7 @@ import psutil
 import structlog
 
 from supervisor.context import Context
+from supervisor.fileopen import open_regular
 from supervisor.interfaces import GpuView, TrainingInfo, TrainingView
 from supervisor.notify.mails import stall as words
 from supervisor.proc import CpuProbe
@@ -127,7 +128,8 @@ def _tail(path: str, n: int) -> list[str]:
     if not path:
         return []
     try:
-        with open(path, "rb") as f:
+        # a FIFO in the log's place must not hold the stall alert (the log may be a link the owner made)
+        with os.fdopen(open_regular(os.path.realpath(path)), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
             text = f.read(TAIL_BYTES).decode("utf-8", "replace")
     except OSError:

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from supervisor.context import Context
+from supervisor.fileopen import open_regular
 from supervisor.notify.mails import progress as words
 from supervisor.progress import record as pr
 from supervisor.progress import stall
@@ -136,7 +137,7 @@ class ProgressTracker:
             obs = None
             if size <= MAX_STATE_BYTES:
                 try:
-                    with open(path, "rb") as f:
+                    with os.fdopen(open_regular(path), "rb") as f:  # no FIFO, no link: the user's folder
                         obs = parse_trainer_state(f.read(MAX_STATE_BYTES + 1))
                 except OSError as e:
                     log.warning("trainer_state_unreadable", path=path, error=str(e))

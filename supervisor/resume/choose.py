@@ -12,7 +12,7 @@ Pure: the caller lists the target and reads the manifests; nothing here does I/O
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from supervisor.sync.manifest import ManifestFile, digest, parse_doc
 from supervisor.sync.names import problem, shown
@@ -35,14 +35,23 @@ class UnitInfo:
     host: str = ""                         # the machine that wrote it
     digest: str = ""
     max_steps: int | None = None
+    count: int = 0                         # files listed, when `files` was let go (summary)
 
     @property
     def name(self) -> str:
         return self.key.rsplit("/", 1)[-1]
 
+    @property
+    def file_count(self) -> int:
+        return self.count or len(self.files)
+
+    def summary(self) -> UnitInfo:
+        """The unit without its file list (a survey keeps the lists of only the few it may restore)."""
+        return replace(self, files=(), count=self.file_count)
+
     def to_json(self) -> dict:
         return {"unit": self.key, "state": self.state, "why": self.why, "step": self.step,
-                "files": len(self.files), "bytes": self.total_bytes, "saved_at": self.saved_at,
+                "files": self.file_count, "bytes": self.total_bytes, "saved_at": self.saved_at,
                 "host": self.host, "max_steps": self.max_steps}
 
 
@@ -114,11 +123,11 @@ def with_state(u: UnitInfo, trainer_state: bytes | None) -> UnitInfo:
         max_steps = int(mx) if isinstance(mx, int | float) and mx > 0 else None
     except (UnicodeDecodeError, ValueError, KeyError, TypeError):
         return u
-    return UnitInfo(u.key, u.state, u.why, step, u.files, u.total_bytes, u.saved_at, u.host, u.digest, max_steps)
+    return replace(u, step=step, max_steps=max_steps)
 
 
 def _with(u: UnitInfo, state: str, why: str) -> UnitInfo:
-    return UnitInfo(u.key, state, why, u.step, u.files, u.total_bytes, u.saved_at, u.host, u.digest, u.max_steps)
+    return replace(u, state=state, why=why)
 
 
 def _rank(u: UnitInfo) -> tuple[int, str]:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from supervisor.resume.choose import COMPLETE, UnitInfo, choose, judge, local_rel, unit_keys, with_state
 from supervisor.resume.place import Staging, open_inside, owner_of
@@ -30,14 +30,17 @@ from supervisor.resume.place import hand_over as _hand_over
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.names import problem
+from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.scan import Root
-from supervisor.sync.targets.base import TargetError, join_key, list_units, reader
+from supervisor.sync.targets.base import Reader, TargetError, join_key, reader
+from supervisor.training.checkpoints import checkpoint_step
 from supervisor.training.safeopen import UnsafeLog, open_folder
 
 log = get_logger("resume")
 
 HASH_CHUNK = 8 << 20
 SURVEY_THREADS = 8
+KEEP_LISTS = 4          # complete units whose file lists a survey keeps (the restore's first choices)
 VERIFY_THREADS = 4
 STATE_NAME = "trainer_state.json"
 
@@ -56,6 +59,7 @@ class Survey:
     units: list[UnitInfo]                 # every unit on the target, newest first
     order: list[UnitInfo]                 # the complete ones to try, newest first
     skipped: list[UnitInfo]               # newer than the first complete one, and why not usable
+    keys: dict[str, int] = field(default_factory=dict, repr=False)   # the listing they were judged by
 
 
 @dataclass
@@ -122,16 +126,47 @@ class Restorer:
 
     # --- what the target holds -----------------------------------------------------------------
     def survey(self, name: str | None = None) -> Survey:
-        keys, manifests, states = list_units(self.target, SURVEY_THREADS, also=(STATE_NAME,))
-        units = []
-        for k in unit_keys(keys):
-            u = judge(k, manifests.get(k), keys)
-            if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
-                u = with_state(u, states.get(join_key(k, STATE_NAME)))
-            units.append(u)
+        """Every unit on the target, judged. The manifests are read newest first (by folder name),
+        SURVEY_THREADS at a time, each parsed and let go before the next round: the memory held is a
+        few manifests and the file lists of the KEEP_LISTS newest complete units (the ones a restore
+        may use; another is read again if the restore falls back that far)."""
+        rd = reader(self.target)
+        keys = rd.list_keys()
+        folders = sorted(unit_keys(keys), key=lambda k: checkpoint_step(k.rsplit("/", 1)[-1]) or -1, reverse=True)
+        units: list[UnitInfo] = []
+        kept = 0
+        for i in range(0, len(folders), SURVEY_THREADS):
+            for u in self._judge_round(rd, keys, folders[i:i + SURVEY_THREADS]):
+                if u.state == COMPLETE and (kept < KEEP_LISTS or (name and name in (u.key, u.name))):
+                    kept += 1
+                else:
+                    u = u.summary()
+                units.append(u)
         ch = choose(units, name)
         ranked = sorted(units, key=lambda u: (u.step if u.step is not None else -1, u.saved_at), reverse=True)
-        return Survey(ranked, ch.order, ch.skipped)
+        return Survey(ranked, ch.order, ch.skipped, keys)
+
+    def _judge_round(self, rd: Reader, keys: dict[str, int], folders: list[str]) -> list[UnitInfo]:
+        """The units of `folders`, their manifests and trainer_state.json files read in one round."""
+        wanted = [join_key(k, n) for k in folders if not problem(k) for n in (MANIFEST_NAME, STATE_NAME)
+                  if join_key(k, n) in keys]  # nothing is read under a refused key
+        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, len(wanted))), thread_name_prefix="resume-survey") as pool:
+            got = dict(zip(wanted, pool.map(rd.read_file, wanted), strict=True))
+        out = []
+        for k in folders:
+            u = judge(k, got.get(join_key(k, MANIFEST_NAME)), keys)
+            if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
+                u = with_state(u, got.get(join_key(k, STATE_NAME)))
+            out.append(u)
+        return out
+
+    def _listed(self, u: UnitInfo, keys: dict[str, int]) -> UnitInfo:
+        """The unit with its file list, judged again from its manifest when the survey let the list
+        go; a manifest changed meanwhile is judged as it is now."""
+        if u.files or not u.count:
+            return u
+        again = self._judge_round(reader(self.target), keys, [u.key])[0]
+        return again if again.state == COMPLETE else replace(u, state=again.state, why=again.why)
 
     # --- the restore ---------------------------------------------------------------------------
     def restore(self, name: str | None = None, dry_run: bool = False) -> Result:
@@ -142,6 +177,10 @@ class Restorer:
             log.warning("resume_unit_skipped", unit=u.key, state=u.state, why=u.why)
         fallbacks: list[tuple[str, str]] = []
         for u in sv.order:
+            u = self._listed(u, sv.keys)
+            if u.state != COMPLETE:
+                fallbacks.append((u.key, u.why))
+                continue
             where = local_rel(u.key, [(r.path, r.prefix) for r in self.roots])
             if where is None:
                 fallbacks.append((u.key, "belongs to no watched folder"))

@@ -163,6 +163,17 @@ def json_whole(data: bytes) -> bool:
     return True
 
 
+# A file whose blocks on disk are far fewer than its length says (`truncate -s 1T`, a preallocated
+# file never filled) would cost its whole apparent size in upload and storage. A real checkpoint
+# file is written out; a compressing file system (ZFS, btrfs) shrinks weights by well under 8x.
+SPARSE_MIN = 64 << 20
+
+
+def sparse(size: int, allocated: int) -> bool:
+    """Is a file of `size` bytes with `allocated` bytes on disk too hollow to upload by default?"""
+    return size >= SPARSE_MIN and allocated * 8 < size
+
+
 def damage_words(name: str) -> str:
     """What a failed format check means for this kind of file, for people."""
     kind = checkable(name)

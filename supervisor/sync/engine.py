@@ -110,7 +110,7 @@ class SyncEngine(Answers, Proofs):
         self.ledger: Ledger | None = None
         self.hostname = hostname or socket.gethostname()
         self._once = Once(log)
-        self.scanner = Scanner(self.policy, cfg.quiet_period, cfg.complete_marker, cfg.keep_last, self._once)
+        self.scanner = Scanner(self.policy, cfg, self._once, alerts)
         self.board = Board(self._lock, self.enabled)
         self.stats = self.board.stats
         self._up: Uploader | None = None
@@ -478,9 +478,3 @@ class SyncEngine(Answers, Proofs):
 
     def _note_error(self, error: str) -> None:
         self.board.error(error, self.clock.time())
-
-
-
-
-
-

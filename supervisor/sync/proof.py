@@ -35,7 +35,7 @@ class Proofs:
 
     def prove_held(self, paths: list[str]) -> dict[str, dict]:
         """path -> {"ok", "reason", "unit" (the key on the target), "files" (rel -> [size, mtime_ns,
-        inode] of exactly the files verified), "checked_at" (clock.time() of the check)}. ok only
+        inode, ctime_ns] of exactly the files verified), "checked_at" (clock.time() of the check)}. ok only
         when the target was just seen to hold every file of the folder as uploaded, and its
         complete manifest. Blocks on the target (a few requests per folder)."""
         norm = [os.path.normpath(p) for p in paths if p]
@@ -74,6 +74,16 @@ class Proofs:
             final.forget_lost(self.ledger, lost, {u.key})
             self.request_sync()  # send what the target lost again
             return _answer(False, f"the target lost {len(lost)} file(s): {', '.join(lost[:3])}", u.key)
-        files = {s.rel: [s.size, s.mtime_ns, s.ino] for s in u.selected}
+        files: dict[str, list[int]] = {}
+        for s in u.selected:
+            # with the ctime: a file rewritten in place and its mtime set back (touch -d, cp -p,
+            # rsync -t) keeps size, mtime and inode, never its ctime
+            try:
+                st = os.stat(s.path, follow_symlinks=False)
+            except OSError as e:
+                return _answer(False, f"{s.rel}: {e.strerror or e}", u.key)
+            if (st.st_size, st.st_mtime_ns) != (s.size, s.mtime_ns) or (s.ino and st.st_ino != s.ino):
+                return _answer(False, f"{s.rel} changed since the scan", u.key)
+            files[s.rel] = [s.size, s.mtime_ns, st.st_ino, st.st_ctime_ns]
         log.info("sync_proof_ok", unit=u.label, files=len(files))
         return _answer(True, "", u.key, files, self.clock.time())

@@ -8,6 +8,8 @@ import hashlib
 import os
 from collections.abc import Callable
 
+from supervisor.config import SyncConfig
+from supervisor.durations import format_bytes
 from supervisor.fileopen import open_regular
 from supervisor.sync import retention
 from supervisor.sync import scan as sc
@@ -21,18 +23,24 @@ from supervisor.sync.complete import (
     json_whole,
     safetensors_header_len,
     safetensors_whole,
+    sparse,
     zip_whole,
 )
+from supervisor.sync.health import AlertSink
 from supervisor.sync.policy import Policy
 from supervisor.training.checkpoints import checkpoint_step
 
 
 class Scanner:
-    def __init__(self, policy: Policy, quiet: float, marker: str, keep_last: int, once: Once):
+    def __init__(self, policy: Policy, cfg: SyncConfig, once: Once, alerts: AlertSink | None = None):
         self.policy = policy
-        self.quiet = quiet
-        self.marker = marker
-        self.keep_last = keep_last
+        self.quiet = cfg.quiet_period
+        self.marker = cfg.complete_marker
+        self.keep_last = cfg.keep_last
+        self.alerts = alerts
+        self.upload_sparse = cfg.upload_sparse
+        self.sparse: dict[str, tuple[int, int]] = {}  # path -> (apparent size, bytes on disk), this scan
+        self.sparse_told: set[tuple[str, int]] = set()  # (path, size) already alerted
         self.once = once
         self.seen: dict[tuple[str, str], sc.Seen] = {}
         self._scanned: dict[str, float] = {}  # root path -> monotonic time of its last scan
@@ -52,6 +60,7 @@ class Scanner:
         units: dict[sc.UnitKey, sc.Unit] = {}
         alive: set[tuple[str, str]] = set()
         self.looks = []
+        self.sparse = {}
         for root in roots:
             raw = self.walk(root, sc.nested_roots(root, roots))
             since = self._scanned.get(root.path)
@@ -69,9 +78,27 @@ class Scanner:
             u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
             if (u.verdict.complete or u.forced) and self._check_whole(u):
                 u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
+            if self.sparse:
+                self._leave_out_sparse(u)
         if self.keep_last > 0:
             self._retire(roots, units, remote_units)
+        tell_sparse(self.sparse, self.sparse_told, self.alerts)
         return units
+
+    def _leave_out_sparse(self, u: sc.Unit) -> None:
+        """A sparse file is not uploaded (complete.sparse): the rest of its folder goes up with a
+        manifest that names it and says not complete, so no stop waits on it and no restore takes
+        the folder for whole."""
+        holes = [s for s in u.selected if s.path in self.sparse]
+        if not holes:
+            return
+        u.selected = [s for s in u.selected if s.path not in self.sparse]
+        if not (u.verdict.complete or u.verdict.partial or u.forced):
+            return  # still being written: judged again when it settles
+        words = "; ".join(f"{s.rel}: {format_bytes(self.sparse[s.path][0])} long, "
+                          f"{format_bytes(self.sparse[s.path][1])} on disk" for s in holes)
+        u.verdict = Verdict(False, f"sparse file(s) not uploaded ({words}); sync.upload_sparse = true sends them",
+                            partial=True, damaged=tuple(s.rel for s in holes))
 
     def _retire(self, roots: list[sc.Root], units: dict[sc.UnitKey, sc.Unit],
                 remote_units: Callable[[str], list[str]]) -> None:
@@ -149,6 +176,8 @@ class Scanner:
                                       error=err.strerror or str(err))
                     continue
                 out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                if not self.upload_sparse and sparse(st.st_size, st.st_blocks * 512):
+                    self.sparse[e.path] = (st.st_size, st.st_blocks * 512)
         return out
 
 
@@ -193,3 +222,18 @@ def read_whole(path: str, kind: str | None, size: int,
         return None
     finally:
         os.close(fd)
+
+
+def tell_sparse(found: dict[str, tuple[int, int]], told: set[tuple[str, int]], alerts: AlertSink | None) -> None:
+    """One warning and one alert per sparse file left out (by path and size), naming both sizes."""
+    from supervisor.notify.mails.sync import sparse_left_out
+    from supervisor.sync._log import get_logger
+
+    for path, (size, on_disk) in found.items():
+        if (path, size) in told:
+            continue
+        told.add((path, size))
+        get_logger("sync").warning("sync_sparse_file_left_out", path=path, size=size, on_disk=on_disk)
+        if alerts is not None:
+            m = sparse_left_out(path, size, on_disk)
+            alerts.event(f"sync_sparse:{path}", "sync_sparse_file", "warning", m.subject, m.body)

@@ -39,3 +39,13 @@ def sync_refused(target: str, error: str, pending_files: int, pending_bytes: int
         "Nothing is lost: the files stay on this machine and the daemon tries again with backoff, and at once\n"
         "after `supervisorctl sync`. A final sync before any stop will wait for the target.\n"
         "Fix the credentials, then: supervisorctl sync --wait")
+
+
+def sparse_left_out(path: str, size: int, on_disk: int) -> Mail:
+    """A sparse file (sync.complete.sparse) is left out of its folder's upload."""
+    return Mail(
+        f"sync: {path.rsplit('/', 1)[-1]} left out (sparse: {format_bytes(size)} long, {format_bytes(on_disk)} on disk)",
+        f"{path} is {format_bytes(size)} long but holds only {format_bytes(on_disk)} on disk (a file made with "
+        f"truncate, or preallocated and never filled). Uploading it would send and store all {format_bytes(size)}, "
+        "so it is left out: the rest of its folder goes up with a manifest that names it and says the folder is "
+        "not complete, and no stop waits on it.\nIf the file is real, set sync.upload_sparse = true.")

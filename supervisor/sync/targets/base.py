@@ -11,7 +11,7 @@ target without them needs nothing): `put_units` lands several complete units, ma
 in one step (the Hub: one commit), and `describe` adds facts for status.
 
 The read side (resume): every target kind is also a `Reader` (`list_keys`, `read_file`, `download`);
-`list_units` and `read_manifest` build on it.
+`read_manifest` builds on it; the restore's survey (resume/restore.py) reads manifests through it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from supervisor.fileopen import NotRegular, open_regular
-from supervisor.sync.names import problem
 from supervisor.sync.policy import MANIFEST_NAME
 
 if TYPE_CHECKING:
@@ -369,24 +368,3 @@ def reader(target: object) -> Reader:
 
 def read_manifest(target: object, unit_key: str) -> bytes | None:
     return reader(target).read_file(join_key(unit_key, MANIFEST_NAME))
-
-
-def list_units(target: object, threads: int = 8, also: tuple[str, ...] = ()) -> tuple[
-        dict[str, int], dict[str, bytes | None], dict[str, bytes | None]]:
-    """The target's keys; each folder holding a manifest with that manifest's bytes (None: it
-    vanished between the listing and the read); and, by key, the bytes of the files named in `also`
-    that such a folder holds (a unit's trainer_state.json). All the reads go several at a time in
-    one round (a LoRA run holds dozens of units: one round trip each would add up)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    rd = reader(target)
-    keys = rd.list_keys()
-    # a unit key that would lead outside its folder is refused by its name alone (resume.choose):
-    # nothing under it is read
-    units = sorted(u for u in (k[: -len(MANIFEST_NAME) - 1] for k in keys if k.endswith("/" + MANIFEST_NAME))
-                   if not problem(u))
-    extra = [join_key(u, n) for u in units for n in also if join_key(u, n) in keys]
-    wanted = [join_key(u, MANIFEST_NAME) for u in units] + extra
-    with ThreadPoolExecutor(max(1, min(threads, len(wanted))), thread_name_prefix="list-units") as pool:
-        got = dict(zip(wanted, pool.map(rd.read_file, wanted), strict=True))
-    return keys, {u: got[join_key(u, MANIFEST_NAME)] for u in units}, {k: got[k] for k in extra}
