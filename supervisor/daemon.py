@@ -113,11 +113,13 @@ class Daemon:
         self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
 
         from supervisor.gpu.healthwatch import HealthWatch
-        from supervisor.idle.guard import stop_now
+        from supervisor.stop.runner import StopRunner
 
+        # every reason to stop goes through this one door (supervisor.stop)
+        self.stops = StopRunner(self.guard.request_stop, self.guard.withdraw_stop)
         # GPU health: preflight at start and before every training start (Training's hook), faults live
         self.health = HealthWatch(self.ctx, self.gpu.probe, self.training, rate=self._run_rate,
-                                  stop_machine=lambda why: stop_now(self.guard, why))
+                                  stop_machine=self.stops.request)
         self.training.before_start = self.health.check_start
 
         from supervisor.hooks.runner import Hooks
@@ -126,7 +128,7 @@ class Daemon:
         self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
                            facts=lambda: self._hook_facts(hostname))
         self.alerts.on_alert = self._on_alert
-        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.guard.cap_stop)
+        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.stops.request)
         self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
 
         from supervisor.resume.gate import ResumeGate

@@ -1,8 +1,10 @@
-"""The state machines' states and the legal moves between them. No imports beyond enum, on purpose:
-this file is the one place to read what states exist."""
+"""The state machines' states and the legal moves between them, and the one table of stop rules.
+No imports beyond enum and dataclasses, on purpose: this file is the one place to read what states
+exist and how each reason to stop behaves."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -72,6 +74,68 @@ STOP_MOVES: dict[StopPhase, frozenset[StopPhase]] = {
 def check_stop_move(old: StopPhase, new: StopPhase) -> None:
     if old != new and new not in STOP_MOVES[old]:
         raise IllegalTransition(f"stop: {old.value} -> {new.value}")
+
+
+# --- why a machine stops: the one rule table ----------------------------------------------------------
+class StopReason(StrEnum):
+    """The reasons `status --json` stop.reason names (SPEC, fourth round)."""
+
+    IDLE = "idle"
+    FINISHED = "finished"
+    FAILED = "failed"
+    COST = "cost"
+    RUNTIME = "runtime"
+    DEADLINE = "deadline"
+    HEALTH = "health"
+    NODE_LOST = "node_lost"
+    PREEMPTION = "preemption"
+    STALLED = "stalled"
+    WASTE = "waste"
+    MANUAL = "manual"
+
+
+@dataclass(frozen=True)
+class StopRule:
+    warns: str                # "warning": warn_after, the warning mail, stop_after_warning; "grace":
+                              # finish_grace after the result mail; "none": the stop begins when asked
+    activity_cancels: bool    # a login, a keepalive, GPU load before the action cancels it (and it is dropped)
+    keepalive_moves: bool     # `keepalive` postpones it; otherwise keepalive is refused while it stands
+    rank: int                 # asked while a stop of lower rank is under way, it takes that stop over
+    cuts_sync_short: bool     # a hard cap: the final sync gets only the time left to its moment
+    words: str                # how the stop mail names it
+
+
+R = StopReason
+STOP_RULES: dict[StopReason, StopRule] = {
+    R.IDLE: StopRule("warning", True, True, 0, False, "idle"),
+    R.STALLED: StopRule("warning", True, True, 0, False, "the training stalled"),
+    R.WASTE: StopRule("warning", True, True, 0, False, "GPU memory held for nothing"),
+    R.FINISHED: StopRule("grace", True, True, 1, False, "training finished"),
+    R.FAILED: StopRule("grace", True, True, 1, False, "training failed"),
+    R.NODE_LOST: StopRule("none", False, False, 2, False, "a node of the run was lost"),
+    R.HEALTH: StopRule("none", False, False, 3, False, "GPU health BAD"),
+    R.COST: StopRule("none", False, False, 4, True, "the spend cap"),
+    R.RUNTIME: StopRule("none", False, False, 4, True, "the runtime cap"),
+    R.DEADLINE: StopRule("none", False, False, 4, True, "the deadline"),
+    R.PREEMPTION: StopRule("none", False, False, 5, True, "the provider is taking the machine"),
+    R.MANUAL: StopRule("none", False, False, 6, False, "a stop was asked for"),
+}
+
+# The words the wings ask with (a cap's kind, a health verdict), kept in stop.json and idle.json:
+# each is one reason of the table.
+# "" is a stop record of an older daemon that named no reason: it was an idle stop.
+STOP_WORDS: dict[str, StopReason] = {"max_cost": R.COST, "max_runtime": R.RUNTIME, "gpu_bad": R.HEALTH,
+                                     "": R.IDLE, **{r.value: r for r in StopReason}}
+
+
+def stop_reason(word: str) -> StopReason:
+    """The reason a stop word stands for; an unknown word (a newer daemon's) is treated as manual:
+    nothing cancels it by accident."""
+    return STOP_WORDS.get(word, R.MANUAL)
+
+
+def stop_rule(word: str) -> StopRule:
+    return STOP_RULES[stop_reason(word)]
 
 
 # --- the sync engine ---------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def make(fake_nvml, tmp_path, clock):
         ctx = make_ctx(tmp_path, clock, {"health": health or {}, "alerts": {"first_delay": "0s"}})
         probe = NvmlProbe(fake_nvml.lib_path, monotonic=clock.monotonic)
         w = HealthWatch(ctx, probe, job or Job(), rate=rate,
-                        stop_machine=(stops.append if stops is not None else None))
+                        stop_machine=((lambda word, why: stops.append(word)) if stops is not None else None))
         made.append(probe)
         return w, ctx
 
@@ -194,7 +194,8 @@ def test_many_machines_line_says_a_bad_machine():
 
 
 def test_stop_now_skips_the_warning_and_activity_does_not_cancel_it(clock):
-    """idle.machine.stop_now, the move health.on_bad = "stop" makes: STOPPING at once, committed."""
+    """idle.machine.stop_now, the move health.on_bad = "stop" makes: STOPPING at once, and the rule
+    table says activity does not cancel it (states.STOP_RULES[HEALTH])."""
     from supervisor.idle.machine import IdleMachine, Now, Signal, Signals, Thresholds, step, stop_now
     from supervisor.states import IdleState
 
@@ -207,7 +208,10 @@ def test_stop_now_skips_the_warning_and_activity_does_not_cancel_it(clock):
     m, _ = step(IdleMachine(), ssh, now(), th)
     assert m.state == IdleState.ACTIVE
     m = stop_now(m, now(), "gpu_bad")
-    assert (m.state, m.stop_reason, m.committed, m.cycle) == (IdleState.STOPPING, "gpu_bad", True, 1)
+    from supervisor.states import stop_rule
+
+    assert (m.state, m.stop_reason, m.cycle) == (IdleState.STOPPING, "gpu_bad", 1)
+    assert not stop_rule(m.stop_reason).activity_cancels and not stop_rule(m.stop_reason).keepalive_moves
     clock.advance(30)
     m2, actions = step(m, ssh, now(), th)
     assert m2.state == IdleState.STOPPING and actions == []  # a person logged in does not cancel it

@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "notify": set(),
     "training": {"notify"},
     "progress": {"notify", "training"},
-    "idle": {"notify", "training", "progress", "hooks"},
+    "idle": {"notify", "training", "progress", "hooks", "stop"},
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
     "sync": {"notify", "training"},
@@ -26,6 +26,7 @@ MAY_IMPORT = {
     "hooks": {"notify"},
     "money": {"notify", "training", "progress"},
     "disk": {"notify", "training", "sync"},
+    "stop": set(),
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.
 WINGS[:] = sorted(MAY_IMPORT)

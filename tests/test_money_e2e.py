@@ -185,7 +185,7 @@ def test_max_cost_the_eta_exceeds_warns_with_the_projection_saves_first_and_stop
 
     stop = stop_done(d, feeder)
     st = d.status()
-    assert stop["phase"] == "done" and stop["reason"] == "max_cost" and stop["final_sync"]["ok"]
+    assert stop["phase"] == "done" and stop["reason"] == "cost" and stop["final_sync"]["ok"]
     assert stop["interrupt_ended"] == "exit code 0"
     saved_step = feeder.step
     log = (tmp_path / "train.log").read_text()

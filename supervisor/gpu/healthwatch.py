@@ -66,7 +66,7 @@ print(json.dumps({"tflops": out, "torch": torch.__version__}))
 class HealthWatch:
     def __init__(self, ctx: Context, probe: NvmlProbe, training: TrainingView | None = None, *,
                  rate: Callable[[], tuple[int | None, float | None]] | None = None,
-                 stop_machine: Callable[[str], None] | None = None):
+                 stop_machine: Callable[[str, str], object] | None = None):
         self.ctx = ctx
         self.cfg = ctx.config.health
         self.probe = probe
@@ -143,7 +143,7 @@ class HealthWatch:
                 return v
             self._stop_asked = True
             log.error("gpu_health_bad_stopping", reasons=v.reasons())
-            self.stop_machine("gpu_bad")
+            self.stop_machine("gpu_bad", "; ".join(v.reasons()))
         return v
 
     def boot(self, then: Callable[[], None] | None = None) -> None:

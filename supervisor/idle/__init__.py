@@ -8,7 +8,7 @@ Pure: `machine` (decisions, no I/O, every function handed `now`).
 Shell: `activity` (sensors), `orchestrator`, `guard` (the duty that steps the machine and acts), `stop` (actions),
 `caps` (the guard's stop for a cap, the cut of a hanging final sync, the stop hooks), `mails` (the guard's mails),
 `finalwatch` (the final sync at a run's end, its failure told at once).
-May import: the core, notify, training, progress, hooks. Imported by: the daemon (and the CLI's words).
+May import: the core, notify, training, progress, hooks, stop. Imported by: the daemon (and the CLI's words).
 """
 
 PURE = ("machine",)

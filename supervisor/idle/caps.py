@@ -37,19 +37,31 @@ class CapStops:
     # seconds left to the cap's moment and its words, or (None, ""): set by the daemon from the money guard
     cap_moment: Callable[[], tuple[float | None, str]] | None = None
 
-    def cap_stop(self, reason: str, why: str) -> bool:
-        """Stop now for a cap; False when a stop that nothing may cancel is already on its way."""
+    def request_stop(self, word: str, why: str) -> bool:
+        """The stop runner's door into the machine (stop.runner): the reason stands, and begins or
+        takes over a stop as the rule table says. False when no new stop began (one that ranks as
+        high is under way or acting: the reason stands beside it)."""
         now = self._now()  # type: ignore[attr-defined]
         with self._lock:
-            m, actions = idle.begin_cap_stop(self.m, now, reason)
-            if not actions:
-                return False
-            self.m, self.cap_why = m, why
-            log.warning("cap_stop", reason=reason, why=why)
+            self.m, actions = idle.request_stop(self.m, now, word, why)
+            began = any(isinstance(a, idle.BeginStop) for a in actions)
+            if began and word in CAP_REASONS:
+                self.cap_why = why
+            log.warning("stop_requested", reason=word, why=why, began=began, state=self.m.state.value)
             self._carry_out(actions, now)  # type: ignore[attr-defined]
             self._save()  # type: ignore[attr-defined]
         self.poll_soon()  # type: ignore[attr-defined]
-        return True
+        return began
+
+    def withdraw_stop(self, word: str) -> None:
+        with self._lock:
+            self.m = idle.withdraw_stop(self.m, word)
+            self._save()  # type: ignore[attr-defined]
+        self.poll_soon()  # type: ignore[attr-defined]
+
+    def cap_stop(self, reason: str, why: str) -> bool:
+        """Stop now for a cap (the money guard's word for request_stop)."""
+        return self.request_stop(reason, why)
 
     def _cap_left(self) -> tuple[float | None, str]:
         if self.m.stop_reason not in CAP_REASONS or self.cap_moment is None:

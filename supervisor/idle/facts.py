@@ -20,7 +20,7 @@ from supervisor.idle.stop import StopRecord, stop_how
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.notify.mails import training as run_words
 from supervisor.notify.mails.stall import LOG_LINES
-from supervisor.states import IdleState, TrainingState
+from supervisor.states import IdleState, TrainingState, stop_reason
 from supervisor.training.runner import run_log_tail
 
 log = structlog.get_logger("idle")
@@ -187,7 +187,10 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
             "how": stop_how(conf.stop),
             "planned_at": live.planned_at if live else stop_at,
             "phase": live.phase.value if live else None,
-            "reason": live.reason if live else (m.stop_reason or None),
+            # one of the SPEC's list (states.StopReason); `pending`: every reason that still stands
+            "reason": stop_reason(live.reason).value if live else (stop_reason(m.stop_reason).value
+                                                                    if m.stop_reason else None),
+            "pending": pending_of(m),
             "attempts": live.attempts if live else 0,
             "last_error": live.last_error if live else "",
             "final_sync": live.synced if live else None,
@@ -198,3 +201,11 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
             "interrupt_ended": live.interrupt_ended if live else "",
         },
     }
+
+
+def pending_of(m: idle.IdleMachine) -> list[dict]:
+    """The reasons that stand (stop.sequence), the stop under way's own first."""
+    out = [x.to_json() for x in m.standing]
+    if m.state in (I.WARNED, I.STOPPING) and m.stop_reason and all(p["word"] != m.stop_reason for p in out):
+        out.insert(0, {"reason": stop_reason(m.stop_reason).value, "word": m.stop_reason, "why": "", "since": None})
+    return out

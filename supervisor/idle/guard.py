@@ -425,13 +425,6 @@ class IdleGuard(GuardMails, CapStops):
         return self.jobs.drain(timeout)
 
 
-def stop_now(guard: IdleGuard, reason: str) -> None:
-    """Stop the machine at once through the guard's stop sequence (final sync, the "stopping" mail
-    and the alerts out first, then the action), with no idle warning: GPU health BAD and
-    health.on_bad = "stop". (Beside the class, which is at its size limit.)"""
-    now = guard._now()
-    with guard._lock:
-        guard.m = idle.stop_now(guard.m, now, reason)
-        guard._save()
-        log.warning("stop_now", reason=reason, state=guard.m.state.value)
-    guard.poll_soon()
+def stop_now(guard: IdleGuard, reason: str, why: str = "") -> None:
+    """A stop through the guard's stop sequence with no idle warning (request_stop)."""
+    guard.request_stop(reason, why)

@@ -25,7 +25,9 @@ from typing import Any
 
 from supervisor import records
 from supervisor.config import IdleConfig
-from supervisor.states import IdleState
+from supervisor.states import IdleState, stop_rule
+from supervisor.stop import sequence as stops
+from supervisor.stop.sequence import Standing
 from supervisor.timefmt import hm
 
 I = IdleState  # noqa: E741 - short alias for the states, used throughout
@@ -95,7 +97,8 @@ class Thresholds:
         return 2.0 * max(self.poll_interval, 0.5)
 
 
-# Stops for a cap (supervisor.money): activity does not cancel them and keepalive does not move them.
+# Stops for a cap (supervisor.money): its moment is the money guard's to say (the table's
+# cuts_sync_short reasons, less the preemption that the spot guard times itself).
 CAP_REASONS = frozenset({"max_cost", "deadline", "max_runtime"})
 
 IDLE_MODE = "idle"
@@ -124,6 +127,14 @@ class IdleMachine:
     reasons: list[str] = field(default_factory=list)
     finish_run: int = 0                # the training run whose end was handled
     finish_done: bool = False          # ... and its final sync and mail are done
+    pending: list[dict] = field(default_factory=list)  # the stop reasons that still stand (stop.sequence)
+
+    @property
+    def standing(self) -> tuple[Standing, ...]:
+        return tuple(Standing.from_json(d) for d in self.pending)
+
+    def stand(self, held: tuple[Standing, ...]) -> None:
+        self.pending = [{"word": x.word, "why": x.why, "since": x.since} for x in held]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -136,6 +147,7 @@ class IdleMachine:
         m = records.load(cls, d, "idle state")
         if m.mode not in (IDLE_MODE, FINISH_MODE):
             raise ValueError(f"idle state: mode should be {IDLE_MODE!r} or {FINISH_MODE!r}, got {m.mode!r:.60}")
+        m.standing  # noqa: B018 - raises ValueError naming the problem
         return m
 
 
@@ -215,6 +227,27 @@ def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action]) -> Non
         m.warn_sent = False
     m.stop_reason = "" if m.mode == IDLE_MODE else "finished"
     m.resettable = False
+    m.stand(stops.on_activity(m.standing))  # a reason activity does not cancel stands on
+
+
+def _advance(m: IdleMachine, now: Now, actions: list[Action], from_stopped: bool = False) -> None:
+    """Begin, or take over with, the stop the standing reasons ask for (stop.sequence.advance)."""
+    adv = stops.advance(m.standing, m.state == I.STOPPING, m.stop_reason, m.committed,
+                        m.state == I.STOPPED and not (from_stopped and m.resettable))
+    if adv.begin is None:
+        return
+    if adv.abort_current:
+        actions.append(AbortStop(m.cycle))  # the stop under way becomes the new reason's (a new record)
+    rule = stop_rule(adv.begin.word)
+    m.cycle += 1
+    m.state, m.stop_reason, m.mode = I.STOPPING, adv.begin.word, IDLE_MODE
+    if not rule.keepalive_moves:
+        m.keepalive_mono = m.keepalive_until = None
+    m.resettable = False
+    m.last_mono, m.last_wall = now.mono, now.wall
+    if m.idle_since is None:
+        m.idle_since = now.wall
+    actions.append(BeginStop(m.cycle, adv.begin.word))
 
 
 def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMachine, list[Action]]:
@@ -241,18 +274,24 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
         m.stop_reason = ""
 
     if m.state == I.STOPPED:
-        if m.resettable and active:
+        # a dry run's stop, or one whose action left the machine up while a new run started on it:
+        # the stop of that run is over, and the new one gets its own
+        if (m.resettable and active) or sig.training_alive:
             _to_active(m, reasons, actions)
+            _advance(m, now, actions)
         return m, actions
     if m.state == I.STOPPING:
-        if active and not m.committed and m.stop_reason not in CAP_REASONS:
+        if active and not m.committed and stop_rule(m.stop_reason).activity_cancels:
             _to_active(m, reasons, actions)
+            _advance(m, now, actions)  # a reason that activity does not cancel still stands
         else:
             m.idle_s += dt_s  # the bill keeps running while the final sync retries
+            _advance(m, now, actions)  # a reason asked meanwhile may take this stop over
         return m, actions
     if active:
         if m.state != I.ACTIVE:
             _to_active(m, reasons, actions)
+        _advance(m, now, actions)
         return m, actions
 
     if m.state == I.ACTIVE:
@@ -339,9 +378,11 @@ def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, li
         raise Refused("too late: the stop action has already begun")
     if m.state == I.STOPPED and not m.resettable:
         raise Refused("the machine was already stopped")
-    if m.state == I.STOPPING and m.stop_reason in CAP_REASONS:
-        raise Refused(f"the machine is stopping for its {m.stop_reason.replace('_', ' ')}, which keepalive does "
-                      "not move; change the cap with `supervisorctl budget` (root)")
+    if m.state == I.STOPPING and not stop_rule(m.stop_reason).keepalive_moves:
+        if m.stop_reason in CAP_REASONS:
+            raise Refused(f"the machine is stopping for its {m.stop_reason.replace('_', ' ')}, which keepalive does "
+                          "not move; change the cap with `supervisorctl budget` (root)")
+        raise Refused(f"the machine is stopping ({stop_rule(m.stop_reason).words}), which keepalive does not move")
     m.keepalive_mono = now.mono + seconds
     m.keepalive_until = now.wall + seconds
     actions: list[Action] = []
@@ -372,8 +413,12 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     """Training ended with on_finish = "stop" and its result mail is out: start the grace."""
     m = _this_boot(m, now)
     m.finish_run, m.finish_done = run_id, True
-    if m.state in (I.STOPPING, I.STOPPED) or m.committed:
-        return m  # a stop is already on its way (or done)
+    if m.state == I.STOPPING or m.committed:
+        return m  # a stop is already on its way
+    if m.state == I.STOPPED:
+        # the stop before this run ran and the machine is still up (a dry run, or a provider command
+        # that exited 0): that stop was the earlier run's; this run gets its own
+        m.state, m.resettable, m.warned_at, m.warned_s, m.idle_s, m.idle_since = I.ACTIVE, False, None, 0.0, 0.0, None
     # the grace is counted from now: without this the next poll would credit the time since the
     # last one to the grace, and the stop would come up to a poll interval before the announced time
     if m.state != I.ACTIVE:
@@ -390,39 +435,36 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     return m
 
 
-def stop_now(m: IdleMachine, now: Now, reason: str) -> IdleMachine:
-    """Stop without the idle warning: the machine cannot do the work (GPU health BAD with
-    health.on_bad = "stop"). Committed from the start, so activity does not cancel it; the stop
-    sequence still interrupts a live run and makes the final sync. A stop already under way stays."""
+def request_stop(m: IdleMachine, now: Now, word: str, why: str = "") -> tuple[IdleMachine, list[Action]]:
+    """A wing asks for a stop (the stop runner): the reason stands from now on, and begins a stop,
+    or takes over the one under way, as the rule table says (stop.sequence.advance). No warning
+    wait for the reasons that have none (a cap's projection mail was its warning; a bad GPU cannot
+    do the work). A stop already acting, or of a higher rank, goes on; the reason stands beside it."""
     m = _this_boot(m, now)
-    if m.state in (I.STOPPING, I.STOPPED) and not m.resettable:
-        return m
-    m.cycle += 1
-    m.state, m.stop_reason, m.committed = I.STOPPING, reason, True
-    m.last_mono, m.last_wall = now.mono, now.wall
-    if m.idle_since is None:
-        m.idle_since = now.wall
+    m.stand(stops.request(m.standing, word, why, now.wall))
+    actions: list[Action] = []
+    _advance(m, now, actions, from_stopped=True)
+    return m, actions
+
+
+def withdraw_stop(m: IdleMachine, word: str) -> IdleMachine:
+    """Its wing says the reason no longer holds (a cap moved, a node back). A stop it leads that has
+    not begun acting is left to the next poll: activity, or the next standing reason, decides."""
+    m = replace(m, reasons=list(m.reasons))
+    m.stand(stops.cancel(m.standing, {word}))
     return m
 
 
+def stop_now(m: IdleMachine, now: Now, reason: str) -> IdleMachine:
+    """request_stop without its actions (the guard begins the record on its next poll)."""
+    return request_stop(m, now, reason)[0]
+
+
 def begin_cap_stop(m: IdleMachine, now: Now, reason: str) -> tuple[IdleMachine, list[Action]]:
-    """A cap (supervisor.money) is near: stop now, whatever the activity. No warning wait: the
-    projection mail was the warning, and the cap does not wait."""
+    """A cap (supervisor.money) is near: request_stop for its kind."""
     if reason not in CAP_REASONS:
         raise Refused(f"not a cap: {reason!r}")
-    m = _this_boot(m, now)
-    if m.committed or m.state == I.STOPPING and m.stop_reason in CAP_REASONS \
-            or m.state == I.STOPPED and not m.resettable:
-        return m, []
-    actions: list[Action] = []
-    if m.state == I.STOPPING:
-        actions.append(AbortStop(m.cycle))  # an idle stop under way becomes the cap's (a new record)
-    m.cycle += 1
-    m.state, m.stop_reason, m.mode = I.STOPPING, reason, IDLE_MODE
-    m.keepalive_mono = m.keepalive_until = None
-    m.resettable = False
-    actions.append(BeginStop(m.cycle, reason))
-    return m, actions
+    return request_stop(m, now, reason)
 
 
 def commit_stop(m: IdleMachine) -> IdleMachine:
@@ -438,7 +480,8 @@ def stop_failed(m: IdleMachine) -> IdleMachine:
 
 
 def mark_stopped(m: IdleMachine, dry_run: bool) -> IdleMachine:
-    return replace(m, state=I.STOPPED, committed=False, resettable=dry_run)
+    """The action ran: every reason that stood is served by it."""
+    return replace(m, state=I.STOPPED, committed=False, resettable=dry_run, pending=[])
 
 
 def idle_cost(m: IdleMachine, price_per_hour: float | None) -> float | None:

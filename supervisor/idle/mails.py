@@ -15,7 +15,7 @@ from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.notify.mails import Mail
 from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import training as run_words
-from supervisor.states import IdleState, TrainingState
+from supervisor.states import IdleState, TrainingState, stop_rule
 
 log = structlog.get_logger("idle")
 I = IdleState  # noqa: E741
@@ -76,7 +76,9 @@ class GuardMails:
         self._send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", self.m.idle_s, rec.synced or {}, rec.forced, self._plan(),
             self._cost(), interrupted, reason=words.STOP_REASONS.get(rec.reason, ""),
-            cap=(self.cap_why or f"the {rec.reason.replace('_', ' ')}") if rec.reason in CAP_REASONS else "")))
+            cap=(self.cap_why or f"the {rec.reason.replace('_', ' ')}") if rec.reason in CAP_REASONS else "",
+            also=tuple(f"{stop_rule(x.word).words}{': ' + x.why if x.why else ''}"
+                       for x in self.m.standing if x.word != rec.reason))))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED

@@ -1,0 +1,14 @@
+"""The stop wing: every reason to stop the machine goes through one sequence and one rule table.
+
+The table (`supervisor.states.STOP_RULES`, one row per `StopReason`) says for each reason whether
+it warns first, whether activity cancels it, whether keepalive moves it, which reasons it takes over
+from, and whether it may cut the final sync short. `sequence` holds the reasons that still stand and
+decides, as pure functions, which one leads the stop and when a new one takes a stop over; the idle
+machine keeps them in idle.json. `runner` is the one shell every wing calls to ask for a stop with a
+reason and a sentence (GPU health, the money caps, and the reasons to come: a lost node, waste).
+
+Pure: `sequence`. Shell: `runner`.
+May import: the core. Imported by: idle, the daemon.
+"""
+
+PURE = ("sequence",)
