@@ -78,7 +78,8 @@ class GuardMails:
             self._cost(), interrupted, reason=words.STOP_REASONS.get(rec.reason, ""),
             cap=(self.cap_why or f"the {rec.reason.replace('_', ' ')}") if rec.reason in CAP_REASONS else "",
             also=tuple(f"{stop_rule(x.word).words}{': ' + x.why if x.why else ''}"
-                       for x in self.m.standing if x.word != rec.reason))))
+                       for x in self.m.standing if x.word != rec.reason),
+            why=next((x.why for x in self.m.standing if x.word == rec.reason), ""))))
 
     def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
         ok = info.state == TrainingState.FINISHED

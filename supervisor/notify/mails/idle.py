@@ -195,6 +195,7 @@ class Stopping:
     reason: str = ""               # words for a stop that is neither idleness nor a finished run
     cap: str = ""                  # the stop is a cap's (supervisor.money): which, in words
     also: tuple[str, ...] = ()     # the other reasons that stood when it stopped, in words
+    why: str = ""                  # the asking wing's sentence ("GPU 0: row remapping failed")
 
 
 # A stop for another reason than idleness or a finished run (idle.machine.stop_now): its words.
@@ -220,7 +221,8 @@ def stopping(f: Stopping) -> Mail:
         f"final sync verified, {s.get('files', 0)} files at {s.get('target') or 'no target'}"
         + (f" ({not_whole} among them)" if not_whole else "")
         if s.get("ok") else "final sync FAILED, stopping anyway")
-    body = (f"Stopping this machine at {when(f.at)} ({reason}).\n\n{what}"
+    body = (f"Stopping this machine at {when(f.at)} ({reason}).\n"
+            + (f"Why: {f.why}\n" if f.why else "") + f"\n{what}"
             f"Stop action: {f.plan.action}.\n{cost_text(f.cost)}{_interrupted_text(f.interrupted)}"
             + (f"Also standing, served by this stop: {'; '.join(f.also)}.\n" if f.also else ""))
     return Mail(subject, body)
