@@ -5,6 +5,7 @@ measures across daemon restarts needs to know which boot a reading came from."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -32,13 +33,49 @@ def boot_id() -> str:
         return ""
 
 
+def billing_since(uptime: float, pid1_start: float | None) -> tuple[float, str]:
+    """(seconds this machine has billed, since what) from CLOCK_BOOTTIME's seconds (`uptime`, which
+    a time namespace moves) and when PID 1 of our PID namespace started on that clock: a container
+    started an hour ago on a host up for a month has billed one hour. Pure."""
+    if pid1_start is None or not 0 < pid1_start <= uptime:
+        return uptime, "boot"
+    # a host's init starts with the kernel (the seconds between are the firmware's and not billed
+    # apart); one that started later is a container's
+    return uptime - pid1_start, "container start" if pid1_start >= CONTAINER_AFTER_S else "boot"
+
+
+CONTAINER_AFTER_S = 120.0   # PID 1 started this long after the kernel: a container's init
+
+
+def pid1_start() -> float | None:
+    """When PID 1 of this PID namespace started, in seconds on CLOCK_BOOTTIME (/proc/1/stat's
+    starttime, which the kernel reports in our time namespace); None when unreadable."""
+    try:
+        raw = Path("/proc/1/stat").read_text()
+        fields = raw[raw.rindex(")") + 2:].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def read_boot() -> tuple[str, float]:
-    """(boot id, seconds since boot), read now."""
+    """(boot id, seconds this machine has billed: since the later of the boot and the start of
+    PID 1 of our PID namespace), read now. Never /proc/stat's btime: a container counts from its own
+    start, whatever the host's uptime."""
     try:
         up = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         up = 0.0
-    return boot_id() or UNKNOWN_BOOT, up
+    return boot_id() or UNKNOWN_BOOT, billing_since(up, pid1_start())[0]
+
+
+def billing_origin() -> str:
+    """"boot" or "container start": what read_boot's seconds count from."""
+    try:
+        up = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "boot"
+    return billing_since(up, pid1_start())[1]
 
 
 class SystemClock:

@@ -244,6 +244,8 @@ def budget_lines(st: dict) -> list[str]:
     head = f"budget    {name} at {_clock(cap['at'], now)}  stop begins {_clock(cap['act_at'], now)}"
     if b.get("spent") is not None:
         head += f"  spent {b['spent']:.2f} {cur}"
+        if b.get("billing_since"):
+            head += f" (billing since {hm(b['billing_since'])}, {b.get('billing_from') or 'boot'})"
     lines = [head]
     p = b.get("projection") or {}
     if p.get("eta_at"):

@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.clock import billing_origin
 from supervisor.context import Context
 from supervisor.durations import format_duration, parse_duration
 from supervisor.interfaces import RequestError
@@ -261,6 +262,8 @@ class MoneyGuard:
             "warn_at": caps.warn_at, "currency": caps.currency, "price_per_hour": caps.price_per_hour,
             "overrides": dict(self.overrides), "spent": plan.spent(caps.price_per_hour, uptime) if caps.any else None,
             "uptime_s": uptime,
+            # what the caps count from (clock.read_boot): the later of the boot and our PID 1's start
+            "billing_since": now - uptime, "billing_from": billing_origin(),
             "cap": None if cap is None else {"kind": cap.kind, "at": cap.at, "act_at": cap.act_at,
                                              "left_s": cap.at - now, "act_left_s": cap.act_at - now},
             "lead": {"save_s": round(lead.save_s, 1), "stop_grace_s": lead.stop_grace,
