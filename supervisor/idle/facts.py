@@ -116,13 +116,21 @@ def looks_stalled(sig: Signals) -> bool:
 EARLY_FAIL_S = 60.0  # a run that fails this soon never got going: a typo, a missing file
 
 
-def finish_mode(on_finish: str, info: TrainingInfo) -> str:
+def finish_mode(on_finish: str, info: TrainingInfo, someone_here: bool = True) -> str:
     """What a run's end does: training.on_finish, except that a run failing in its first minute
-    books no stop ("early-fail": the alert alone; the owner is typing, not gone)."""
-    if (info.state == TrainingState.FAILED and info.started_at is not None and info.ended_at is not None
-            and info.ended_at - info.started_at < EARLY_FAIL_S and on_finish == "stop"):
+    while someone is logged in books no stop ("early-fail": the alert alone; the owner is typing).
+    With nobody here (a run started at boot) it gets the finish stop after its grace like any failed
+    run: otherwise the machine would bill the whole idle path (issue 37, finding 5)."""
+    if (someone_here and info.state == TrainingState.FAILED and info.started_at is not None
+            and info.ended_at is not None and info.ended_at - info.started_at < EARLY_FAIL_S
+            and on_finish == "stop"):
         return "early-fail"
     return on_finish
+
+
+def people_here(sig: Signals) -> bool:
+    """Is a person at the machine by the last poll (an SSH login, a tmux client, Jupyter)?"""
+    return any(s.active and s.name in idle.PEOPLE for s in sig.items)
 
 
 def run_end(info: TrainingInfo, user: str = "") -> run_words.RunEnd:

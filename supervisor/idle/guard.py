@@ -23,7 +23,7 @@ from supervisor.durations import format_duration
 from supervisor.idle import machine as idle
 from supervisor.idle.activity import Probes
 from supervisor.idle.caps import CapStops
-from supervisor.idle.facts import GuardConfig, Jobs, finish_mode, status_of
+from supervisor.idle.facts import GuardConfig, Jobs, finish_mode, people_here, status_of
 from supervisor.idle.finalwatch import EndSync
 from supervisor.idle.machine import (
     AbortStop,
@@ -363,7 +363,7 @@ class IdleGuard(GuardMails, CapStops):
         self.jobs.submit("finish", self._finish, info)
 
     def _finish(self, info: TrainingInfo) -> None:
-        mode = finish_mode(self.conf.on_finish, info)
+        mode = finish_mode(self.conf.on_finish, info, people_here(self._signals))
         result = self.end_sync.run(self.sync, self._final_sync, info) if mode in ("stop", "idle") else None
         now = self._now()
         with self._lock:
@@ -372,7 +372,7 @@ class IdleGuard(GuardMails, CapStops):
             else:
                 self.m = idle.finish_handled(self.m)
             self._save()
-            self._mail_finished(info, result, now)
+            self._mail_finished(info, result, now, mode)
         ended = "finished" if info.state == TrainingState.FINISHED else "failed"
         self._fire("finish", {"reason": ended, "run_id": info.run_id, "exit_code": info.exit_code,
                               "target": (result.target if result else "") or self.conf.sync_target,

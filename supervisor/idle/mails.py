@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 
 from supervisor.idle import machine as idle
-from supervisor.idle.facts import finish_mode, last_progress, looks_stalled, outputs, run_end
+from supervisor.idle.facts import finish_mode, last_progress, looks_stalled, outputs, people_here, run_end
 from supervisor.idle.machine import CAP_REASONS, Now, SendWarning
 from supervisor.idle.stop import StopRecord, describe_action
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
@@ -81,9 +81,10 @@ class GuardMails:
                        for x in self.m.standing if x.word != rec.reason),
             why=next((x.why for x in self.m.standing if x.word == rec.reason), ""))))
 
-    def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now) -> None:
+    def _mail_finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now, mode: str | None = None) -> None:
         ok = info.state == TrainingState.FINISHED
-        nxt = run_words.Next(finish_mode(self.conf.on_finish, info), idle.projection(self.m, self.th, now.wall)["stop_at"],
+        mode = mode or finish_mode(self.conf.on_finish, info, people_here(self._signals))
+        nxt = run_words.Next(mode, idle.projection(self.m, self.th, now.wall)["stop_at"],
                              self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
                              stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
         mail = run_words.ended(run_words.Ended(run_end(info, self.conf.training_user), last_progress(self.progress, now.wall, self.conf.currency),

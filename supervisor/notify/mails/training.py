@@ -113,8 +113,9 @@ def _next_text(n: Next) -> str:
         return (f"\nNext: idle protection decides: a warning after {format_duration(n.warn_after_s)} "
                 f"idle, the stop {format_duration(n.stop_after_warning_s)} later.\n")
     if n.mode == "early-fail":
-        return ("\nIt failed within its first minute, so the machine is not stopped for it (on_finish applies "
-                "to runs that got going): fix it and start it again. Idle protection still stops an idle machine.\n")
+        return ("\nIt failed within its first minute while you were logged in, so the machine is not stopped for it "
+                "(on_finish applies to runs that got going): fix it and start it again. Idle protection still stops an "
+                "idle machine.\n")
     return "\non_finish = \"none\": nothing is stopped because the training ended.\n"
 
 
