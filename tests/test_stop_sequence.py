@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from supervisor.idle import machine as idle
@@ -76,6 +76,7 @@ ops = st.lists(st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(ops)
+@example([("request", "gpu_bad"), ("commit", ""), ("request", "max_cost"), ("failed", ""), ("poll", "active")])
 def test_a_reason_that_still_holds_is_never_dropped_and_one_stop_leads(script):
     m, t = IdleMachine(), 0.0
     m, _ = idle.step(m, QUIET, now_at(t), TH)
@@ -113,9 +114,10 @@ def test_a_reason_that_still_holds_is_never_dropped_and_one_stop_leads(script):
         assert sum(isinstance(a, BeginStop) for a in acts) <= 1  # one stop at a time
         standing = {x.word for x in m.standing}
         assert holds <= standing | ({m.stop_reason} if m.state == I.STOPPING else set()), (op, arg, holds, m)
-        if m.state == I.STOPPING and not m.committed:
+        if m.state == I.STOPPING and not m.committed and op in ("request", "poll"):
             top = seq.lead(m.standing)
-            # the stop under way is led by the highest standing reason (or one it outranks)
+            # the stop under way is led by the highest standing reason (or one it outranks); after a
+            # failed action that ran for a lower reason, the next poll hands it over (an @example)
             assert top is None or not seq.takes_over(top.word, m.stop_reason), (m.stop_reason, top)
         if holds and m.state not in (I.STOPPING, I.STOPPED):
             raise AssertionError(f"{holds} stand but no stop is under way: {m.state}")
