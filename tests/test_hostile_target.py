@@ -284,7 +284,7 @@ def test_supervisorctl_resume_refuses_the_hostile_unit(make_daemon, hostile, tmp
                               "credentials_file": str(creds), "region": "us-east-1", "watch": [str(out)],
                               "quiet_period": "0.3s"},
                      "alerts": {"first_delay": "0"}})
-    listing = d.ctl("--json", "resume", "--list") if False else d.ctl("resume", "--list")
+    listing = d.ctl("resume", "--list")
     assert listing.returncode == 0, listing.stderr
     assert "refused" in listing.stdout, listing.stdout
     r = d.ctl("resume", "--checkpoint", "checkpoint-30")

@@ -110,7 +110,7 @@ def test_the_training_users_job_holds_none_of_the_daemons_secrets(member, open_d
 
         # `supervisorctl run` from a root shell that exported the same keys
         assert d.ctl("stop").returncode == 0
-        d.wait_training("STOPPED", 30) if d.status()["training"]["state"] != "FAILED" else None
+        wait_until(lambda: d.status()["training"]["state"] in ("STOPPED", "FAILED"), 30, what="the job stopped")
         probe.unlink()
         r = d.ctl("run", "--", "sh", "-c", cmd)
         assert r.returncode == 0, r.stderr
