@@ -358,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"  Continuing training from global step {start_step}\n")
         err.flush()
 
-    bar = Bar(args.steps, initial=start_step)
+    # as the HF Trainer's ProgressCallback: a bar from 0 whose first update leaps to the resumed
+    # step (its printed it/s counts the leap too)
+    bar = Bar(args.steps)
     bar.refresh()
     t0 = time.monotonic()
     loss_sum, loss_n, total_loss = 0.0, 0, 0.0
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         pause = due - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-        bar.update(1)
+        bar.update(step - bar.n)
         tokens = step * tokens_per_step
         epoch = step / steps_per_epoch(args)
         if step % args.logging_steps == 0 or step == args.steps:

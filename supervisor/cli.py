@@ -158,7 +158,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     if res.get("env_withheld"):
         sys.stderr.write(f"run: not passed to the job, each holds a secret of the daemon's: "
                          f"{', '.join(res['env_withheld'])} (name it in training.pass_env to pass it)\n")
+    if res.get("resuming"):
+        return _follow_restore(args, res.get("after_run_id"))
     return _watch_start(args, res.get("run_id"), res.get("log") or "")
+
+
+def _follow_restore(args: argparse.Namespace, after: int | None) -> int:
+    """The run waits for a restore from the target ([resume] from_target): follow it to the run it
+    starts, then watch that run's first seconds like any other. Never report the run before it:
+    a restore or start that fails exits 1 with its error; a target that cannot be reached exits 3
+    (not running yet: the daemon starts the run by itself once the target answers)."""
+    settled: float | None = None  # when the restore ended without a new run showing yet
+    while True:
+        st = _req(args, "status")
+        rs, tr = st.get("resume") or {}, st.get("training") or {}
+        state, error = rs.get("state"), rs.get("error") or ""
+        if state not in ("restoring", "waiting") and error.startswith("training did not start"):
+            sys.stderr.write(f"run: {error}\n")
+            return EXIT_FAIL
+        if tr.get("run_id") not in (None, after) and state not in ("restoring", "waiting"):
+            told = rs.get("line") if state == "done" else rs.get("note") or error
+            if told:
+                sys.stdout.write(f"{told}\n")
+            return _watch_start(args, tr.get("run_id"), tr.get("log") or "")
+        if state == "failed":
+            sys.stderr.write(f"run: the restore from the target failed, nothing was started: {error}\n")
+            return EXIT_FAIL
+        if state == "waiting":
+            sys.stderr.write(f"run: not started yet: the target cannot be reached ({error}); the training "
+                             f"starts by itself once it answers (next try in {rs.get('next_try_in_s', 0):.0f}s; "
+                             f"see supervisorctl status)\n")
+            return EXIT_NOT_RUNNING
+        if state != "restoring":
+            settled = settled or time.monotonic()
+            if time.monotonic() - settled > RUN_WATCH_S:
+                sys.stderr.write(f"run: the restore ended ({state}) but no training started; see supervisorctl status\n")
+                return EXIT_NOT_RUNNING
+        time.sleep(0.25)
 
 
 def _watch_start(args: argparse.Namespace, run_id: int | None, log_path: str) -> int:
@@ -386,6 +422,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from supervisor import checkconfig
     from supervisor.config import resolve_path
 
     path = args.path or resolve_path(args.config)
@@ -403,59 +440,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
-    problems = nothing_watched(cfg) + _channel_problems(cfg)
+    problems = nothing_watched(cfg) + checkconfig.channel_problems(cfg)
     if problems:
         for p in problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
-    for w in _warnings(cfg):
+    for w in checkconfig.warnings(cfg):
         sys.stderr.write(f"warning: {w}\n")
     if cfg.sync.watch_default:
         sys.stdout.write(f"sync.watch not set: watching {', '.join(cfg.sync.watch)} ({cfg.sync.watch_default})\n")
     sys.stdout.write(f"{path}: OK\n")
     return EXIT_OK
-
-
-def _warnings(cfg: Config) -> list[str]:
-    """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo."""
-    from supervisor.training.safeopen import open_folder_warning
-
-    out = []
-    if cfg.training.user:
-        w = open_folder_warning(cfg.training.log or str(Path(cfg.state_dir) / "train.log"), cfg.training.user)
-        out += [w] if w else []
-    if cfg.sync.target.startswith("hf://") and not cfg.sync.hf_allow_public:
-        out += [w for w in [_hub_public_warning(cfg)] if w]
-    return out
-
-
-def _hub_public_warning(cfg: Config) -> str:
-    """Asks the Hub (when it can be reached) whether the hf:// repo is public: the daemon would refuse it."""
-    import tempfile
-
-    from supervisor.sync.targets.hf_repo import HubRepo
-    from supervisor.syncurl import parse_target
-
-    try:
-        url = parse_target(cfg.sync.target)
-    except ValueError:
-        return ""
-    with tempfile.TemporaryDirectory() as tmp:
-        if HubRepo(url, cfg.sync, tmp, dict(os.environ)).is_public():
-            return (f"sync.target {cfg.sync.target}: {url.repo} is a public repo; the daemon refuses to upload "
-                    "there unless sync.hf_allow_public = true")
-    return ""
-
-
-def _channel_problems(cfg: Config) -> list[str]:
-    """What the daemon would refuse among the notification channels: Apprise URLs it cannot use,
-    an unreadable urls_file (Apprise is imported only when URLs are configured)."""
-    if not (cfg.notify.urls or cfg.notify.urls_file):
-        return []
-    from supervisor.wiring import build_channels
-
-    _, problems = build_channels(cfg)
-    return problems
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:

@@ -327,11 +327,16 @@ def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0
         try:
             _connect(s, path)
         except FileNotFoundError:
+            from supervisor.config.hints import daemon_hint, in_container
+
             raise ClientError(f"cannot reach train-supervisord: no socket at {path} "
-                              "(is the daemon running? systemctl status train-supervisor)", 4) from None
+                              f"(is the daemon running? {daemon_hint(in_container())})", 4) from None
         except ConnectionRefusedError:
+            from supervisor.config.hints import in_container
+
+            start = "train-supervisor-start" if in_container() else "systemctl start train-supervisor"
             raise ClientError(f"{path} refuses connections: the daemon is not running "
-                              "(stale socket; systemctl start train-supervisor)", 1) from None
+                              f"(stale socket; {start})", 1) from None
         except PermissionError:
             raise ClientError(f"permission denied on {path}: run as root, or join the socket's group "
                               "(socket_group in the config) to use status, tail, alerts, keepalive "

@@ -177,7 +177,8 @@ class Daemon:
         self.follower.switch(info.log_path, start_at_end=True, since=run_banner(info.run_id))
         self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
-        self.progress.start_run(info.run_id, info.started_at or self.clock.time())
+        found = self.resume.local()
+        self.progress.start_run(info.run_id, info.started_at or self.clock.time(), found[1] if found else None)
         self.guard.poll_soon()
 
     def _on_training_end(self, info: TrainingInfo) -> None:
@@ -396,8 +397,13 @@ class Daemon:
             # refusal() let this caller through only as root or the daemon's own user; say so again
             # here, where a process would start in a folder and environment the caller chose
             raise RequestError("run: only root (or the daemon's own user) may start a process")
-        return self._guarded(lambda: self.resume.gate(
+        self.sync.probe_soon()  # a missing or refused key is told before this run's first checkpoint
+        before = self.training.status().get("run_id")
+        res = self._guarded(lambda: self.resume.gate(
             lambda: self.training.start(command=command_line(argv), adhoc=True, cwd=cwd, env=env)))
+        if isinstance(res, dict) and res.get("resuming"):
+            res["after_run_id"] = before  # `run` follows the restore to the run that comes after this one
+        return res
 
     _h_run.wants_peer = True  # type: ignore[attr-defined]
 
@@ -405,7 +411,7 @@ class Daemon:
         wait = a.get("wait", False)
         if not isinstance(wait, bool):
             raise RequestError('"wait" must be true or false')
-        getattr(self.sync, "reload_credentials", lambda: None)()  # a credentials file fixed meanwhile
+        self.sync.reload_credentials()  # keys fixed meanwhile are used by this very sync
         self.sync.request_sync()
         if not wait:
             return {"requested": True, "sync": self.sync.status()}

@@ -30,7 +30,7 @@ MAY_IMPORT = {
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.
 WINGS[:] = sorted(MAY_IMPORT)
-TOP = {"daemon", "cli", "wiring", "render", "control", "configdoc", "__main__"}
+TOP = {"daemon", "cli", "wiring", "render", "control", "configdoc", "checkconfig", "__main__"}
 # What a pure module may import from the standard library: data, text and arithmetic, no I/O.
 PURE_STDLIB = {"__future__", "dataclasses", "typing", "collections", "collections.abc", "enum", "math",
                "re", "json", "ast", "decimal", "functools", "struct", "itertools", "fnmatch"}

@@ -47,11 +47,15 @@ def test_unreachable_waits_with_backoff_then_restores_and_starts(tmp_path):
         assert any(a["kind"] == "resume_unreachable" for a in alerts.active())
         assert not started.is_set()  # no silent fresh start
         # the target comes back, holding machine A's upload (copied as the local target lays it out)
+        # (A fills a folder beside it, which then appears whole: an empty target that answers
+        # would be a fresh start, rightly)
+        staging = tmp_path / "staging"
         a = SyncEngine.from_config(from_dict({"state_dir": str(tmp_path / "state-a"), "sync": {
-            "target": str(remote), "watch": [str(w.out)], "quiet_period": "0.3s"}}), SystemClock())
+            "target": str(staging), "watch": [str(w.out)], "quiet_period": "0.3s"}}), SystemClock())
         a.start()
         assert a.wait_idle(30).ok
         a.close()
+        staging.rename(remote)
         assert started.wait(20), gate.status()
         assert envs == [{ENV: str(out / "checkpoint-20")}]
         st = gate.status()

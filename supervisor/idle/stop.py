@@ -451,9 +451,12 @@ def stop_how(cfg: StopConfig) -> str:
     stop that cannot happen (poweroff in a container) is seen before it is due."""
     import shutil
 
-    if cfg.action == "poweroff" and not os.path.isdir("/run/systemd/system"):
-        return ("by poweroff — cannot work here: no systemd (a container?); set stop.action = \"command\" "
-                "with your provider's CLI, e.g. runpodctl stop pod $RUNPOD_POD_ID")
+    from supervisor.config import hints
+
+    if cfg.action == "poweroff" and hints.in_container():
+        p = hints.provider(dict(os.environ)) or hints.GENERIC
+        return (f"by poweroff — cannot work here: {f'a {p.name} container' if p.name else 'no systemd (a container?)'}"
+                f"; set stop.action = \"command\" with {p.stop_command}")
     if cfg.action == "command":
         first = cfg.command.split()[0] if cfg.command.split() else ""
         if first and "=" not in first and not first.startswith(("$", "(", "{")) and shutil.which(first) is None \

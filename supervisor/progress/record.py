@@ -64,6 +64,8 @@ class Run:
     estimate_sent: bool = False
     last_logged: float | None = None
     state_key: list | None = None          # [path, mtime_ns, size] of the last trainer_state read
+    from_step: int | None = None           # the newest complete checkpoint here when the run started
+    leap_at: float | None = None           # when the steps leapt to from_step (a resume, not work)
     steps: Series = field(default_factory=Series)
     tokens_s: Series = field(default_factory=Series)
     epochs: Series = field(default_factory=Series)
@@ -204,6 +206,12 @@ def _bar_ok(r: Run, obs: Observation) -> bool:
 
 
 def _merge_step(r: Run, step: int, src: str, t: float) -> None:
+    last = r.steps.last
+    if r.from_step and r.leap_at is None and last is not None and last.v < r.from_step <= step:
+        # a resumed run's counter leaps from where its bar began (0) to the saved step in one
+        # update (the HF Trainer's ProgressCallback does this): steps this process did not do
+        r.steps.clear()
+        r.leap_at = t
     if src == "trainer_state":
         if r.step is not None and step <= r.step:
             return  # an older checkpoint than what the log already said
@@ -250,7 +258,10 @@ def figures(r: Run, now: float, window: float) -> Figures:
         te = min(te, r.finished_at)
     running = r.ended_at is None and not r.finished
     sps = window_rate(r.steps.samples, te, W)
-    if sps is None and r.bar_rate is not None and r.bar_rate_at is not None and te - r.bar_rate_at <= W:
+    # a resumed run's bar counts the leap to the saved step as done in its first second, so the
+    # rate it prints is the leap's, not the training's: only this process's own samples count
+    if sps is None and r.bar_rate is not None and r.bar_rate_at is not None and te - r.bar_rate_at <= W \
+            and not r.from_step:
         sps = r.bar_rate
     stalled = stalled_since(r.steps.samples, te, W) if running else None
     if stalled is not None:

@@ -69,14 +69,15 @@ class ProgressTracker:
         return pr.Run()
 
     # --- lifecycle, called by the daemon -----------------------------------------------------------
-    def start_run(self, run_id: int, started_at: float) -> None:
+    def start_run(self, run_id: int, started_at: float, from_step: int | None = None) -> None:
         """A run is (or is again, after a daemon restart) in progress. The same run_id keeps what
-        was known; a new one starts from nothing."""
+        was known; a new one starts from nothing. from_step: the step of the newest complete
+        checkpoint here as it starts (what a resume continues from; its rate counts only later steps)."""
         with self._lock:
             if self.run.run_id == run_id and self.run.started_at is not None:
                 return
-            self.run = pr.Run(run_id=run_id, started_at=started_at)
-            log.info("progress_run_started", run_id=run_id, started_at=started_at)
+            self.run = pr.Run(run_id=run_id, started_at=started_at, from_step=from_step or None)
+            log.info("progress_run_started", run_id=run_id, started_at=started_at, from_step=from_step or None)
             self._save(force=True)
         reset_peak = getattr(self.gpu, "reset_peak", None)
         if callable(reset_peak):

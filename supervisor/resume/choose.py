@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from supervisor.sync.manifest import ManifestFile, digest, parse_doc
 from supervisor.sync.names import problem, shown
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
 from supervisor.training.checkpoints import checkpoint_step
 
 COMPLETE, PARTIAL, DAMAGED, NO_MANIFEST = "complete", "partial", "damaged", "no manifest"
@@ -68,6 +68,8 @@ def unit_keys(keys: dict[str, int]) -> list[str]:
         if "/" not in k:
             continue
         folder, name = k.rsplit("/", 1)
+        if folder.split("/", 1)[0].startswith(PROBE_FOLDER):
+            continue  # a probe a daemon killed mid-way left behind (sync/probe.py)
         if name == MANIFEST_NAME:
             out.add(folder)
         for i, part in enumerate(folder.split("/")):

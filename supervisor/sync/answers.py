@@ -5,6 +5,8 @@ engine's lock); the decisions themselves are final.py's and scan.py's, pure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from supervisor.durations import format_duration
 from supervisor.interfaces import FinalSyncResult
 from supervisor.sync import final
@@ -16,7 +18,39 @@ from supervisor.sync.waiter import Ticket
 log = get_logger("sync")
 
 
+@dataclass(eq=False)
+class IdleJob:
+    after_pass: int      # answered after this pass (one that started after the call)
+    started_ok: int      # uploaded count when it began
+    # the units that pass found complete or about to be: what it waits for (a checkpoint the
+    # training writes later is the next `sync --wait`'s, or a run would never let it return)
+    want: frozenset[str] | None = None
+
+
 class Answers:
+    def wait_idle(self, timeout_s: float) -> FinalSyncResult:
+        """Block until a full pass that started after this call has uploaded and verified every
+        unit that was complete; ok=False with the error when that pass failed, or on timeout."""
+        if not self.enabled:
+            return FinalSyncResult(ok=True, target="")
+        if self._thread is None:
+            return self._result(False, 0, error="sync engine not started")
+        with self._lock:
+            t = self._idle_waits.open(IdleJob(self._pass + 1, self.board.uploaded_session))
+        self.request_sync()
+        return self._idle_answer(t, timeout_s)
+
+    def once(self, timeout_s: float) -> FinalSyncResult:
+        """A one-shot run (`python -m supervisor.sync --once`): start without inotify and answer
+        as wait_idle does, after the first pass (wait_idle, called after start, may find that
+        pass already begun and wait for a second one)."""
+        if not self.enabled:
+            return FinalSyncResult(ok=True, target="")
+        with self._lock:
+            t = self._idle_waits.open(IdleJob(self._pass + 1, self.board.uploaded_session))
+        self.start(watch=False)
+        return self._idle_answer(t, timeout_s)
+
     def holdings(self) -> list[dict]:
         """Each folder unit of the last scan (checkpoint-N, adapters): complete here, and does the
         target hold it whole? What a preemption notice reports as made off the machine or not."""

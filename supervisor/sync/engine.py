@@ -28,7 +28,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.clock import SystemClock
@@ -37,11 +36,14 @@ from supervisor.interfaces import FinalSyncResult
 from supervisor.states import SyncState
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once, get_logger
-from supervisor.sync.answers import Answers
+from supervisor.sync.answers import Answers, IdleJob
+from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.final import FinalJob
 from supervisor.sync.health import AlertSink, Health
-from supervisor.sync.ledger import Ledger, LedgerBusy
-from supervisor.sync.policy import Policy, hf_cache_roots, is_cache_dir
+from supervisor.sync.ledger import Ledger, open_ledger
+from supervisor.sync.lost import LostWatch
+from supervisor.sync.policy import Policy, hf_cache_roots
+from supervisor.sync.probe import Access
 from supervisor.sync.proof import Proofs
 from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
@@ -69,15 +71,6 @@ FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout 
 EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (a marker still required)
 
 
-@dataclass(eq=False)
-class _IdleJob:
-    after_pass: int      # answered after this pass (one that started after the call)
-    started_ok: int      # uploaded count when it began
-    # the units that pass found complete or about to be: what it waits for (a checkpoint the
-    # training writes later is the next `sync --wait`'s, or a run would never let it return)
-    want: frozenset[str] | None = None
-
-
 class SyncEngine(Answers, Proofs):
     """Implements interfaces.SyncView; `start()` once.
 
@@ -88,7 +81,7 @@ class SyncEngine(Answers, Proofs):
 
     def __init__(self, cfg: SyncConfig, *, state_dir: str, clock: Clock, alerts: AlertSink | None = None,
                  hostname: str = "", excluded_roots: list[str] | None = None, target: Target | None = None,
-                 realtime: Callable[[], float] = time.monotonic):
+                 realtime: Callable[[], float] = time.monotonic, training_command: str = ""):
         self.cfg = cfg
         self.state_dir = state_dir
         self.clock = clock
@@ -122,16 +115,20 @@ class SyncEngine(Answers, Proofs):
         self._next_rescan = 0.0
         self._next_ready: float | None = None
         self.health = Health(self.board, clock, alerts, self.display, cfg.retry_max_backoff, cfg.fail_alert_after)
+        self.lost = LostWatch(alerts, self.display, training_command)
         self._pass = 0
         self._emergency = False       # a spot notice: no backoff waits, short quiet, newest re-judged per unit
         self._cut_short = False       # this pass stopped early to look for a newer checkpoint first
         self._finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
-        self._idle_waits: Waiters[_IdleJob, FinalSyncResult] = Waiters()
+        self._idle_waits: Waiters[IdleJob, FinalSyncResult] = Waiters()
         self._watcher = None
+        # keys written down after the daemon started, and the probe that tells a missing one early
+        self.access = Access(CredentialWatch(cfg.credentials_file, cfg.hf_token_file, getattr(self.url, "kind", "")),
+                             self.target, self.hostname, self.health, clock)
         if self.enabled:
             assert self.url is not None
             if self.target is None:
-                self.target = make_target(self.url, cfg, state_dir)
+                self.target = self.access.target = make_target(self.url, cfg, state_dir, self.access.creds)
             self._open_ledger()
 
     @classmethod
@@ -141,20 +138,15 @@ class SyncEngine(Answers, Proofs):
         excluded = hf_cache_roots([dict(os.environ), dict(config.training.env or {})],
                                   [w for w in config.sync.watch if w])
         return cls(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
-                   hostname=config.hostname, excluded_roots=excluded)
+                   hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command)
 
     # --- setup ------------------------------------------------------------------------------------
     def _open_ledger(self) -> bool:
         assert self.url is not None and self.target is not None
-        try:
-            self.ledger = Ledger(self.state_dir, target_identity(self.url, self.cfg))
-        except LedgerBusy as e:
-            self._once.warning("ledger-busy", "sync_ledger_busy", error=str(e))
-            self._note_error(str(e))
-            return False
-        except OSError as e:
-            self._once.warning("ledger-error", "sync_ledger_unusable", error=str(e))
-            self._note_error(f"cannot open the sync ledger in {self.state_dir}: {e}")
+        self.ledger, event, error = open_ledger(self.state_dir, target_identity(self.url, self.cfg))
+        if self.ledger is None:
+            self._once.warning(event, event, error=error)
+            self._note_error(error)
             return False
         self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg.keep_last,
                             self._closing)
@@ -172,6 +164,8 @@ class SyncEngine(Answers, Proofs):
             from supervisor.sync.watch import FolderWatcher
 
             self._watcher = FolderWatcher(self._on_fs_event)
+        if watch:
+            self.access.soon()  # the daemon probes at start; a one-shot pass is its own probe
         self._thread = threading.Thread(target=self._run, name="sync-worker", daemon=True)
         self._thread.start()
         if watch:
@@ -204,10 +198,13 @@ class SyncEngine(Answers, Proofs):
         self._wake.set()
 
     def reload_credentials(self) -> None:
-        """`supervisorctl sync`: the target reads its credentials file again before the next request."""
-        reload = getattr(self.target, "reload_credentials", None)
-        if callable(reload):
-            reload("sync requested")
+        """`supervisorctl sync`: the target builds its client again before the next request."""
+        self.access.reload("sync requested")
+
+    def probe_soon(self) -> None:
+        """`run`: a missing or refused key is told before the run's first checkpoint (probe.py)."""
+        self.access.soon()
+        self._wake.set()
 
     def emergency(self) -> None:
         """The machine is about to be taken (a spot notice): sync now and keep at it. Until the
@@ -220,29 +217,6 @@ class SyncEngine(Answers, Proofs):
             self.scanner.quiet = min(self.cfg.quiet_period, EMERGENCY_QUIET_S)
         log.warning("sync_emergency", target=self.display)
         self.request_sync()
-
-    def wait_idle(self, timeout_s: float) -> FinalSyncResult:
-        """Block until a full pass that started after this call has uploaded and verified every
-        unit that was complete; ok=False with the error when that pass failed, or on timeout."""
-        if not self.enabled:
-            return FinalSyncResult(ok=True, target="")
-        if self._thread is None:
-            return self._result(False, 0, error="sync engine not started")
-        with self._lock:
-            t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
-        self.request_sync()
-        return self._idle_answer(t, timeout_s)
-
-    def once(self, timeout_s: float) -> FinalSyncResult:
-        """A one-shot run (`python -m supervisor.sync --once`): start without inotify and answer
-        as wait_idle does, after the first pass (wait_idle, called after start, may find that
-        pass already begun and wait for a second one)."""
-        if not self.enabled:
-            return FinalSyncResult(ok=True, target="")
-        with self._lock:
-            t = self._idle_waits.open(_IdleJob(self._pass + 1, self.board.uploaded_session))
-        self.start(watch=False)
-        return self._idle_answer(t, timeout_s)
 
     def final_sync(self, paths: list[str], timeout_s: float) -> FinalSyncResult:
         """Upload everything the policy selects under `paths`, regardless of the quiet period,
@@ -273,13 +247,13 @@ class SyncEngine(Answers, Proofs):
             snap = self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
                                        [r.path for r in self.roots])
         snap["target_info"] = describe(self.target) if self.target is not None else {}  # e.g. Xet or LFS
+        snap.update(self.access.status(), lost=list(self.lost.lost))
         return snap
 
     # --- worker loop ------------------------------------------------------------------------------
     def _on_fs_event(self, path: str) -> None:
-        parts = path.split("/")
-        if any(is_cache_dir(p) for p in parts[:-1]) or any(sc.within(path, r) for r in self.policy.excluded_roots):
-            return  # a model download in the HF cache must not cause a rescan per write
+        if self.policy.ignores_event(path):
+            return
         self._mark_dirty()
         self._wake.set()
 
@@ -348,6 +322,9 @@ class SyncEngine(Answers, Proofs):
                 return
             self._note_error("")
         assert self.ledger is not None
+        if self.access.changed():
+            with self._lock:
+                self._requested = True  # and the backoff is over: try the new keys at once
         now = self.clock.monotonic()
         with self._lock:
             due = (self._requested or bool(self._finals.tickets()) or now >= self._next_rescan
@@ -365,6 +342,9 @@ class SyncEngine(Answers, Proofs):
             # a rescan during backoff still refreshes pending counts, but sends nothing
             self._do_scan()
             return
+        self.health.begin_try()
+        if self.access.due:
+            self.access.run()
         pass_id = self._do_scan()
         self._cut_short = False
         error = self._process_work()
@@ -394,6 +374,8 @@ class SyncEngine(Answers, Proofs):
             self._watcher.ensure([r.path for r in roots])
         units = self.scanner.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
                                   self.ledger.manifests_under, self._held)
+        if self._up is not None:  # a checkpoint deleted before it left the machine: told at once
+            self.lost.look(self._units, units, self._up.synced, self.clock.time(), self.board.last_error)
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
@@ -438,10 +420,10 @@ class SyncEngine(Answers, Proofs):
         if not work:
             with self._lock:
                 # nothing left that could fail, unless a final sync still has to ask the target
-                # whether it holds everything: that check is what fails while the target is down,
-                # and clearing the failure before each try restarted its clock every few seconds,
-                # so the "sync failing" alert never came (issue 29)
-                if (self.health.failing or self.health.alerted) and not self._finals.tickets():
+                # whether it holds everything (that check fails while the target is down: issue
+                # 29), nor while the probe fails (it tells that the target refuses us)
+                if (self.health.failing or self.health.alerted) and not self._finals.tickets() \
+                        and not self.access.failed:
                     self.health.recovered(contacted=False)
             return None
         # newest first; folders one after another in one step (a commit, or one stream of files),
@@ -464,6 +446,7 @@ class SyncEngine(Answers, Proofs):
                 self._mark_dirty()  # a file vanished or changed under us: look again soon
             with self._lock:
                 self.health.recovered()
+            self.access.sent()
         with self._lock:
             self.board.current = ""
             self._move(SyncState.IDLE)

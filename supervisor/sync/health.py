@@ -11,12 +11,12 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor.notify.mails.sync import sync_failing, sync_public_refused, sync_refused
+from supervisor.notify.mails.sync import sync_failing, sync_no_credentials, sync_public_refused, sync_refused
 from supervisor.states import SyncState
 from supervisor.sync._log import get_logger
 from supervisor.sync.backoff import Backoff
 from supervisor.sync.status import Board
-from supervisor.sync.targets.base import AccessDenied, PublicRepoRefused, RateLimited
+from supervisor.sync.targets.base import AccessDenied, NoCredentials, PublicRepoRefused, RateLimited
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -46,6 +46,8 @@ class Health:
         self.fired = _still_active(alerts)
         self.refused = ""      # the target's words while it refuses our credentials
         self.public = False    # ... because the repo is public (sync.hf_allow_public not set)
+        self.missing = False   # ... because no credentials were found at all
+        self._counted = False  # this try's failure is in the backoff already (begin_try)
 
     @property
     def failing(self) -> bool:
@@ -59,13 +61,21 @@ class Health:
         with self.board.lock:
             self.refused = error if isinstance(cause, AccessDenied) else ""
             self.public = isinstance(cause, PublicRepoRefused)
-            delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0), retry_after)
+            self.missing = isinstance(cause, NoCredentials)
+            if self._counted:  # the probe and the pass of one try fail once, not twice
+                delay = max(0.0, self.backoff.next_try - now)
+            else:
+                delay = self.backoff.failed(now, self.cap, random.uniform(0.5, 1.0), retry_after)
+                self._counted = True
             self.board.current = ""
             self.board.move(SyncState.FAILING, failing=True)
         self.board.error(error, self.clock.time())
         log.warning("sync_failed", target=self.target, error=error, failures=self.backoff.failures,
                     retry_in_s=round(delay, 1), rate_limited=retry_after is not None or None,
                     refused=bool(self.refused) or None)
+
+    def begin_try(self) -> None:
+        self._counted = False
 
     def recovered(self, contacted: bool = True) -> None:
         """The target answered (contacted) or nothing is left that could fail."""
@@ -100,7 +110,7 @@ class Health:
             p, err = self.board.pending, self.board.last_error
             self.fired = True
         if self.refused:  # no retry fixes credentials: say so at once, and say which
-            words = sync_public_refused if self.public else sync_refused
+            words = sync_public_refused if self.public else sync_no_credentials if self.missing else sync_refused
             mail = words(self.target, self.refused, p.files, p.bytes)
         else:
             mail = sync_failing(self.target, failing_for, err, p.files, p.bytes)

@@ -62,6 +62,16 @@ class LedgerBusy(Exception):
     """Another process (the daemon, or a one-shot sync) holds this ledger."""
 
 
+def open_ledger(state_dir: str, identity: str) -> tuple[Ledger | None, str, str]:
+    """(ledger, "", "") or (None, the log event, the error for status): busy or unusable."""
+    try:
+        return Ledger(state_dir, identity), "", ""
+    except LedgerBusy as e:
+        return None, "sync_ledger_busy", str(e)
+    except OSError as e:
+        return None, "sync_ledger_unusable", f"cannot open the sync ledger in {state_dir}: {e}"
+
+
 class LedgerWriteError(TargetError):
     """A record could not be written (full disk, I/O error). A TargetError so the batch stops and
     the engine retries with backoff and alerts, as for a network failure: the file is sent again

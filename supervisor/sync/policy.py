@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 MANIFEST_NAME = "_MANIFEST.json"
+PROBE_FOLDER = ".train-supervisor-probe"  # the probe's tiny object (sync/probe.py): no unit, never restored
 
 # Names whose presence means "someone is still writing" and that are never uploaded as final.
 _TEMP_RE = re.compile(
@@ -230,6 +231,12 @@ class Policy:
         a = os.path.normpath(abspath)
         return (any(is_cache_dir(p) for p in reldir.split("/"))
                 or any(a == r or a.startswith(r.rstrip("/") + "/") for r in self._roots))
+
+    def ignores_event(self, path: str) -> bool:
+        """A file event no rescan should follow: a model download in the HF cache or an excluded
+        root writes thousands of times."""
+        folder = os.path.dirname(path)
+        return self.in_cache(folder.lstrip("/"), folder)
 
     def folder_unit(self, rel: str) -> str | None:
         """The shortest ancestor folder of file `rel` that an include pattern makes a unit."""

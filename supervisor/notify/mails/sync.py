@@ -41,6 +41,32 @@ def sync_refused(target: str, error: str, pending_files: int, pending_bytes: int
         "Fix the credentials, then: supervisorctl sync --wait")
 
 
+def sync_no_credentials(target: str, error: str, pending_files: int, pending_bytes: int) -> Mail:
+    """No credentials for `target` at all: sent at the first failure (the probe at daemon start
+    or at `run`, or the first upload), naming where the daemon looks."""
+    return Mail(
+        f"sync: no credentials for {target}: nothing leaves this machine",
+        f"Nothing can be uploaded to {target}: {error}\n"
+        f"Not yet on the target: {pending_files} files ({format_bytes(pending_bytes)}).\n\n"
+        "Until keys are found, every checkpoint exists only on this machine: a trainer that rotates its\n"
+        "checkpoints (save_total_limit) deletes the oldest ones, and those are then lost, and so is all of it\n"
+        "if the machine goes. Add the keys where the daemon looks; it sees them within seconds and\n"
+        "uploads at once, no restart needed. Then check: supervisorctl sync --wait")
+
+
+def checkpoint_lost(path: str, target: str, files: int, size: int, cause: str, target_error: str) -> Mail:
+    """A checkpoint was deleted here before it was all on the target: it is gone."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    why_not = f"\nThe target's last error: {target_error}" if target_error else ""
+    return Mail(
+        f"checkpoint LOST: {name} was deleted before it left the machine",
+        f"{path} ({files} files, {format_bytes(size)}) was deleted on this machine before all of it was on {target}.\n"
+        f"It exists nowhere now. Likely cause: {cause}.{why_not}\n\n"
+        "To keep the next ones: fix the target first (supervisorctl status says what fails), and give the\n"
+        "trainer room to wait for it: a larger save_total_limit, or disk.prune = \"synced\", which deletes\n"
+        "a local checkpoint only once it is verified on the target.")
+
+
 def sparse_left_out(path: str, size: int, on_disk: int) -> Mail:
     """A sparse file (sync.complete.sparse) is left out of its folder's upload."""
     return Mail(

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from supervisor.config import SyncConfig
+from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.targets.base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
 from supervisor.syncurl import TargetURL
 
@@ -14,15 +15,17 @@ __all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "U
            "target_identity"]
 
 
-def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path) -> Target:
+def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path,
+                creds: CredentialWatch | None = None) -> Target:
+    """creds: where its keys come from (the engine watches it; built here when not given)."""
     if url.kind == "s3":
         from supervisor.sync.targets.s3 import S3Target
 
-        return S3Target(url, cfg)
+        return S3Target(url, cfg, creds)
     if url.kind == "hf":
         from supervisor.sync.targets.hf import HfTarget
 
-        return HfTarget(url, cfg, Path(state_dir) / "sync" / "tmp")
+        return HfTarget(url, cfg, Path(state_dir) / "sync" / "tmp", creds=creds)
     if url.kind == "rsync":
         from supervisor.sync.targets.rsync import RsyncTarget
 

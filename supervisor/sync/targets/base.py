@@ -42,6 +42,10 @@ class AccessDenied(TargetError):
     until a person fixes them, so an engine may alert at once."""
 
 
+class NoCredentials(AccessDenied):
+    """No credentials were found at all; the message says where the daemon looked."""
+
+
 class PublicRepoRefused(AccessDenied):
     """The Hub repo is public and `sync.hf_allow_public` is not set: nothing is uploaded there (a
     typo or a reused name must not publish weights trained on private data)."""

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from supervisor.config import SyncConfig
 from supervisor.fileopen import open_regular
+from supervisor.sync._log import get_logger
+from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.targets.base import (
     LocalFile,
@@ -52,6 +54,8 @@ from supervisor.syncurl import TargetURL
 
 STATE_MAX = 32 << 20            # trainer_state.json read for commit messages only up to this size
 
+log = get_logger("sync.hf")
+
 
 class HfTarget(HfReader):
     """The Target (and its optional put_units and describe) for one hf:// URL."""
@@ -59,12 +63,22 @@ class HfTarget(HfReader):
     lands_units = True  # put_units is one commit: a unit's files and manifest appear together or not at all
 
     def __init__(self, url: TargetURL, cfg: SyncConfig, tmp_dir: str | Path,
-                 env: dict[str, str] | None = None):
-        self.repo = HubRepo(url, cfg, tmp_dir, dict(os.environ if env is None else env))
+                 env: dict[str, str] | None = None, creds: CredentialWatch | None = None):
+        self.creds = creds
+        if env is None:
+            env = creds.env() if creds is not None else dict(os.environ)
+        self.repo = HubRepo(url, cfg, tmp_dir, dict(env))
         self.stager = Stager(self.repo)
         self.committer = Committer(self.repo)
         self.display = url.display()
         self.stats = self.repo.stats
+
+    def reload_credentials(self, why: str) -> None:
+        """Find the token again at the next request, in the sources as they are then."""
+        if self.creds is not None:
+            self.repo.env = self.creds.env()
+        self.repo.forget_token()
+        log.info("hf_credentials_reread", why=why)
 
     # --- the Target interface -----------------------------------------------------------------------
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:

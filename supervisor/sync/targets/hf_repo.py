@@ -18,7 +18,15 @@ from typing import Any
 from supervisor import __version__
 from supervisor.config import SyncConfig
 from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import AccessDenied, PublicRepoRefused, RateLimited, TargetError, join_key
+from supervisor.sync.credentials import env_file_path
+from supervisor.sync.targets.base import (
+    AccessDenied,
+    NoCredentials,
+    PublicRepoRefused,
+    RateLimited,
+    TargetError,
+    join_key,
+)
 from supervisor.sync.targets.hf_rules import choose_upload_path, find_token, retry_after_s
 from supervisor.syncurl import TargetURL
 
@@ -82,8 +90,10 @@ class HubRepo:
             hh = self.hub()
             token, where = find_token(self.cfg.hf_token_file, self.env)
             if token is None:
-                raise AccessDenied("no Hugging Face token: set sync.hf_token_file, or HF_TOKEN, or run "
-                                   "`hf auth login` as the user the daemon runs as (it needs write access)")
+                raise NoCredentials(f"no Hugging Face token: set sync.hf_token_file, or HF_TOKEN (in the daemon's "
+                                    f"environment or in {env_file_path(self.env)}), or run `hf auth login` as "
+                                    "the user the daemon runs as (it needs write access); a token added later "
+                                    "is picked up without a restart")
             self._token_from = where
             self._api = hh.HfApi(endpoint=self.endpoint, token=token, library_name="train-supervisor",
                                  library_version=__version__)
@@ -111,12 +121,12 @@ class HubRepo:
         where = self._token_from or "the configured token"
         repo = f"{self.repo_type} repo {self.repo_id}"
         if status == 401 and (server == INVALID_CREDENTIALS or not isinstance(e, errors.RepositoryNotFoundError)):
-            self._forget_token()
+            self.forget_token()
             return AccessDenied(f"the Hugging Face Hub rejected the token from {where} (401): it is invalid, "
                                 f"expired or revoked; create a write token at https://huggingface.co/settings/tokens")
         if status == 403 or (status == 401 and isinstance(e, errors.RepositoryNotFoundError)):
             who = self._whoami_words()  # with the token that was refused
-            self._forget_token()
+            self.forget_token()
             return AccessDenied(f"the token from {where}{who} has no write access to {repo} ({status} {what}"
                                 f"{': ' + server if server else ''}); give it write permission on the repo "
                                 f"or its namespace")
@@ -138,10 +148,28 @@ class HubRepo:
                                f"({text}); fix its front matter or use hf://{self.repo_id}/FOLDER")
         return TargetError(f"Hub {what} ({self.endpoint}): {type(e).__name__}: {text[:300]}")
 
-    def _forget_token(self) -> None:
+    def forget_token(self) -> None:
         """Read the token again next time: a person may have fixed it."""
         self._api = None
         self._ready = False
+
+    def check_writable(self) -> None:
+        """The probe's question (sync/probe.py), asked at start and at `run`, not per pass: a
+        classic read token is refused here, before a checkpoint waits on it. Fine-grained tokens
+        carry per-repo scopes that only a write answers; those pass and the first commit tells."""
+        self.ensure()
+        api = self.client()
+        try:
+            me = api.whoami()
+        except Exception as e:  # noqa: BLE001
+            raise self.error("whoami", e) from None
+        role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
+        if role == "read":
+            self.forget_token()
+            where = self._token_from or "the configured token"
+            raise AccessDenied(f"the token from {where} (user {me.get('name')}, read token) has no write access to "
+                               f"{self.repo_type} repo {self.repo_id}; create a write token at "
+                               f"https://huggingface.co/settings/tokens")
 
     def _whoami_words(self) -> str:
         """' (user alice, read token)', best effort: whoami is rate-limited, so only on errors."""

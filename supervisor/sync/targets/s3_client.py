@@ -5,6 +5,7 @@ setup allows it, so a pass of small files never imports boto3."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +14,10 @@ from urllib.parse import urlparse
 
 from supervisor.config import SyncConfig
 from supervisor.sync._log import get_logger
+from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.targets.base import (
+    NoCredentials,
     RemoteObject,
     TargetError,
     TokenBucket,
@@ -38,13 +41,15 @@ if TYPE_CHECKING:
 log = get_logger("sync.s3")
 
 LIST_WHOLE_AFTER = 4  # folders in one missing() above which the whole target is listed once
-LIGHT_OPS = frozenset({"put_object", "copy_object", "list_objects_v2"})
+LIGHT_OPS = frozenset({"put_object", "copy_object", "list_objects_v2", "delete_object"})
 
 
 class S3Connection:
     """The bucket and prefix, the client and its pools; the upload paths build on it (s3.py)."""
 
-    def __init__(self, url: TargetURL, cfg: SyncConfig):
+    def __init__(self, url: TargetURL, cfg: SyncConfig, creds: CredentialWatch | None = None):
+        # where the keys come from; the engine asks it what changed and calls reload_credentials
+        self.creds = creds or CredentialWatch(cfg.credentials_file, kind="s3")
         self.bucket = url.bucket
         self.prefix = url.prefix
         self.cfg = cfg
@@ -70,7 +75,7 @@ class S3Connection:
             from supervisor.sync.targets.s3_light import LightS3
 
             self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
-                                                    self.cfg.credentials_file) or False
+                                                    self.cfg.credentials_file, self.creds.env()) or False
         return self._light_client or None
 
     def _not_light(self, why: Exception) -> None:
@@ -94,20 +99,18 @@ class S3Connection:
         return client
 
     def reload_credentials(self, why: str) -> None:
-        """Read sync.credentials_file again at the next request (boto3 reads it once, when the
-        client is made): after a refusal, or when the user asks for a sync, a fixed file must
-        work without a daemon restart."""
-        if not self.cfg.credentials_file:
-            return
-        reread = bool(self._light_client)
-        if reread:
-            self._light_client = None  # the light client's keys too, at its next request
+        """Build both clients again at the next request, from the credential sources as they are
+        then (boto3 reads its chain once, when the client is made): after a refusal, when a
+        source changed, or when the user asks for a sync, keys written down later must work
+        without a daemon restart."""
+        reread = self._light_client is not None
+        self._light_client = None  # the light client's keys too, at its next request
         with self._lock:
             if self._client is not None:
                 self._client = None
                 reread = True
         if reread:
-            log.info("s3_credentials_reread", file=self.cfg.credentials_file, why=why)
+            log.info("s3_credentials_reread", why=why)
 
     def prepare(self) -> None:
         """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
@@ -134,8 +137,19 @@ class S3Connection:
         from botocore.config import Config
 
         bs = botocore.session.Session()
+        over = self.creds.overrides()  # the environment file's word wins over the inherited one
+        for var, name in (("AWS_SHARED_CREDENTIALS_FILE", "credentials_file"), ("AWS_CONFIG_FILE", "config_file"),
+                          ("AWS_PROFILE", "profile")):
+            if over.get(var):
+                bs.set_config_variable(name, os.path.expanduser(over[var]))
         if self.cfg.credentials_file:
             bs.set_config_variable("credentials_file", self.cfg.credentials_file)
+        if over.get("AWS_ACCESS_KEY_ID") and over.get("AWS_SECRET_ACCESS_KEY"):
+            bs.set_credentials(over["AWS_ACCESS_KEY_ID"], over["AWS_SECRET_ACCESS_KEY"],
+                               over.get("AWS_SESSION_TOKEN") or over.get("AWS_SECURITY_TOKEN") or None)
+        region = over.get("AWS_REGION") or over.get("AWS_DEFAULT_REGION")
+        if region and not self.cfg.region:
+            bs.set_config_variable("region", region)
         # Timestamps stay the strings the store sent (as the AWS CLI does for its own listings):
         # botocore parses each LastModified with dateutil, 45 us an object, most of a listing's
         # cost, and no decision here reads them.
@@ -187,7 +201,12 @@ class S3Connection:
                 if op != "copy_object":
                     self.reload_credentials(f"{op} refused")
                 raise
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
 
         try:
             return getattr(self.client(), op)(**kw)
@@ -203,6 +222,10 @@ class S3Connection:
                 raise Refused(f"S3 {op} {kw.get('Key', '')}: {code}: {msg} (check the credentials and the "
                                "bucket's permissions)".strip()) from None
             raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}".strip()) from None
+        except (NoCredentialsError, PartialCredentialsError) as e:
+            self.reload_credentials(f"{op}: {e}")
+            raise NoCredentials(f"no S3 credentials for {self.display} ({e}): "
+                                f"{self.creds.looks().words('s3')}") from None
         except BotoCoreError as e:
             raise TargetError(f"S3 {op}: {e}") from None
 
@@ -220,6 +243,8 @@ class S3Connection:
 
                 raise Unsupported("a copy from another bucket")
             return light.copy_object(kw["Key"], src["Key"], self.bucket, kw.get("ChecksumAlgorithm") == "CRC32")
+        if op == "delete_object":
+            return light.delete_object(kw["Key"])
         return light.list_page(kw["Prefix"], kw.get("ContinuationToken"))
 
     # --- manifests, checks, deletes ------------------------------------------------------------

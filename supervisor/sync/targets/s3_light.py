@@ -145,11 +145,13 @@ class LightS3:
         self._local = threading.local()
 
     @classmethod
-    def for_target(cls, endpoint_url: str, bucket: str, region: str, credentials_file: str) -> LightS3 | None:
-        keys = static_keys(credentials_file)
+    def for_target(cls, endpoint_url: str, bucket: str, region: str, credentials_file: str,
+                   env: dict[str, str] | None = None) -> LightS3 | None:
+        env = dict(os.environ) if env is None else env
+        keys = static_keys(credentials_file, env)
         if keys is None:
             return None
-        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        region = region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
         try:
             return cls(endpoint_url, bucket, region, keys)
         except Unsupported:
@@ -263,6 +265,10 @@ class LightS3:
         if crc_v:
             res["ChecksumCRC32"] = crc_v
         return {"CopyObjectResult": res}
+
+    def delete_object(self, key: str) -> dict:
+        self.request(key, method="DELETE", what="delete").read()
+        return {}
 
     def list_page(self, prefix: str, token: str | None) -> dict:
         q = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}

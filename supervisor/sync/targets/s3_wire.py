@@ -12,6 +12,7 @@ import zlib
 from typing import Any
 
 from supervisor.sync.targets.base import (
+    AccessDenied,
     LocalFile,
     TargetError,
     TokenBucket,
@@ -122,8 +123,9 @@ class FileBody:
         return self._h.hexdigest()
 
 
-class Refused(TargetError):
-    """The store refused the request for its credentials or permissions (403 and the like)."""
+class Refused(AccessDenied):
+    """The store refused the request for its credentials or permissions (403 and the like): no
+    retry fixes that, so the engine alerts at once (sync/health.py)."""
 
 
 class NotFound(Exception):

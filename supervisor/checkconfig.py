@@ -1,0 +1,54 @@
+"""check-config's look at the machine beside the config: what the daemon would refuse among the
+notification channels, and the warnings (config/hints.py words them; the Hub is asked whether a
+repo is public). The CLI prints them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from supervisor.config import Config
+
+
+def warnings(cfg: Config) -> list[str]:
+    """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo,
+    poweroff in a container, a checkpoint rotation that can outrun the target."""
+    from supervisor.config import hints
+    from supervisor.training.safeopen import open_folder_warning
+
+    out = hints.warnings(cfg, dict(os.environ), hints.in_container())
+    if cfg.training.user:
+        w = open_folder_warning(cfg.training.log or str(Path(cfg.state_dir) / "train.log"), cfg.training.user)
+        out += [w] if w else []
+    if cfg.sync.target.startswith("hf://") and not cfg.sync.hf_allow_public:
+        out += [w for w in [hub_public_warning(cfg)] if w]
+    return out
+
+
+def hub_public_warning(cfg: Config) -> str:
+    """Asks the Hub (when it can be reached) whether the hf:// repo is public: the daemon would refuse it."""
+    import tempfile
+
+    from supervisor.sync.targets.hf_repo import HubRepo
+    from supervisor.syncurl import parse_target
+
+    try:
+        url = parse_target(cfg.sync.target)
+    except ValueError:
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        if HubRepo(url, cfg.sync, tmp, dict(os.environ)).is_public():
+            return (f"sync.target {cfg.sync.target}: {url.repo} is a public repo; the daemon refuses to upload "
+                    "there unless sync.hf_allow_public = true")
+    return ""
+
+
+def channel_problems(cfg: Config) -> list[str]:
+    """What the daemon would refuse among the notification channels: Apprise URLs it cannot use,
+    an unreadable urls_file (Apprise is imported only when URLs are configured)."""
+    if not (cfg.notify.urls or cfg.notify.urls_file):
+        return []
+    from supervisor.wiring import build_channels
+
+    _, problems = build_channels(cfg)
+    return problems
