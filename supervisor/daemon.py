@@ -97,7 +97,7 @@ class Daemon:
         from supervisor.disk.watch import DiskWatch
 
         self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
-                              quiet=cfg.sync.quiet_period)
+                              quiet=cfg.sync.quiet_period, saves_in=list(cfg.sync.watch))
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
         self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)
@@ -105,7 +105,7 @@ class Daemon:
         from supervisor.idle.guard import IdleGuard
         from supervisor.progress.stallwatch import StallWatch
 
-        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress)
+        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk)
         self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
 
         from supervisor.spot.guard import SpotGuard
@@ -264,6 +264,7 @@ class Daemon:
         if info.state in (TrainingState.STARTING, TrainingState.RUNNING):
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
         self.sync.start()
+        self.disk.start()
         self.spot.boot()
         # with a burn-in, autostart waits for it: the run must not share the GPUs with the load test
         burn_first = bool(self.cfg.health.burn_in and self.cfg.training.autostart)
@@ -310,6 +311,7 @@ class Daemon:
         self.spot.close()
         self.resume.close()
         self.metrics.close()
+        self.disk.close()
         self.sync.close()
         self.gpu.close()
         self.alerts.tick()

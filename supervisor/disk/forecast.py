@@ -125,3 +125,23 @@ def forecast(free: int, total: int, saves: list[Save], now: float, alert_before:
         reasons.insert(0, "forecast")
     return Forecast(free, total, per, interval, need, left, full_in, window, tuple(reasons), reclaimable,
                     steady and avail >= need)
+
+
+# --- a run that died of a full disk -----------------------------------------------------------------
+
+# What a full disk looks like in a training's last lines: the errno's words, and torch's own when a
+# save runs out of room (its PytorchStreamWriter names no errno).
+ENOSPC_WORDS = ("No space left on device", "[Errno 28]", "ENOSPC", "Disk quota exceeded", "[Errno 122]")
+WRITE_FAILED_WORDS = ("file write failed", "PytorchStreamWriter failed", "unexpected pos")
+NEARLY_FULL_BYTES = 64 * 1024**2
+
+
+def died_of_full_disk(tail: Iterable[str], free: int, total: int, per: int | None) -> bool:
+    """A failed run's end, judged from its last log lines and the free space of a watched
+    filesystem now: the errno's words say it; a write that failed says it when the disk has less
+    than the next save needs (or almost nothing) free."""
+    lines = list(tail)
+    if any(w in line for line in lines for w in ENOSPC_WORDS):
+        return True
+    tight = free < max(NEARLY_FULL_BYTES, total // 200) or (per is not None and free < need_for(per))
+    return tight and any(w in line for line in lines for w in WRITE_FAILED_WORDS)

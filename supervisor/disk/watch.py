@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from supervisor.disk import probe
-from supervisor.disk.forecast import Forecast, Save, forecast, keeps_up, rate, remember
+from supervisor.disk.forecast import Forecast, Save, died_of_full_disk, forecast, keeps_up, rate, remember
 from supervisor.disk.journal import Journal
 from supervisor.disk.prune import Local, Plan, Proof, plan, protected, to_check
 from supervisor.notify.mails import disk as words
@@ -29,11 +29,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("disk")
 
 LARGE_EVERY_S = 300.0        # "other large folders" are measured at most this often (only while alerting)
+EVENT_GAP_S = 0.25           # polls a burst of file events asks for are this far apart at least
 
 
 class DiskWatch:
     def __init__(self, ctx: Context, sync: SyncEngine | None, paths: list[str], *, quiet: float = 60.0,
-                 before_delete: Callable[[dict], None] | None = None, proc: str = "/proc"):
+                 before_delete: Callable[[dict], None] | None = None, proc: str = "/proc",
+                 saves_in: list[str] | None = None):
         self.ctx = ctx
         self.cfg = ctx.config.disk
         self.sync = sync if sync is not None and sync.enabled else None
@@ -50,6 +52,14 @@ class DiskWatch:
         # asked about again while they stay as they were, so the next older-but-fine one gets its turn
         self._blocked: dict[str, tuple[dict, str]] = {}
         self._lock = threading.Lock()           # one prune at a time (the duty and `supervisorctl prune`)
+        self._poll_lock = threading.Lock()      # one poll at a time (the duty and a save's file events)
+        # where saves land (sync.watch): a save that starts or ends is seen through inotify and
+        # polled at once, not at the next 10 s duty, which a trainer saving every 6 s outruns
+        self.saves_in = [os.path.normpath(p) for p in (saves_in or []) if p]
+        self._events = None
+        self._kick = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
         self._snap: dict = {"prune": self.cfg.prune, "keep_local": self.cfg.keep_local, "filesystems": []}
         self.last_prune: dict | None = None
 
@@ -66,7 +76,49 @@ class DiskWatch:
                  last_prune=self.last_prune)
         return s
 
+    def start(self) -> None:
+        """Follow the saves as they happen (the daemon's duty still polls every 10 s)."""
+        if not self.saves_in or self._thread is not None:
+            return
+        from supervisor.sync.watch import FolderWatcher
+
+        self._events = FolderWatcher(self._on_event)
+        self._events.ensure(self.saves_in)
+        self._thread = threading.Thread(target=self._follow, name="disk-events", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._kick.set()
+        if self._events is not None:
+            self._events.close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _on_event(self, path: str) -> None:
+        name = os.path.basename(path)
+        if name == probe.STATE_FILE or probe.checkpoint_step(name) is not None:
+            self._kick.set()  # a checkpoint folder appeared (a save starts) or its last file came
+
+    def _follow(self) -> None:
+        while not self._closing.is_set():
+            self._kick.wait()
+            if self._closing.is_set():
+                return
+            self._kick.clear()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - the 10 s duty goes on regardless
+                log.exception("disk_event_poll_failed")
+            self._closing.wait(EVENT_GAP_S)
+
     def poll(self) -> dict:
+        with self._poll_lock:
+            if self._events is not None:
+                self._events.ensure(self.saves_in)  # an output folder made since
+            return self._poll()
+
+    def _poll(self) -> dict:
         now = self.ctx.clock.time()
         holdings = self._holdings()
         out = []
@@ -98,6 +150,24 @@ class DiskWatch:
         self.poll()  # status shows what is left at once
         return {"ok": True, "dry_run": dry_run, "would_delete": would if dry_run else [], "deleted": deleted,
                 "kept": kept}
+
+    def full_at_end(self, tail: list[str]) -> str:
+        """For a failed run's mail: the words when it died of a full disk (watched folder, its free
+        bytes, the biggest things on it), else "". Asked once per failure."""
+        for dev, (mount, paths) in self._filesystems().items():
+            try:
+                free, total = probe.usage(mount)
+            except OSError:
+                continue
+            per, _ = rate(self._history.get(dev, []))
+            if not died_of_full_disk(tail, free, total, per):
+                continue
+            folders = self._folders(paths)
+            big = sorted([(f.path, f.bytes) for f in folders] + self._large_folders(dev, paths, folders),
+                         key=lambda x: -x[1])
+            log.warning("training_disk_full", mount=mount, free=free, folder=paths[0])
+            return words.full_at_end(paths[0], mount, free, total, big)
+        return ""
 
     # --- one filesystem -------------------------------------------------------------------------
     def _poll_fs(self, dev: int, mount: str, paths: list[str], holdings: dict, now: float) -> dict:

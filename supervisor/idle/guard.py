@@ -63,8 +63,9 @@ class IdleGuard(GuardMails, CapStops):
     def __init__(self, conf: GuardConfig, clock: Clock, store: StateStore, alerts: Alerts,
                  training: TrainingView, gpu: GpuView | None, sync: SyncView, progress: Any = None, *,
                  tmux_socket: str | None = None, runners: dict | None = None, env: dict[str, str] | None = None,
-                 mail_flush_s: float = 30.0):
+                 mail_flush_s: float = 30.0, disk: Any = None):
         self.conf = conf
+        self.disk = disk
         self.clock, self.store, self.alerts = clock, store, alerts
         self.th = Thresholds.of(conf.idle, conf.finish_grace)
         self.training = training

@@ -3,6 +3,7 @@ notify/mails/ (idle.py, training.py). Kept apart so the guard itself stays one s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -32,6 +33,7 @@ class GuardMails:
     progress: Any
     _signals: Any
     _last_info: Any
+    disk: Any = None   # the disk wing: whether a failed run died of a full disk
     cap_why: str = ""
 
     def _send(self, key: str, kind: str, severity: str, mail: Mail) -> None:
@@ -87,7 +89,16 @@ class GuardMails:
         nxt = run_words.Next(mode, idle.projection(self.m, self.th, now.wall)["stop_at"],
                              self.th.finish_grace, self.th.warn_after, self.th.stop_after_warning,
                              stop_under_way=self.m.state in (I.STOPPING, I.STOPPED), warned=self.m.state == I.WARNED)
-        mail = run_words.ended(run_words.Ended(run_end(info, self.conf.training_user), last_progress(self.progress, now.wall, self.conf.currency),
+        end = run_end(info, self.conf.training_user)
+        if not ok and self.disk is not None:
+            try:
+                text = self.disk.full_at_end(list(end.log_tail))
+            except Exception:  # noqa: BLE001 - the failure mail goes out regardless
+                log.exception("disk_full_check_failed")
+                text = ""
+            if text:
+                end = replace(end, cause="disk full", cause_text=text)
+        mail = run_words.ended(run_words.Ended(end, last_progress(self.progress, now.wall, self.conf.currency),
                                                outputs(self.conf, r), nxt))
         self._send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
                    "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)

@@ -20,22 +20,73 @@ class FolderWatcher:
         self._observer = None
         self._watches: dict[str, object] = {}
         self._failed: set[str] = set()
+        # a root that does not exist yet (the daemon starts at boot, the trainer makes its output
+        # folder later): its nearest existing parent is watched, not recursively, until it appears
+        self._parents: dict[str, object] = {}
+        self._was_missing: set[str] = set()  # roots seen missing: news when they are watched at last
         self._lock = threading.Lock()
 
     def ensure(self, roots: list[str]) -> None:
-        """Watch every root that exists now (cheap to call on every rescan)."""
+        """Watch every root that exists now, and the way to those that do not (cheap to call on
+        every rescan)."""
+        for _ in range(8):  # `mkdir -p a/b/c` under a watched parent: follow it down, level by level
+            appeared, waiting = self._ensure(roots)
+            for root in appeared:
+                if root in self._was_missing:
+                    self._was_missing.discard(root)
+                    self.on_change(root)  # made while we looked away: whatever is in it is news
+            if not any(os.path.isdir(r) for r in waiting):
+                return
+
+    def _ensure(self, roots: list[str]) -> tuple[list[str], list[str]]:
+        appeared: list[str] = []
+        missing: list[str] = []
         with self._lock:
+            waiting: set[str] = set()
             for root in roots:
-                if root in self._watches or root in self._failed or not os.path.isdir(root):
+                if root in self._watches or root in self._failed:
+                    continue
+                if not os.path.isdir(root):
+                    parent = _nearest_parent(root)
+                    if parent is not None:
+                        waiting.add(parent)
+                        missing.append(root)
+                        self._was_missing.add(root)
                     continue
                 try:
                     obs = self._get_observer()
                     self._watches[root] = obs.schedule(_Handler(self.on_change), root, recursive=True)
                     log.info("sync_watching", folder=root)
+                    appeared.append(root)
                 except (OSError, RuntimeError) as e:
                     self._failed.add(root)
                     log.warning("sync_watch_failed", folder=root, error=str(e),
                                 note="relying on the periodic rescan")
+            self._watch_parents(waiting, roots)
+        return appeared, missing
+
+    def _watch_parents(self, wanted: set[str], roots: list[str]) -> None:
+        for parent in [p for p in self._parents if p not in wanted]:
+            self._unschedule(self._parents.pop(parent))
+        for parent in wanted - set(self._parents):
+            try:
+                handler = _Handler(lambda path, roots=tuple(roots): self._nearer(path, roots))
+                self._parents[parent] = self._get_observer().schedule(handler, parent, recursive=False)
+            except (OSError, RuntimeError) as e:
+                log.warning("sync_watch_failed", folder=parent, error=str(e), note="relying on the periodic rescan")
+
+    def _nearer(self, path: str, roots: tuple[str, ...]) -> None:
+        """Something was made in a parent we watch for a missing root: look again, from a thread
+        of our own (watchdog's own thread must not schedule or unschedule)."""
+        if any(r == path or r.startswith(path.rstrip("/") + "/") for r in roots):
+            threading.Thread(target=self.ensure, args=(list(roots),), name="watch-appear", daemon=True).start()
+
+    def _unschedule(self, w: object) -> None:
+        try:
+            if self._observer is not None:
+                self._observer.unschedule(w)
+        except (KeyError, OSError, RuntimeError):
+            pass
 
     def _get_observer(self):
         if self._observer is None:
@@ -51,23 +102,28 @@ class FolderWatcher:
         """Drop watches whose folder disappeared, so they are set up again when it returns."""
         with self._lock:
             for root in [r for r in self._watches if not os.path.isdir(r)]:
-                w = self._watches.pop(root)
-                try:
-                    if self._observer is not None:
-                        self._observer.unschedule(w)
-                except (KeyError, OSError, RuntimeError):
-                    pass
+                self._unschedule(self._watches.pop(root))
 
     def close(self) -> None:
         with self._lock:
             obs, self._observer = self._observer, None
             self._watches.clear()
+            self._parents.clear()
         if obs is not None:
             try:
                 obs.stop()
                 obs.join(5)
             except RuntimeError:
                 pass
+
+
+def _nearest_parent(path: str) -> str | None:
+    p = os.path.dirname(os.path.normpath(path))
+    while p and not os.path.isdir(p):
+        if os.path.dirname(p) == p:
+            return None
+        p = os.path.dirname(p)
+    return p or None
 
 
 class _Handler:

@@ -103,3 +103,12 @@ def disk_full_soon(fs: dict, prune: str, keep_local: int, why_kept: str = "") ->
     body += ["", "What would free space:", *remedies(fs, prune, keep_local),
              "", "A save that meets a full disk crashes the run and often leaves the newest checkpoint half-written."]
     return Mail(head, "\n".join(body))
+
+
+def full_at_end(folder: str, mount: str, free: int, total: int, biggest: list[tuple[str, int]]) -> str:
+    """The lines a failure mail opens with when the run died of a full disk."""
+    out = (f"The disk is full: {folder} (on {mount}) has {size(free)} free of {size(total)}; the training "
+           f"could not write its files.\nBiggest here:\n")
+    out += "".join(f"  {path}: {size(b)}\n" for path, b in biggest[:6]) or "  (nothing large found)\n"
+    return out + ('Free space (or set [disk] prune = "synced": checkpoints verified off the machine are then '
+                  "deleted before a save needs the room), then start the training again.\n")

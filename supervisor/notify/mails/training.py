@@ -22,6 +22,8 @@ class RunEnd:
     log_path: str
     workdir: str
     log_tail: tuple[str, ...] = ()   # a failed run's last lines (its own, after its banner)
+    cause: str = ""                  # what it died of, when known ("disk full"): the subject says it
+    cause_text: str = ""             # ... and the body opens with the facts
 
 
 @dataclass(frozen=True)
@@ -125,11 +127,12 @@ def ended(f: Ended) -> Mail:
     ran = ""
     if r.started_at and r.ended_at:
         ran = f"Ran: {when(r.started_at)} -> {when(r.ended_at)} ({format_duration(r.ended_at - r.started_at)})\n"
-    subject = f"training {'finished' if r.finished else 'FAILED'} ({how})"
+    subject = f"training {'finished' if r.finished else 'FAILED'}" + (f": {r.cause}" if r.cause else "") + f" ({how})"
     if f.next.mode == "stop" and f.next.warned:
         subject += f"; stopping at {hm(f.next.stop_at)}"
     tail = "".join(f"  {x}\n" for x in r.log_tail)
     body = (f"Training {'finished' if r.finished else 'failed'}: {how} (run {r.run_id}).\n"
+            + (f"\n{r.cause_text}\n" if r.cause_text else "") +
             f"Command: {r.command}\n{ran}{_progress_text(f.progress)}{_outputs_text(f.outputs, r.workdir)}"
             f"Log: {r.log_path}\n" + (f"Last lines of the log:\n{tail}" if tail else "") + _next_text(f.next))
     return Mail(subject, body)
