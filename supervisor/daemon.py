@@ -84,9 +84,11 @@ class Daemon:
         from supervisor.progress.tracker import ProgressTracker
         from supervisor.sync.engine import SyncEngine
         from supervisor.training.logfollow import LogFollower
+        from supervisor.training.ranks import world_size
 
         self.gpu = GpuMonitor(self.ctx, training=self.training, keep_window_s=cfg.idle.gpu_window)
-        self.sync = SyncEngine.from_config(cfg, self.clock, self.alerts)
+        self.sync = SyncEngine.from_config(cfg, self.clock, self.alerts,
+                                           world_size=lambda: world_size(self.training.pids()))
         self.progress = ProgressTracker(self.ctx, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
                                         gpu=self.gpu)
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)

@@ -341,7 +341,8 @@ def test_status_block_and_lines(make_engine, hf_writer, tmp_path):
         assert k in st
     assert st["target"] == str(remote) and st["state"] == "idle" and st["last_ok_at"]
     assert st["pending_files"] == len(hf_writer.contents["checkpoint-4"])
-    assert st["waiting"] == [{"unit": "checkpoint-4", "reason": "waiting for trainer_state.json"}]
+    assert st["waiting"] == [{"unit": "checkpoint-4", "reason": "waiting for trainer_state.json", "format": "hf",
+                             "waiting_for": "trainer_state.json"}]
     lines = sync_lines({"now": time.time(), "sync": st})
     assert lines[0].startswith(f"sync      {remote}  idle")
     assert "waiting checkpoint-4: waiting for trainer_state.json" in "\n".join(lines)

@@ -317,17 +317,17 @@ def test_pending_counts_and_says_why_units_wait():
     r.retired = True
     p = sc.pending([a, b, r], holding("checkpoint-1/x"), wall_now=100.0, quiet=30, marker="trainer_state.json")
     assert (p.files, p.bytes) == (2, 2)
-    assert p.waiting == [("checkpoint-1", "waiting for trainer_state.json")] and p.without_marker == []
+    assert p.waiting == [("checkpoint-1", "waiting for trainer_state.json", "", "")] and p.without_marker == []
 
 
 def test_pending_hints_at_complete_marker_after_a_long_quiet():
     a = _unit("checkpoint-1", files=("x",), mtime=0.0)
     a.verdict = Verdict(False, "waiting for trainer_state.json")
     p = sc.pending([a], holding(), wall_now=599.0, quiet=30, marker="trainer_state.json")
-    assert p.waiting == [("checkpoint-1", "waiting for trainer_state.json")]
+    assert p.waiting == [("checkpoint-1", "waiting for trainer_state.json", "", "")]
     p = sc.pending([a], holding(), wall_now=700.0, quiet=30, marker="trainer_state.json")
     assert p.waiting == [("checkpoint-1", "waiting for trainer_state.json (quiet for 11m40s; if its writer never "
-                                          "writes it, set sync.complete_marker)")]
+                                          "writes it, set sync.complete_marker)", "", "")]
     assert p.without_marker == [("checkpoint-1", 700.0)]
     # a long quiet period moves the hint out: 10 x quiet
     assert sc.pending([a], holding(), wall_now=700.0, quiet=120, marker="x").without_marker == []

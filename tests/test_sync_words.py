@@ -79,8 +79,8 @@ def test_failing_mail_as_delivered_by_a_real_engine(make_engine, hf_writer, tmp_
     size = sum(len(v) for v in hf_writer.contents["checkpoint-1"].values())
     from supervisor.durations import format_bytes
 
-    err = e.status()["last_error"]
-    assert err.startswith(f"{remote}: cannot create target folder")
+    err = body.split("Last error: ", 1)[1].split("\n", 1)[0]  # the start probe's or a pass's: the same words
+    assert err.removeprefix("probe: ").startswith(f"{remote}: cannot create target folder")
     assert subject == f"testbox: sync failing: {remote} for 5m01s"
     assert body == (
         f"Uploads to {remote} have been failing for 5m01s.\n"

@@ -85,6 +85,7 @@ class SyncConfig:
     exclude: list[str] = _k("strlist", [])
     quiet_period: float = _k("duration", 30.0)
     complete_marker: str = _k("str", "trainer_state.json")
+    world_size: int = _k("int", 0, min=0, max=1_000_000)
     upload_sparse: bool = _k("bool", False)
     rescan_interval: float = _k("duration", 60.0, min=0.1)
     concurrency: int = _k("int", 16, min=1, max=64)

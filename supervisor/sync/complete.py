@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from supervisor.sync.policy import is_temp_name
 
@@ -49,6 +49,8 @@ class Verdict:
     ready_in: float | None = None  # seconds until it may become complete if nothing changes
     partial: bool = False          # forced, but can never be complete: upload without a manifest
     damaged: tuple[str, ...] = ()  # files that fail their format check (not whole, or unreadable as such)
+    format: str = ""               # the trainer's format the unit is judged by (formats.py)
+    waiting_for: str = ""          # what its format's rule still waits for ("rank 3 of 4: ... missing")
 
 
 def needs_marker(unit_name: str, marker: str) -> bool:
@@ -57,10 +59,20 @@ def needs_marker(unit_name: str, marker: str) -> bool:
 
 
 def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono_now: float,
-          quiet: float, forced: bool = False, marker: str = HF_LAST_FILE) -> Verdict:
+          quiet: float, forced: bool = False, marker: str = HF_LAST_FILE, fmt: str = "",
+          waiting: str = "") -> Verdict:
     """The verdict for one unit. `kind` is "dir" or "file"; `files` are all files observed in
     the unit (selected or not: any activity counts); `marker` is the file a `checkpoint-N`
-    folder must hold (sync.complete_marker; "" = the quiet period alone decides)."""
+    folder must hold (sync.complete_marker; "" = the quiet period alone decides); `fmt` and
+    `waiting`: the unit's format and what its rule still waits for (formats.py; "" = holds)."""
+    v = _judge(unit_name, kind, files, wall_now, mono_now, quiet, forced, marker, waiting)
+    if fmt or (waiting and not v.complete):
+        v = replace(v, format=fmt, waiting_for=waiting if not v.complete else "")
+    return v
+
+
+def _judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono_now: float,
+           quiet: float, forced: bool, marker: str, waiting: str) -> Verdict:
     if not files:
         return Verdict(False, "empty")
     temps = [f.rel for f in files if any(is_temp_name(p) for p in f.rel.split("/"))]
@@ -71,8 +83,9 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
 
     if forced:
         missing = kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real)
-        if missing or truncated:
-            why = f"never finished: no {marker}" if missing else f"truncated or damaged: {truncated[0]}"
+        if missing or truncated or waiting:
+            why = f"never finished: no {marker}" if missing else f"truncated or damaged: {truncated[0]}" \
+                if truncated else f"never finished: waiting for {waiting}"
             return Verdict(False, why, None, partial=True, damaged=truncated)
         return Verdict(True, "complete")
 
@@ -92,6 +105,8 @@ def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono
         return Verdict(False, f"{truncated[0]} is truncated", None, damaged=truncated)
     if kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real):
         return Verdict(False, f"waiting for {marker}", None)
+    if waiting:
+        return Verdict(False, f"waiting for {waiting}", None)
     return Verdict(True, "complete")
 
 

@@ -81,7 +81,8 @@ class SyncEngine(Answers, Proofs):
 
     def __init__(self, cfg: SyncConfig, *, state_dir: str, clock: Clock, alerts: AlertSink | None = None,
                  hostname: str = "", excluded_roots: list[str] | None = None, target: Target | None = None,
-                 realtime: Callable[[], float] = time.monotonic, training_command: str = ""):
+                 realtime: Callable[[], float] = time.monotonic, training_command: str = "",
+                 world_size: Callable[[], int | None] | None = None):
         self.cfg = cfg
         self.state_dir = state_dir
         self.clock = clock
@@ -103,7 +104,7 @@ class SyncEngine(Answers, Proofs):
         self.ledger: Ledger | None = None
         self.hostname = hostname or socket.gethostname()
         self._once = Once(log)
-        self.scanner = Scanner(self.policy, cfg, self._once, alerts)
+        self.scanner = Scanner(self.policy, cfg, self._once, alerts, world_size)
         self.board = Board(self._lock, self.enabled)
         self.stats = self.board.stats
         self._up: Uploader | None = None
@@ -132,13 +133,16 @@ class SyncEngine(Answers, Proofs):
             self._open_ledger()
 
     @classmethod
-    def from_config(cls, config: Config, clock: Clock, alerts: AlertSink | None = None) -> SyncEngine:
+    def from_config(cls, config: Config, clock: Clock, alerts: AlertSink | None = None,
+                    world_size: Callable[[], int | None] | None = None) -> SyncEngine:
         """The engine as the daemon (and `python -m supervisor.sync`) build it from the whole
-        config: the HF caches named in the training's environment are never entered."""
+        config: the HF caches named in the training's environment are never entered.
+        `world_size`: the training's ranks now (the daemon reads its workers' WORLD_SIZE)."""
         excluded = hf_cache_roots([dict(os.environ), dict(config.training.env or {})],
                                   [w for w in config.sync.watch if w])
         return cls(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
-                   hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command)
+                   hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command,
+                   world_size=world_size)
 
     # --- setup ------------------------------------------------------------------------------------
     def _open_ledger(self) -> bool:
@@ -405,6 +409,7 @@ class SyncEngine(Answers, Proofs):
         for label, quiet_for in p.without_marker:
             self._once.warning(f"marker:{label}", "sync_checkpoint_without_marker", unit=label,
                                marker=self.cfg.complete_marker, quiet_for_s=round(quiet_for))
+        self.lost.stuck(p.stuck, {w[0]: w[2] for w in p.waiting})
         self.board.pending = p
 
     # --- uploading --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from supervisor.config.hints import ROTATION
-from supervisor.notify.mails.sync import checkpoint_lost
+from supervisor.notify.mails.sync import checkpoint_lost, checkpoint_stuck
 from supervisor.sync._log import get_logger
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class LostWatch:
         self.target = target
         self.command = command
         self.lost: list[dict] = []
+        self._stuck: set[str] = set()
 
     def look(self, before: Mapping[object, Unit], after: Mapping[object, Unit], synced: Callable[[Unit], bool],
              now: float, target_error: str) -> None:
@@ -67,3 +68,25 @@ class LostWatch:
                 self.alerts.fire(f"sync:lost:{u.label}", "checkpoint_lost", "critical", mail.subject, mail.body)
             except Exception:  # noqa: BLE001 - alerting must never stop the sync
                 log.exception("sync_alert_fire_failed")
+
+    def stuck(self, entries: list[tuple[str, str, float]], formats: dict[str, str]) -> None:
+        """Units their format's rule keeps waiting on long after the writers went quiet (scan.pending):
+        alerted once each, resolved when they complete or go."""
+        now = {label for label, _, _ in entries}
+        for label, waiting, quiet_for in entries:
+            if label in self._stuck or self.alerts is None:
+                continue
+            self._stuck.add(label)
+            log.error("sync_unit_stuck", unit=label, waiting_for=waiting, quiet_for_s=round(quiet_for))
+            mail = checkpoint_stuck(label, self.target, waiting, quiet_for, formats.get(label, ""))
+            try:
+                self.alerts.fire(f"sync:stuck:{label}", "checkpoint_stuck", "warning", mail.subject, mail.body)
+            except Exception:  # noqa: BLE001 - alerting must never stop the sync
+                log.exception("sync_alert_fire_failed")
+        for label in self._stuck - now:
+            self._stuck.discard(label)
+            if self.alerts is not None:
+                try:
+                    self.alerts.resolve(f"sync:stuck:{label}")
+                except Exception:  # noqa: BLE001
+                    log.exception("sync_alert_resolve_failed")

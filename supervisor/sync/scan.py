@@ -193,12 +193,14 @@ def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str
     return units
 
 
-def judge_unit(u: Unit, forced_paths: list[str], wall: float, mono: float, quiet: float, marker: str) -> Verdict:
-    """The completeness verdict for a unit (forced when a final sync asks for its folder)."""
+def judge_unit(u: Unit, forced_paths: list[str], wall: float, mono: float, quiet: float, marker: str,
+               fmt: str = "", waiting: str = "") -> Verdict:
+    """The completeness verdict for a unit (forced when a final sync asks for its folder); `fmt`
+    and `waiting`: its format and what the format's rule still waits for (formats.py)."""
     if not u.selected:
         return Verdict(False, "nothing selected")
     u.forced = overlaps(u.abspath, forced_paths)
-    return judge(u.rel or u.root.path, u.kind, u.files, wall, mono, quiet, u.forced, marker)
+    return judge(u.rel or u.root.path, u.kind, u.files, wall, mono, quiet, u.forced, marker, fmt, waiting)
 
 
 def to_check(u: Unit, checkable: Callable[[str], str | None]) -> list[Selected]:
@@ -359,13 +361,32 @@ def unsynced(units: Iterable[Unit], current: Current, scope: list[str] | None) -
 class Pending:
     files: int
     bytes: int
-    waiting: list[tuple[str, str]]           # (unit label, why it is not complete yet)
+    waiting: list[tuple[str, str, str, str]]  # (unit label, why it is not complete yet, format, what its rule waits for)
     without_marker: list[tuple[str, float]]  # (unit label, quiet for s): writers that may never write it
+    stuck: list[tuple[str, str, float]] = field(default_factory=list)  # (label, what its rule waits for,
+                                             # quiet for s): far longer than its siblings' saves took
+
+
+STUCK_MIN_S = 300.0   # a unit waiting on its format's rule this long, and ...
+STUCK_TIMES = 10.0    # ... this many times longer than its siblings' saves took, is stuck (a rank died mid-save)
+
+
+def save_span(u: Unit) -> float:
+    """How long the unit's save took: from its first file written to its last."""
+    return max(f.mtime for f in u.files) - min(f.mtime for f in u.files) if u.files else 0.0
+
+
+def stuck_after(spans: Iterable[float], quiet: float) -> float:
+    """How long a unit may wait on its format's rule before it is called stuck."""
+    return max(STUCK_MIN_S, 10 * quiet, STUCK_TIMES * max(spans, default=0.0))
 
 
 def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: float, marker: str) -> Pending:
+    units = list(units)
+    limit = stuck_after([save_span(u) for u in units if u.kind == "dir" and u.verdict.complete], quiet)
+    stuck: list[tuple[str, str, float]] = []
     n = b = 0
-    waiting: list[tuple[str, str]] = []
+    waiting: list[tuple[str, str, str, str]] = []
     no_marker: list[tuple[str, float]] = []
     for u in units:
         if not u.selected or u.retired:
@@ -375,15 +396,17 @@ def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: flo
         b += sum(s.size for s in missing)
         if missing and not u.verdict.complete and not u.verdict.partial:
             reason = u.verdict.reason
-            if reason.startswith("waiting for ") and u.files:
+            if reason.startswith("waiting for ") and u.files and not u.verdict.waiting_for:
                 idle = wall_now - max(f.mtime for f in u.files)
                 if idle >= max(MARKER_HINT_AFTER, 10 * quiet):
                     # a writer that never writes the marker would never be synced: say so
                     reason += (f" (quiet for {format_duration(idle)}; if its writer never writes it, "
                                f"set sync.complete_marker)")
                     no_marker.append((u.label, idle))
-            waiting.append((u.label, reason))
-    return Pending(n, b, sorted(waiting), no_marker)
+            waiting.append((u.label, reason, u.verdict.format, u.verdict.waiting_for))
+            if u.verdict.waiting_for and u.files and wall_now - max(f.mtime for f in u.files) >= limit:
+                stuck.append((u.label, u.verdict.waiting_for, wall_now - max(f.mtime for f in u.files)))
+    return Pending(n, b, sorted(waiting), no_marker, stuck)
 
 
 # --- what people must be told about ----------------------------------------------------------------

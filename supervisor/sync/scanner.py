@@ -11,7 +11,7 @@ from collections.abc import Callable
 from supervisor.config import SyncConfig
 from supervisor.durations import format_bytes
 from supervisor.fileopen import open_regular
-from supervisor.sync import retention
+from supervisor.sync import formats, retention
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once
 from supervisor.sync.complete import (
@@ -30,10 +30,16 @@ from supervisor.sync.health import AlertSink
 from supervisor.sync.policy import Policy
 from supervisor.training.checkpoints import checkpoint_step
 
+WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often
+
 
 class Scanner:
-    def __init__(self, policy: Policy, cfg: SyncConfig, once: Once, alerts: AlertSink | None = None):
+    def __init__(self, policy: Policy, cfg: SyncConfig, once: Once, alerts: AlertSink | None = None,
+                 world_size: Callable[[], int | None] | None = None):
         self.policy = policy
+        # sync.world_size, else what the training's workers were told (WORLD_SIZE in their environment)
+        self.world_size = (lambda: cfg.world_size) if cfg.world_size else world_size
+        self._world: tuple[float, int | None] | None = None
         self.quiet = cfg.quiet_period
         self.marker = cfg.complete_marker
         self.keep_last = cfg.keep_last
@@ -70,20 +76,53 @@ class Scanner:
             units.update(sc.group(root, raw, self.seen, self.policy))
         for k in [k for k in self.seen if k not in alive]:
             del self.seen[k]
+        world = self._world_size(mono)
+        siblings: dict[str, frozenset[str]] = {}
         for u in units.values():
             if u.selected and held is not None and held(u):
                 u.forced = sc.overlaps(u.abspath, forced)
                 u.verdict = Verdict(True, "complete")
                 continue
-            u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
+            fmt, waiting = self._format(u, world, siblings)
+            u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
             if (u.verdict.complete or u.forced) and self._check_whole(u):
-                u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker)
+                u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
             if self.sparse:
                 self._leave_out_sparse(u)
         if self.keep_last > 0:
             self._retire(roots, units, remote_units)
         tell_sparse(self.sparse, self.sparse_told, self.alerts)
         return units
+
+    def _world_size(self, mono: float) -> int | None:
+        if self.world_size is None:
+            return None
+        if self._world is None or mono - self._world[0] >= WORLD_EVERY_S:
+            try:
+                self._world = (mono, self.world_size())
+            except Exception:  # noqa: BLE001 - the rules count ranks from the files instead
+                self._world = (mono, None)
+        return self._world[1]
+
+    def _format(self, u: sc.Unit, world: int | None, siblings: dict[str, frozenset[str]]) -> tuple[str, str]:
+        """The unit's format and what its rule still waits for (formats.py), reading only the
+        names beside it and the small tracker files a rule names: never a shard, never a pickle."""
+        name = u.rel or os.path.basename(u.root.path)
+        rels = [f.rel for f in u.files]
+        parent = os.path.dirname(u.abspath)
+        if name.endswith(".ckpt") and parent not in siblings:
+            try:
+                siblings[parent] = frozenset(os.listdir(parent))
+            except OSError:
+                siblings[parent] = frozenset()
+        near = siblings.get(parent, frozenset())
+        fmt = formats.detect(name, rels, near)
+        texts: dict[str, str] = {}
+        for rel in formats.texts_wanted(fmt, name, rels):
+            text = read_text(os.path.normpath(os.path.join(u.abspath, rel)))
+            if text is not None:
+                texts[rel] = text
+        return fmt, formats.waiting_for(fmt, name, rels, formats.Facts(world, texts, near))
 
     def _leave_out_sparse(self, u: sc.Unit) -> None:
         """A sparse file is not uploaded (complete.sparse): the rest of its folder goes up with a
@@ -222,6 +261,24 @@ def read_whole(path: str, kind: str | None, size: int,
         return None
     finally:
         os.close(fd)
+
+
+def read_text(path: str) -> str | None:
+    """A tracker file's text (`latest`, `latest_checkpointed_iteration.txt`): a regular file, no
+    link followed, at most formats.TEXT_MAX bytes; None when it is not there or not such a file."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, formats.TEXT_MAX + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > formats.TEXT_MAX:
+        return None
+    return data.decode("utf-8", "replace")
 
 
 def tell_sparse(found: dict[str, tuple[int, int]], told: set[tuple[str, int]], alerts: AlertSink | None) -> None:

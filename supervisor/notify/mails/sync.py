@@ -75,3 +75,13 @@ def sparse_left_out(path: str, size: int, on_disk: int) -> Mail:
         f"truncate, or preallocated and never filled). Uploading it would send and store all {format_bytes(size)}, "
         "so it is left out: the rest of its folder goes up with a manifest that names it and says the folder is "
         "not complete, and no stop waits on it.\nIf the file is real, set sync.upload_sparse = true.")
+
+
+def checkpoint_stuck(unit: str, target: str, waiting_for: str, quiet_for_s: float, fmt: str) -> Mail:
+    """A checkpoint whose format's rule still waits, long after its writers went quiet."""
+    return Mail(f"checkpoint STUCK: {unit} waits for {waiting_for}"[:150],
+                f"{unit} ({fmt}) has not changed for {format_duration(quiet_for_s)} and is still not complete: it "
+                f"waits for {waiting_for}.\nIts siblings took far less to save: a rank probably died mid-save (an "
+                f"out-of-memory kill, a lost node). It is not uploaded as complete to {target} and no restore "
+                f"will take it; the newest complete checkpoint stays the one to resume from.\n"
+                f"Look at the training's log for the rank that failed.\n")
