@@ -66,6 +66,7 @@ class FinalSyncResult:
     unsynced_units: list[str] = field(default_factory=list)  # one line per folder: "PATH: 3 of 9 files (1.2 GB)"
     newest: list[str] = field(default_factory=list)      # the newest checkpoint of each run folder held
     unselected: list[str] = field(default_factory=list)  # checkpoint-like folders the policy never selects
+    finals: list[str] = field(default_factory=list)      # each run folder's final save, or that it left none
 
 
 class SyncView(Protocol):

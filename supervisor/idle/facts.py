@@ -147,7 +147,8 @@ def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
     return run_words.Outputs(r.ok, r.files, r.bytes, r.target, r.error, tuple(r.unsynced), conf.final_paths,
                              conf.sync_target, tuple(getattr(r, "damaged", None) or ()),
                              tuple(getattr(r, "partial_units", None) or ()),
-                             tuple(getattr(r, "newest", None) or ()), tuple(getattr(r, "unselected", None) or ()))
+                             tuple(getattr(r, "newest", None) or ()), tuple(getattr(r, "unselected", None) or ()),
+                             tuple(getattr(r, "finals", None) or ()))
 
 
 def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastProgress | None:

@@ -205,7 +205,8 @@ def sync_summary(r: FinalSyncResult) -> dict:
             "damaged": list(getattr(r, "damaged", None) or [])[:50],
             "partial_units": list(getattr(r, "partial_units", None) or [])[:50],
             "newest": list(getattr(r, "newest", None) or [])[:50],
-            "unselected": list(getattr(r, "unselected", None) or [])[:50]}
+            "unselected": list(getattr(r, "unselected", None) or [])[:50],
+            "finals": list(getattr(r, "finals", None) or [])[:50]}
 
 
 class StopSequence:

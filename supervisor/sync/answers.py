@@ -169,7 +169,8 @@ class Answers:
                                unsynced=list(unsynced or []),
                                unsynced_units=sc.unsynced_units(self._units.values(), self.ledger.current)
                                if unsynced and self.ledger else [], unselected=list(self.board.unselected),
-                               newest=sc.newest_checkpoints(self._units.values()) if ok else [])
+                               newest=sc.newest_checkpoints(self._units.values()) if ok else [],
+                               finals=sc.final_saves(self._units.values()) if ok else [])
 
     def _unsynced(self, scope: list[str] | None) -> list[str]:
         return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []

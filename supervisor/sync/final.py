@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from supervisor.interfaces import FinalSyncResult
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.policy import MANIFEST_NAME
-from supervisor.sync.scan import Unit, needs_manifest, newest_checkpoints
+from supervisor.sync.scan import Unit, final_saves, needs_manifest, newest_checkpoints
 from supervisor.sync.targets.base import join_key
 
 VERIFY_ROUNDS = 3        # re-upload what the target lost at most this often
@@ -97,7 +97,8 @@ def verified(scope: list[Unit], expected: dict[str, tuple[int, str]], target: st
     """The answer once the target holds all of the scope and a rescan found nothing new."""
     return FinalSyncResult(ok=True, target=target, files=len(expected), bytes=sum(v[0] for v in expected.values()),
                            uploaded_files=uploaded, unsynced=partial_notes(scope), damaged=damaged(scope),
-                           partial_units=partial_units(scope), newest=newest_checkpoints(scope))
+                           partial_units=partial_units(scope), newest=newest_checkpoints(scope),
+                           finals=final_saves(scope))
 
 
 def partial_notes(scope: Iterable[Unit]) -> list[str]:

@@ -454,6 +454,53 @@ def newest_checkpoints(scope: Iterable[Unit]) -> list[str]:
     return sorted(v[1] for v in best.values())
 
 
+FINAL_WEIGHTS = (".safetensors", ".bin", ".gguf", ".pt", ".pth")   # what save_model leaves at the top
+FINAL_NAMED = ("adapter_config.json", "config.json")                # named beside the weights
+FINAL_MAX_NAMES = 6
+
+
+def final_saves(scope: Iterable[Unit]) -> list[str]:
+    """What each run folder holds at its top when the training ended (`trainer.save_model(output_dir)`:
+    the adapter or the model, and *results.json), one line each: `run1: adapter_config.json,
+    adapter_model.safetensors`, or `run2: no final save (newest complete checkpoint: run2/checkpoint-10)`.
+    A run folder is a folder holding checkpoint-N folders, or weights at its top."""
+    names: dict[tuple[str, str], set[str]] = {}
+    newest: dict[tuple[str, str], tuple[int, str]] = {}
+    labels: dict[tuple[str, str], str] = {}
+    for u in scope:
+        if not u.selected:
+            continue
+        if u.kind == "dir":
+            parent, _, name = u.rel.rpartition("/")
+            step = _step(name)
+            if step is not None:
+                k = (u.root.path, parent)
+                names.setdefault(k, set())
+                if u.verdict.complete and (k not in newest or step > newest[k][0]):
+                    newest[k] = (step, u.label)
+                labels[k] = join_key(u.root.prefix, parent) or os.path.basename(u.root.path)
+                continue
+            k, top = (u.root.path, u.rel), [s.rel for s in u.selected if "/" not in s.rel]  # an adapter folder
+        else:
+            parent, _, name = u.rel.rpartition("/")
+            k, top = (u.root.path, parent), [name]
+        names.setdefault(k, set()).update(top)
+        labels[k] = join_key(u.root.prefix, k[1]) or os.path.basename(u.root.path)
+    out = []
+    for k in sorted(names):
+        got = sorted(names[k])
+        weights = [n for n in got if n.lower().endswith(FINAL_WEIGHTS) and n != "training_args.bin"]
+        if weights:
+            shown = sorted({*weights, *(n for n in got if n in FINAL_NAMED or n.endswith("results.json"))})
+            more = len(shown) - FINAL_MAX_NAMES
+            out.append(f"{labels[k]}: {', '.join(shown[:FINAL_MAX_NAMES])}" + (f" and {more} more" if more > 0 else ""))
+        elif k in newest:
+            out.append(f"{labels[k]}: no final save (newest complete checkpoint: {newest[k][1]})")
+        else:
+            out.append(f"{labels[k]}: no final save and no complete checkpoint")
+    return out
+
+
 def _step(name: str) -> int | None:
     if name.startswith("checkpoint-") and name[11:].isdigit():
         return int(name[11:])

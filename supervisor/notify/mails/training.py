@@ -52,6 +52,7 @@ class Outputs:
     partial_units: tuple[str, ...] = ()  # checkpoints sent as they are although never finished
     newest: tuple[str, ...] = ()         # the newest checkpoint of each run folder the target holds
     unselected: tuple[str, ...] = ()     # checkpoint-like folders no include selects: never synced
+    finals: tuple[str, ...] = ()         # each run folder's final save (save_model's), or that it left none
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,16 @@ def _outputs_text(o: Outputs, workdir: str) -> str:
     if o.ok:
         return (f"Outputs: final sync verified, {o.files} files ({format_bytes(o.bytes)}) at "
                 f"{o.target or '(no target: nothing leaves this machine)'}; folders "
-                f"{', '.join(o.paths) or '(none)'}\n{held_text(o.newest, o.unselected)}"
+                f"{', '.join(o.paths) or '(none)'}\n{_finals_text(o.finals)}{held_text(o.newest, o.unselected)}"
                 f"{not_whole_text(o.damaged, o.partial_units)}")
     return (f"Outputs: the final sync FAILED ({o.error}); not yet safe:\n"
             + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n" + held_text((), o.unselected))
+
+
+def _finals_text(finals: tuple[str, ...]) -> str:
+    if not finals:
+        return ""
+    return "Final save (verified on the target):\n" + "".join(f"  {f}\n" for f in finals[:20])
 
 
 def _next_text(n: Next) -> str:
