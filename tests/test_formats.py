@@ -305,3 +305,41 @@ def test_a_unit_waiting_far_longer_than_its_siblings_took_is_alerted(make_engine
         return (remote / "checkpoint-400" / "_MANIFEST.json").exists()
     wait_until(up, 20, interval=0.2, what="checkpoint-400 up")
     wait_until(lambda: not [a for a in e.alerts.active() if a["kind"] == "checkpoint_stuck"], 20, what="resolved")
+
+
+def test_the_other_trainers_saves_are_found_and_judged_with_the_default_include(make_engine, tmp_path):
+    """No include configured: Megatron's iter_NNNNNNN/ waits for its tracker, a raw DCP folder for
+    its .metadata, NeMo's .ckpt while its -unfinished marker is beside it; a Lightning .ckpt file
+    goes up whole."""
+    out, remote = tmp_path / "out", tmp_path / "remote"
+    it = out / "megatron" / "iter_0000100" / "mp_rank_00"
+    it.mkdir(parents=True)
+    (it / "model_optim_rng.pt").write_bytes(torch_zip_bytes(3000, 1))
+    (out / "megatron" / "latest_checkpointed_iteration.txt").write_text("50")
+    dcp = out / "fsdp" / "step_7"
+    dcp.mkdir(parents=True)
+    (dcp / "__0_0.distcp").write_bytes(b"\1" * 500)
+    (dcp / "__1_0.distcp").write_bytes(b"\2" * 500)
+    nemo = out / "nemo" / "checkpoints"
+    (nemo / "gpt--step=9.ckpt" / "weights").mkdir(parents=True)
+    (nemo / "gpt--step=9.ckpt" / "weights" / "common.pt").write_bytes(torch_zip_bytes(1000, 2))
+    (nemo / "gpt--step=9-unfinished").write_text("")
+    lt = out / "lightning_logs" / "version_0" / "checkpoints"
+    lt.mkdir(parents=True)
+    (lt / "epoch=0-step=10.ckpt").write_bytes(torch_zip_bytes(2000, 3))
+    e = make_engine({"target": str(remote), "watch": [str(out)], "quiet_period": "0.2s"})
+
+    def waits() -> dict[str, str]:
+        return {x["unit"]: x["format"] for x in e.status()["waiting"]}
+    want = {"megatron/iter_0000100": "megatron", "fsdp/step_7": "dcp", "nemo/checkpoints/gpt--step=9.ckpt": "nemo"}
+    wait_until(lambda: waits() == want, 20, what=f"three units waiting by their rules; got {e.status()['waiting']}")
+    wait_until(lambda: (remote / "lightning_logs/version_0/checkpoints/epoch=0-step=10.ckpt").exists(), 20,
+               what="the Lightning checkpoint up")
+    (out / "megatron" / "latest_checkpointed_iteration.txt").write_text("100")
+    (dcp / ".metadata").write_bytes(b"\x80\x04crafted, never read")
+    (nemo / "gpt--step=9-unfinished").unlink()
+    e.request_sync()
+    for unit in want:
+        wait_until(lambda unit=unit: (remote / unit / "_MANIFEST.json").exists(), 20, what=f"{unit} complete")
+    assert (remote / "fsdp" / "step_7" / ".metadata").exists()
+    assert (remote / "megatron" / "latest_checkpointed_iteration.txt").read_text() == "100"

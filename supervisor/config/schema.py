@@ -70,6 +70,12 @@ FINAL_MODEL_FILES = ["*.safetensors", "*.safetensors.index.json", "pytorch_model
                      "vocab.*", "merges.txt", "*.tiktoken", "training_args.bin", "trainer_state.json",
                      "*results.json"]
 
+# What the other trainers save (sync/formats.py judges each): Megatron's iter_NNNNNNN/ and its
+# tracker, DeepSpeed's global_stepN/ and `latest` outside the HF Trainer, torch.distributed.checkpoint
+# shards (their folder goes up whole, .metadata included), Lightning's and NeMo's .ckpt.
+TRAINER_LAYOUTS = ["iter_[0-9]*/**", "**/latest_checkpointed_iteration.txt", "global_step[0-9]*/**",
+                   "**/latest", "**/*.distcp", "**/*.ckpt", "*.ckpt/**"]
+
 
 @dataclass
 class SyncConfig:
@@ -81,7 +87,7 @@ class SyncConfig:
                                            choices=("when_supported", "when_required"))
     watch: list[str] = _k("strlist", [])
     include: list[str] = _k("strlist", ["checkpoint-*/**", "**/adapter_model.safetensors",
-                                        "**/adapter_config.json", *FINAL_MODEL_FILES])
+                                        "**/adapter_config.json", *FINAL_MODEL_FILES, *TRAINER_LAYOUTS])
     exclude: list[str] = _k("strlist", [])
     quiet_period: float = _k("duration", 30.0)
     complete_marker: str = _k("str", "trainer_state.json")

@@ -48,6 +48,7 @@ HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORME
                  "HF_DATASETS_CACHE", "HF_XET_CACHE")
 
 ADAPTER_MARKER = "adapter_config.json"
+DCP_SHARD_SUFFIX = ".distcp"   # torch.distributed.checkpoint's shards: their folder is one unit
 
 
 def is_temp_name(name: str) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.sync.complete import FileObs, Verdict, damage_words, judge, needs_marker
-from supervisor.sync.policy import ADAPTER_MARKER, Policy
+from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy
 from supervisor.sync.targets.base import join_key
 
 # current(key, size, mtime_ns): truthy when the target holds exactly that version (Ledger.current)
@@ -158,8 +158,11 @@ def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str
     """The units under one root: every selected file in its unit, plus the unselected files that
     share a unit folder (any activity in a checkpoint folder counts)."""
     units: dict[UnitKey, Unit] = {}
+    # folders that go up whole: an adapter (adapter_config.json), a torch.distributed.checkpoint
+    # save (its .distcp shards; its .metadata, written last, with them)
     adapter_dirs = {rel.rsplit("/", 1)[0] if "/" in rel else "" for rel in raw
-                    if rel.rsplit("/", 1)[-1] == ADAPTER_MARKER and policy.selects(rel)}
+                    if (rel.rsplit("/", 1)[-1] == ADAPTER_MARKER or rel.endswith(DCP_SHARD_SUFFIX))
+                    and policy.selects(rel)}
     for rel, v in raw.items():
         size, mtime_ns = v[0], v[1]
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
