@@ -24,6 +24,7 @@ import grp
 import json
 import os
 import pwd
+import re
 import socket
 import struct
 import threading
@@ -367,3 +368,26 @@ def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0
     if not reply["ok"]:
         raise RequestError(str(reply.get("error")))
     return reply.get("result")
+
+
+def bounded_int(v: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}')
+    return v
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def run_context(a: dict) -> tuple[str | None, dict[str, str] | None]:
+    """The folder and environment `supervisorctl run` sends (its caller's), checked."""
+    cwd, env = a.get("cwd"), a.get("env")
+    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
+        raise RequestError('run: "cwd" must be an absolute path')
+    if env is not None:
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise RequestError('run: "env" must map variable names to strings')
+        bad = [k for k, v in env.items() if not _ENV_NAME.fullmatch(k) or "\0" in v]
+        if bad:
+            raise RequestError(f"run: not a valid environment variable: {bad[0][:40]!r}")
+    return cwd, env

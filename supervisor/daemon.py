@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import select
 import signal
 import socket
@@ -27,9 +26,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
+from supervisor.cluster.nodes import read_every
 from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, Peer, RequestError
+from supervisor.control import ControlServer, Peer, RequestError, bounded_int, run_context
 from supervisor.durations import parse_duration
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
@@ -51,6 +51,9 @@ MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync", "h
 
 class Daemon:
     def __init__(self, cfg: Config, clock: Clock | None = None):
+        from supervisor.wiring import cluster_setup
+
+        cfg, self.run_target = cluster_setup(cfg, dict(os.environ))  # a node of several syncs its part
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
@@ -133,6 +136,12 @@ class Daemon:
         self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.stops.request)
         self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
 
+        self.cluster = None
+        if cfg.cluster.nodes > 1 and self.run_target:
+            from supervisor.cluster.watch import ClusterWatch
+
+            self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
+                                           self.stops)
         from supervisor.resume.gate import ResumeGate
 
         self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname)
@@ -208,21 +217,9 @@ class Daemon:
             self.hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
-        """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
-        while it waits for a delivery (a flush before a stop) and status() may need that lock, so
-        it runs aside and, past `wait`, the last poll's snapshot is used instead."""
-        box: dict[str, dict] = {}
+        from supervisor.wiring import status_aside
 
-        def run() -> None:
-            try:
-                box["st"] = self.status()
-            except Exception:  # noqa: BLE001 - the facts are optional; the alert goes out anyway
-                log.exception("status_for_facts_failed")
-
-        t = threading.Thread(target=run, name="facts", daemon=True)
-        t.start()
-        t.join(wait)
-        return box.get("st") or self.metrics.last_status
+        return status_aside(self.status, wait) or self.metrics.last_status
 
     def _scan_orchestrator(self) -> None:
         from supervisor.idle.orchestrator import scan
@@ -314,6 +311,8 @@ class Daemon:
         self.resume.close()
         self.metrics.close()
         self.disk.close()
+        if self.cluster:
+            self.cluster.close()
         self.sync.close()
         self.gpu.close()
         self.alerts.tick()
@@ -355,6 +354,7 @@ class Daemon:
             "hooks": self.hooks.status(),
             "disk": self.disk.status(),
             "resume": self.resume.status(),
+            "cluster": self.cluster.status() if self.cluster else None,
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -373,7 +373,7 @@ class Daemon:
             "prune": self._h_prune,
             "resume": self.resume.request,  # root only: restores files under the watch folders
             "alerts": lambda a: {"active": self.alerts.active(),
-                                 "recent": self.alerts.recent(_int(a.get("n", 50), "n", 1, 1000))},
+                                 "recent": self.alerts.recent(bounded_int(a.get("n", 50), "n", 1, 1000))},
         }
 
     @staticmethod
@@ -478,6 +478,8 @@ DUTIES: tuple[Duty, ...] = (
     Duty("preemption", lambda c: None if c.preemption.watch == ["none"] else c.preemption.poll_interval,
          lambda d: d.spot.poll()),
     Duty("metrics", lambda c: c.gpu.poll_interval if Daemon.metrics_wanted(c) else None, lambda d: d.metrics.poll()),
+    Duty("cluster", lambda c: read_every(c.cluster.heartbeat) if c.cluster.nodes > 1 else None,
+         lambda d: d.cluster and d.cluster.poll()),  # heartbeats through the target; a lost node stops us
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
 )
@@ -510,29 +512,6 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
-
-
-def _int(v: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}')
-    return v
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def run_context(a: dict) -> tuple[str | None, dict[str, str] | None]:
-    """The folder and environment `supervisorctl run` sends (its caller's), checked."""
-    cwd, env = a.get("cwd"), a.get("env")
-    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd):
-        raise RequestError('run: "cwd" must be an absolute path')
-    if env is not None:
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise RequestError('run: "env" must map variable names to strings')
-        bad = [k for k, v in env.items() if not _ENV_NAME.fullmatch(k) or "\0" in v]
-        if bad:
-            raise RequestError(f"run: not a valid environment variable: {bad[0][:40]!r}")
-    return cwd, env
 
 
 def _soon():

@@ -50,6 +50,7 @@ def render_status(st: dict) -> str:
     lines.extend(preemption_lines(st))
     lines.extend(health_lines(st))
     lines.extend(resume_lines(st))
+    lines.extend(cluster_lines(st))
     alerts = st.get("alerts") or []
     if alerts:
         for a in alerts[:5]:
@@ -359,6 +360,27 @@ def resume_lines(st: dict) -> list[str]:
     if state in ("fresh", "failed"):
         return [f"resume    {state}: {r.get('note') or r.get('error') or ''}"]
     return [f"resume    on; resume from {r.get('resume_from') or 'nothing here yet'}"]
+
+
+def cluster_lines(st: dict) -> list[str]:
+    """A line for the run, then one per node (a run of several machines only)."""
+    c = st.get("cluster") or {}
+    if not c:
+        return []
+    nodes = c.get("nodes") or []
+    lost = c.get("on_node_lost") == "save_and_stop"
+    out = [f"cluster   run {c.get('run_id') or '?'}: node {c.get('rank')} of {len(nodes)}, heartbeats every "
+           f"{c.get('heartbeat_s', 0):g}s on {c.get('target')}; a node silent {c.get('silent_after_s', 0):g}s is lost"
+           f" ({'save and stop' if lost else 'alert only'})"]
+    if c.get("error"):
+        out.append(f"  target    {c['error']}")
+    for n in nodes:
+        quiet = n.get("quiet_s")
+        seen = "" if n.get("rank") == c.get("rank") else " never heard from" if quiet is None else f" heard {quiet:g}s ago"
+        why = f": {n['why']}" if n.get("why") and n.get("state") != "ok" else ""
+        me = " (this node)" if n.get("rank") == c.get("rank") else ""
+        out.append(f"  node {n.get('rank'):<3} {n.get('state', '?'):<8} {n.get('host') or '?'}{me}{seen}{why}")
+    return out
 
 
 def _mib(n: float | None) -> str:

@@ -103,6 +103,13 @@ class StopRule:
     rank: int                 # asked while a stop of lower rank is under way, it takes that stop over
     cuts_sync_short: bool     # a hard cap: the final sync gets only the time left to its moment
     words: str                # how the stop mail names it
+    hung: bool = False        # the training is presumed stuck in a collective (a lost node): each of
+                              # SIGINT and SIGTERM gets HUNG_GRACE_S, not training.stop_grace
+
+
+# A process stuck in an NCCL/gloo collective never runs Python's SIGINT handler; torchrun ends its
+# workers on SIGTERM. The survivors of a lost node must be saved and stopped within two minutes.
+HUNG_GRACE_S = 10.0
 
 
 R = StopReason
@@ -112,7 +119,7 @@ STOP_RULES: dict[StopReason, StopRule] = {
     R.WASTE: StopRule("warning", True, True, 0, False, "GPU memory held for nothing"),
     R.FINISHED: StopRule("grace", True, True, 1, False, "training finished"),
     R.FAILED: StopRule("grace", True, True, 1, False, "training failed"),
-    R.NODE_LOST: StopRule("none", False, False, 2, False, "a node of the run was lost"),
+    R.NODE_LOST: StopRule("none", False, False, 2, False, "a node of the run was lost", hung=True),
     R.HEALTH: StopRule("none", False, False, 3, False, "GPU health BAD"),
     R.COST: StopRule("none", False, False, 4, True, "the spend cap"),
     R.RUNTIME: StopRule("none", False, False, 4, True, "the runtime cap"),

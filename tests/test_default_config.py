@@ -14,7 +14,7 @@ from supervisor.configdoc import uncomment
 
 # Keys whose commented line shows an example rather than the default (the default is "unset").
 EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host",
-            "budget.max_cost", "budget.deadline", "budget.max_runtime"}
+            "budget.max_cost", "budget.deadline", "budget.max_runtime", "cluster.rank"}
 
 KEY_LINE = re.compile(r"^#?([a-z0-9_]+) = (.+)$")
 SECTION_LINE = re.compile(r"^#?\[([a-z_]+)\]$")

@@ -27,6 +27,7 @@ MAY_IMPORT = {
     "money": {"notify", "training", "progress"},
     "disk": {"notify", "training", "sync"},
     "stop": set(),
+    "cluster": {"notify", "training", "sync"},
 }
 # The top of the core: what wires the wings together or shows them. No wing imports these.
 WINGS[:] = sorted(MAY_IMPORT)

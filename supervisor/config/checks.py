@@ -115,6 +115,7 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
         problems.append("resume.from_target: needs sync.target and sync.watch (where to restore from and into)")
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
+    cluster_checks(cfg, problems)
     if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):
         problems.append('disk.prune: "synced" needs sync.target and sync.watch (only what the target '
                         'verifiably holds is ever deleted)')
@@ -255,3 +256,23 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def cluster_checks(cfg: Config, problems: list[str]) -> None:
+    """[cluster] as this machine's environment completes it (NODE_RANK, SKYPILOT_NUM_NODES, ...)."""
+    from supervisor.config.cluster import identity
+
+    c = cfg.cluster
+    try:
+        ident = identity(c.nodes, c.rank, c.run_id, [dict(os.environ), dict(cfg.training.env or {})], "")
+    except ValueError as e:
+        problems.append(str(e))
+        return
+    if not ident.clustered:
+        return
+    if cfg.sync.target.startswith("hf://"):
+        problems.append(f"cluster.nodes: a run of {ident.nodes} nodes needs a target every node can write at once "
+                        "(s3://, user@host:path or a shared folder); an hf:// repo takes one commit at a time")
+    elif not cfg.sync.target:
+        problems.append(f"cluster.nodes: a run of {ident.nodes} nodes meets through sync.target; set one")
+    if c.silent_after < 2 * c.heartbeat:
+        problems.append(f"cluster.silent_after: at least two heartbeats ({2 * c.heartbeat:g}s), "
+                        f"got {c.silent_after:g}s")

@@ -65,7 +65,7 @@ def _convert(key: str, meta: dict, value: Any, problems: list[str]) -> Any:
             problems.append(f"{key}: expected true or false, got {show_value(value)}")
             return bad
         out = value
-    elif kind == "int":
+    elif kind in ("int", "optint"):
         if isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"{key}: expected a whole number, got {show_value(value)}")
             return bad

@@ -33,7 +33,7 @@ def _k(kind: str, default: Any, *, choices: tuple[str, ...] = (), min: float | N
 
 
 # Kinds: str, path, int, float, bool, duration (-> seconds float), size (-> bytes int),
-# choice, strlist, strdict, optfloat (None when unset), optduration (None when unset or ""), url.
+# choice, strlist, strdict, optfloat and optint (None when unset), optduration (None when unset or ""), url.
 
 
 @dataclass
@@ -258,6 +258,18 @@ class ResumeConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """One run on several machines (cluster/): each "" or 0 is taken from the engines' environment."""
+
+    nodes: int = _k("int", 0, min=0, max=4096)           # 0: NNODES, PET_NNODES, SKYPILOT_NUM_NODES, ...; else 1
+    rank: int | None = _k("optint", None, min=0, max=4095)  # unset: NODE_RANK, GROUP_RANK, SKYPILOT_NODE_RANK, ...
+    run_id: str = _k("str", "")
+    heartbeat: float = _k("duration", 15.0, min=0.2, max=600)
+    silent_after: float = _k("duration", 60.0, min=1, max=86400)
+    on_node_lost: str = _k("choice", "save_and_stop", choices=("save_and_stop", "alert"))
+
+
+@dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
     socket: str = _k("path", "/run/train-supervisor/control.sock")
@@ -283,6 +295,7 @@ class Config:
     hooks: list[HookConfig] = field(default_factory=list, metadata={"internal": True})  # [[hooks]]: load.py
     disk: DiskConfig = field(default_factory=DiskConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
@@ -292,6 +305,7 @@ SECTIONS: dict[str, type] = {
     "stop": StopConfig, "email": EmailConfig, "alerts": AlertsConfig, "progress": ProgressConfig,
     "notify": NotifyConfig, "metrics": MetricsConfig, "preemption": PreemptionConfig,
     "health": HealthConfig, "budget": BudgetConfig, "disk": DiskConfig, "resume": ResumeConfig,
+    "cluster": ClusterConfig,
 }
 
 

@@ -49,7 +49,7 @@ from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import stall as stall_words
 from supervisor.progress import stall
 from supervisor.statefile import StateStore
-from supervisor.states import TRAINING_ALIVE, IdleState, StopPhase, TrainingState
+from supervisor.states import HUNG_GRACE_S, TRAINING_ALIVE, IdleState, StopPhase, TrainingState, stop_rule
 from supervisor.timefmt import when
 
 log = structlog.get_logger("idle")
@@ -239,7 +239,7 @@ class IdleGuard(GuardMails, CapStops):
         if alive:
             if info.state != TrainingState.STOPPING:
                 self._stop_training()  # a daemon restart came between the record and the signal
-            if waited < self.conf.interrupt_patience:
+            if waited < self._patience():
                 return False
             self.stopper.interrupted("", now.wall, f"run {rec.interrupted_run} still alive {format_duration(waited)} "
                                      "after SIGINT, SIGTERM and SIGKILL; the final sync goes ahead")
@@ -250,9 +250,18 @@ class IdleGuard(GuardMails, CapStops):
                                                   f"{format_duration(waited)} after the interrupt; final sync next")
         return True
 
+    def _patience(self) -> float:
+        return self.conf.interrupt_patience if not self._hung() else 2 * min(HUNG_GRACE_S, self.conf.stop_grace) + 60.0
+
+    def _hung(self) -> bool:
+        return stop_rule(self.m.stop_reason or "idle").hung
+
     def _stop_training(self) -> None:
         try:
-            self.training.stop()
+            if self._hung():
+                self.training.stop(grace=HUNG_GRACE_S)
+            else:
+                self.training.stop()
         except Exception as e:  # noqa: BLE001 - it ended meanwhile; the next poll sees that
             log.warning("training_interrupt_failed", error=str(e))
 

@@ -70,6 +70,7 @@ class TrainingDoc:
     stop_requested: bool = False
     stop_phase: str | None = None         # the last signal sent by a requested stop
     stop_sent_at: float | None = None
+    stop_grace_s: float | None = None     # this stop's wait per signal, when shorter than training.stop_grace
     child_pid: int | None = None          # the job's shell
     runner_pid: int | None = None         # supervisor.training.runner in the tmux pane ...
     runner_ctime: float | None = None     # ... and its start time, so a reused PID is never taken for it
@@ -301,7 +302,8 @@ class Training:
             self._move(S.STARTING, run_id=run_id, command=cmd, adhoc=adhoc, started_at=now, ended_at=None,
                        exit_code=None, signal=None, run_dir=str(run_dir), log=spec.log, workdir=workdir,
                        boot_id=boot_id(), stop_requested=False, child_pid=None, runner_pid=None,
-                       restarts=restarts, restarting=False, next_restart_at=None, note="", stop_phase=None)
+                       restarts=restarts, restarting=False, next_restart_at=None, note="", stop_phase=None,
+                       stop_grace_s=None)
             argv = [sys.executable, "-m", RUNNER_MODULES[0], str(spec_path)]
             try:
                 self.tmux.new_session(self.cfg.session, argv, workdir,
@@ -321,13 +323,15 @@ class Training:
         env, self.withheld_env = start_env(self.cfg, self.extra_env, caller)
         return env
 
-    def stop(self) -> dict:
+    def stop(self, grace: float | None = None) -> dict:
+        """SIGINT, then SIGTERM, then SIGKILL, each after `grace` (training.stop_grace unless a
+        shorter one is asked: a run hung in a collective with a lost node ignores SIGINT)."""
         with self._lock:
             if self.state not in TRAINING_ALIVE:
                 raise TrainingError(f"training is not running ({self.state.value})")
             if self.state != S.STOPPING:
                 self._move(S.STOPPING, stop_requested=True, stop_phase="SIGINT",
-                           stop_sent_at=self.ctx.clock.time())
+                           stop_sent_at=self.ctx.clock.time(), stop_grace_s=grace)
                 self._signal_group(signal.SIGINT)
         return self.status()
 
@@ -443,7 +447,7 @@ class Training:
         now = self.ctx.clock.time()
         sent = self.doc.stop_sent_at or now
         phase = self.doc.stop_phase
-        grace = self.cfg.stop_grace
+        grace = min(self.cfg.stop_grace, self.doc.stop_grace_s or self.cfg.stop_grace)
         if phase == "SIGINT" and now - sent >= grace:
             self._set(stop_phase="SIGTERM", stop_sent_at=now)
             self._signal_group(signal.SIGTERM)

@@ -28,6 +28,7 @@ from supervisor.sync.targets.base import (
     Uploaded,
     UploadSink,
     check_unchanged,
+    join_key,
     open_source,
     write_all,
 )
@@ -128,8 +129,13 @@ class LocalTarget:
                 pass
 
     def write_manifest(self, unit_key: str, data: bytes) -> None:
+        self.write_object(join_key(unit_key, MANIFEST_NAME), data, "manifest")
+
+    def write_object(self, key: str, data: bytes, what: str = "object") -> None:
+        """A small object written whole (a manifest, a cluster heartbeat): readers see the old
+        bytes or the new ones, never a part."""
         self._check_base()
-        dest = self._dest(f"{unit_key}/{MANIFEST_NAME}" if unit_key else MANIFEST_NAME)
+        dest = self._dest(key)
         tmp = dest.with_name(f".{dest.name}.tsync-{secrets.token_hex(4)}")
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +150,7 @@ class LocalTarget:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise TargetError(f"{dest}: cannot write manifest: {e.strerror or e}") from None
+            raise TargetError(f"{dest}: cannot write {what}: {e.strerror or e}") from None
 
     def delete_manifest(self, unit_key: str) -> None:
         dest = self._dest(f"{unit_key}/{MANIFEST_NAME}" if unit_key else MANIFEST_NAME)

@@ -281,15 +281,20 @@ class RsyncTarget(RsyncReader):
         """One manifest through the shell kept open on the host: a round trip and a `mv` there,
         not an rsync and an ssh process here for each folder (an engine that sends several
         folders in one put_files writes each one's manifest as its last file is verified)."""
-        dest = self._remote(join_key(unit_key, MANIFEST_NAME))
+        self.write_object(join_key(unit_key, MANIFEST_NAME), data, unit_key)
+
+    def write_object(self, rel: str, data: bytes, unit_key: str | None = None) -> None:
+        """A small object written whole (a manifest, a cluster heartbeat) through the kept shell."""
+        dest = self._remote(rel)
         folder = dest.rsplit("/", 1)[0] or "/"
         tmp = f"{folder}/.{MANIFEST_NAME}.{secrets.token_hex(4)}"
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            self._push_manifests({unit_key: data})
-            return
+            text = "\0"
         if "\0" in text:
+            if unit_key is None:
+                raise TargetError(f"{self.display}: {rel}: only text goes through the shell")
             self._push_manifests({unit_key: data})
             return
         q = shlex.quote

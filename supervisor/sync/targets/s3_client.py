@@ -249,7 +249,11 @@ class S3Connection:
 
     # --- manifests, checks, deletes ------------------------------------------------------------
     def write_manifest(self, unit_key: str, data: bytes) -> None:
-        key = self._key(join_key(unit_key, MANIFEST_NAME))
+        self.write_object(join_key(unit_key, MANIFEST_NAME), data)
+
+    def write_object(self, rel: str, data: bytes) -> None:
+        """A small object in one PUT the store checks by its checksum (a manifest, a heartbeat)."""
+        key = self._key(rel)
         extra = {"ChecksumCRC32": crc32_b64(data)} if self.crc else {"ContentMD5": md5_b64(data)}
         self._call("put_object", Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **extra)
 

@@ -1,0 +1,198 @@
+"""The heartbeat duty of a run on several machines: write this node's heartbeat to the sync target,
+read the others', and when one is lost, alert and (on_node_lost = "save_and_stop") ask the one
+stop door for a `node_lost` stop while this node's training runs: the stop interrupts the hung
+training (SIGINT, SIGTERM, SIGKILL, HUNG_GRACE_S apart), makes the final verified sync, and stops
+the machine. A node that comes back before the stop acts withdraws the reason.
+
+No server of our own: S3, rsync over SSH and a shared folder all carry the heartbeats. Every read
+and write is bounded by the target's own timeouts; a target that fails here is told in status and
+judges nobody lost (nodes.judge)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import structlog
+
+from supervisor.cluster import nodes as cn
+from supervisor.config.cluster import Identity
+from supervisor.states import TRAINING_ALIVE
+
+if TYPE_CHECKING:
+    from supervisor.clock import Clock
+    from supervisor.config import ClusterConfig, Config
+    from supervisor.interfaces import TrainingView
+    from supervisor.notify.alerts import Alerts
+    from supervisor.stop.runner import StopRunner
+
+log = structlog.get_logger("cluster")
+
+READ_THREADS = 8  # heartbeats read at once: 64 nodes in 8 round trips
+
+
+class ClusterWatch:
+    def __init__(self, cfg: ClusterConfig, ident: Identity, target: object, training: TrainingView,
+                 alerts: Alerts, clock: Clock, hostname: str, *, stop: Callable[[str, str], bool],
+                 withdraw: Callable[[str], None], display: str = ""):
+        self.cfg = cfg
+        self.ident = ident
+        self.target = target
+        self.training = training
+        self.alerts = alerts
+        self.clock = clock
+        self.hostname = hostname
+        self.display = display
+        self._stop = stop
+        self._withdraw = withdraw
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._boot = f"{_boot_id()}:{os.getpid()}:{int(time.time())}"
+        self._last_write: float | None = None
+        self._seen: dict[int, cn.Seen] = {}
+        self._reads_ok_since: float | None = None
+        self._views: list[cn.NodeView] = []
+        self._lost: set[int] = set()
+        self._asked = False
+        self.error = ""
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="cluster-read")
+
+    @classmethod
+    def of(cls, cfg: Config, run_target: str, training: TrainingView, alerts: Alerts, clock: Clock, hostname: str,
+           stops: StopRunner) -> ClusterWatch:
+        """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts)."""
+        from supervisor.sync.targets import make_target
+        from supervisor.syncurl import parse_target
+
+        url = parse_target(run_target)
+        c = cfg.cluster
+        ident = Identity(c.nodes, c.rank or 0, c.run_id)
+        target = make_target(url, cfg.sync, cfg.state_dir)
+        return cls(c, ident, target, training, alerts, clock, hostname, stop=stops.request, withdraw=stops.withdraw,
+                   display=url.display())
+
+    # --- the duty -------------------------------------------------------------------------------
+    def poll(self) -> None:
+        now = self.clock.monotonic()
+        info = self.training.info()
+        if self._last_write is None or now - self._last_write >= self.cfg.heartbeat - 0.05:
+            self._beat(info.state.value, info.run_id)
+            self._last_write = now
+        got, ok = self._read_all()
+        now = self.clock.monotonic()
+        with self._lock:
+            if not ok:
+                self._reads_ok_since = None
+            elif self._reads_ok_since is None:
+                self._reads_ok_since = now
+            for rank, beat in got.items():
+                self._seen[rank] = cn.observe(self._seen.get(rank), beat, now)
+            self._views = cn.judge(self._seen, self.ident, self.hostname, info.state.value, now,
+                                   self._reads_ok_since, self.cfg.heartbeat, self.cfg.silent_after)
+            lost = {v.rank: v for v in self._views if v.state == cn.LOST}
+            back = {v.rank: v for v in self._views if v.rank in self._lost and v.state in (cn.OK, cn.FINISHED)}
+            new = [v for r, v in lost.items() if r not in self._lost]
+            self._lost = (self._lost | set(lost)) - set(back)
+        for v in new:
+            self._on_lost(v, info.state in TRAINING_ALIVE)
+        for v in back.values():
+            self._on_back(v)
+
+    def _beat(self, training: str, run: int) -> None:
+        self._seq += 1
+        doc = cn.beat_doc(cn.Beat(self.ident.rank, self.hostname, self._seq, self._boot, self.clock.time(), training,
+                                  run, self.ident.run_id))
+        try:
+            self.target.write_object(cn.beat_key(self.ident.rank), doc)  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
+            self._problem(f"cannot write this node's heartbeat: {e}")
+
+    def _read_all(self) -> tuple[dict[int, cn.Beat | None], bool]:
+        from supervisor.sync.targets.base import reader
+
+        others = [r for r in range(self.ident.nodes) if r != self.ident.rank]
+        read = reader(self.target)
+
+        def one(rank: int) -> cn.Beat | None:
+            data = read.read_file(cn.beat_key(rank))
+            if data is None:
+                return None
+            beat = cn.parse_beat(data, rank)
+            return beat if beat.run_id == self.ident.run_id else None  # another run's, left on this prefix
+
+        out: dict[int, cn.Beat | None] = {}
+        ok = True
+        for rank, fut in [(r, self._pool.submit(one, r)) for r in others]:
+            try:
+                out[rank] = fut.result()
+            except ValueError as e:
+                out[rank] = None
+                log.warning("cluster_heartbeat_unreadable", rank=rank, error=str(e))
+            except Exception as e:  # noqa: BLE001 - a target error: nobody is judged lost meanwhile
+                ok = False
+                self._problem(f"cannot read node {rank}'s heartbeat: {e}")
+        if ok:
+            self.error = ""
+        return out, ok
+
+    def _problem(self, text: str) -> None:
+        if text != self.error:
+            log.warning("cluster_target_failed", error=text)
+        self.error = text
+
+    # --- a node lost, a node back ---------------------------------------------------------------
+    def _on_lost(self, v: cn.NodeView, training_alive: bool) -> None:
+        who = f"node {v.rank}" + (f" ({v.host})" if v.host else "")
+        acting = self.cfg.on_node_lost == "save_and_stop" and training_alive
+        if acting:
+            then = ("This node saves what is complete, ends its training (it waits in a collective for the lost "
+                    "ranks), makes the final verified sync and stops the machine.")
+        elif self.cfg.on_node_lost == "alert":
+            then = 'cluster.on_node_lost = "alert": nothing is stopped.'
+        else:
+            then = "This node's training is not running: nothing is stopped."
+        body = (f"Run {self.ident.run_id or '(unnamed)'}: {who} is lost: {v.why}.\n"
+                f"This is node {self.ident.rank} ({self.hostname}) of {self.ident.nodes}.\n{then}\n")
+        log.error("cluster_node_lost", rank=v.rank, host=v.host, why=v.why, acting=acting)
+        self.alerts.fire(f"cluster:lost:{v.rank}", "node_lost", "critical", f"{who} of the run lost", body)
+        if acting:
+            self._asked = True
+            self._stop("node_lost", f"{who} was lost ({v.why})")
+
+    def _on_back(self, v: cn.NodeView) -> None:
+        log.warning("cluster_node_back", rank=v.rank, host=v.host, state=v.state)
+        self.alerts.resolve(f"cluster:lost:{v.rank}")
+        if self._asked and not self._lost:
+            self._asked = False
+            self._withdraw("node_lost")
+
+    # --- status ---------------------------------------------------------------------------------
+    def status(self) -> dict:
+        now_wall = self.clock.time()
+        with self._lock:
+            views = list(self._views)
+        return {"run_id": self.ident.run_id, "rank": self.ident.rank, "target": self.display,
+                "heartbeat_s": self.cfg.heartbeat, "silent_after_s": self.cfg.silent_after,
+                "on_node_lost": self.cfg.on_node_lost, "error": self.error,
+                "nodes": [v.to_json(now_wall) for v in views] or
+                         [{"rank": r, "host": self.hostname if r == self.ident.rank else "",
+                           "state": cn.OK if r == self.ident.rank else cn.SILENT, "last_seen": None,
+                           "quiet_s": None, "why": ""} for r in range(self.ident.nodes)]}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.target, "close", None)
+        if callable(close):
+            close()
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()[:36]
+    except OSError:
+        return ""
