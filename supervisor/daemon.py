@@ -51,9 +51,9 @@ MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync", "h
 
 class Daemon:
     def __init__(self, cfg: Config, clock: Clock | None = None):
-        from supervisor.wiring import cluster_setup
+        from supervisor.config.cluster import for_node
 
-        cfg, self.run_target = cluster_setup(cfg, dict(os.environ))  # a node of several syncs its part
+        cfg, self.run_target = for_node(cfg, os.environ)  # a node of several syncs its part
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
@@ -141,10 +141,10 @@ class Daemon:
             from supervisor.cluster.watch import ClusterWatch
 
             self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
-                                           self.stops)
+                                           self.stops, holds=self.sync.held_units)
         from supervisor.resume.gate import ResumeGate
 
-        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname)
+        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname, run_target=self.run_target)
         self.training.extra_env = self.resume.env
         self.training.gate = self.resume.gate
         self.resume.busy = lambda: self.training.state in TRAINING_ALIVE

@@ -132,25 +132,6 @@ def _aws_credentials(env: dict[str, str]) -> list[str]:
             if k in ("aws_secret_access_key", "aws_session_token", "aws_security_token")]
 
 
-def cluster_setup(cfg: Config, env: dict[str, str]) -> tuple[Config, str]:
-    """[cluster] resolved (nodes, rank and run_id filled in from the engines' environment), and
-    the config this node runs with: on a run of several nodes its sync target is its part,
-    `node-<k>/` below the run's prefix (sync, resume, prune and the probe all work on the part).
-    Returns the run's own target too (the heartbeats live there). ValueError naming the key."""
-    import dataclasses
-
-    from supervisor.config.cluster import identity, part_target
-
-    c = cfg.cluster
-    ident = identity(c.nodes, c.rank, c.run_id, [env, dict(cfg.training.env or {})], cfg.sync.target.strip())
-    cluster = dataclasses.replace(c, nodes=ident.nodes, rank=ident.rank, run_id=ident.run_id)
-    run_target = cfg.sync.target.strip()
-    sync = cfg.sync
-    if ident.clustered and run_target:
-        sync = dataclasses.replace(cfg.sync, target=part_target(run_target, ident.rank))
-    return dataclasses.replace(cfg, cluster=cluster, sync=sync), run_target
-
-
 def status_aside(status: Callable[[], dict], wait: float) -> dict | None:
     """status() for a webhook's facts, from the delivery thread. A caller may hold its own lock
     while it waits for a delivery (a flush before a stop) and status() may need that lock, so it

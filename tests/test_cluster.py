@@ -97,7 +97,7 @@ def test_a_heartbeat_round_trips_and_garbage_is_named():
     b = beat(1, 7)
     assert cn.parse_beat(cn.beat_doc(b), 1) == b
     for data, words in [(b"{", "not JSON"), (b"[]", "not an object"), (b'{"rank": 2, "seq": 1, "at": 1}', "lacks"),
-                        (b'{"rank": 1, "seq": true, "at": 1}', "lacks"), (b"x" * 5000, "more than any")]:
+                        (b'{"rank": 1, "seq": true, "at": 1}', "lacks"), (b"x" * 70000, "more than any")]:
         with pytest.raises(ValueError, match=words):
             cn.parse_beat(data, 1)
 
@@ -269,6 +269,91 @@ def test_a_target_that_fails_judges_nobody_lost_and_says_so(tmp_path):
     assert st["error"] and not a.stops and st["nodes"][1]["state"] != "lost"
 
 
+# --- whole units: every node's part ----------------------------------------------------------------
+def test_a_unit_is_whole_when_every_part_is_complete_or_its_node_holds_none_of_it():
+    u = "checkpoint-40"
+    assert cn.unit_whole(u, 2, {0: True, 1: True}, {}) == ""
+    assert cn.unit_whole(u, 2, {0: True}, {1: None}) == "node 1's part is not complete on the target"
+    assert cn.unit_whole(u, 2, {0: True}, {1: frozenset({u})}) == "node 1 still writes or sends its part"
+    # the HF Trainer's DDP checkpoint: the main process alone writes it; node 1 says it holds none
+    assert cn.unit_whole(u, 2, {0: True}, {1: frozenset({"checkpoint-20"})}) == ""
+    assert cn.unit_whole(u, 3, {}, {1: frozenset(), 2: frozenset()}) == "node 0's part is not complete on the target"
+
+
+def part(remote: Path, rank: int, unit: str, complete: bool = True) -> None:
+    from supervisor.sync.manifest import ManifestFile, build
+
+    f = ManifestFile(f"rank-{rank}.pt", 3, "a" * 64)  # the survey checks sizes; content is checked at a fetch
+    d = remote / f"node-{rank}" / unit
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"rank-{rank}.pt").write_bytes(b"abc")
+    (d / "_MANIFEST.json").write_bytes(build(unit, [f], 1e9, partial="" if complete else "cut short"))
+
+
+def test_rank_0_records_a_unit_once_every_nodes_part_is_on_the_target(tmp_path):
+    clock = FakeClock()
+    remote = tmp_path / "run"
+    a, b = Recorder(), Recorder()
+    held: list[str] = ["checkpoint-20", "checkpoint-40"]
+    c = ClusterConfig(nodes=2, rank=0, run_id="run-a", heartbeat=1.0, silent_after=5.0)
+    w0 = ClusterWatch(c, Identity(2, 0, "run-a"), LocalTarget(str(remote)), Training(), a, clock, "host-0",
+                      stop=a.stop, withdraw=a.withdraw, part0=LocalTarget(str(remote / "node-0")))
+    w1 = ClusterWatch(ClusterConfig(nodes=2, rank=1, run_id="run-a", heartbeat=1.0, silent_after=5.0),
+                      Identity(2, 1, "run-a"), LocalTarget(str(remote)), Training(), b, clock, "host-1",
+                      stop=b.stop, withdraw=b.withdraw, holds=lambda: list(held))
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            w1.poll()
+            w0.poll()
+            clock.advance(1.0)
+
+    rounds(3)
+    part(remote, 0, "checkpoint-20")
+    part(remote, 1, "checkpoint-20")
+    part(remote, 0, "checkpoint-40")
+    part(remote, 1, "checkpoint-40", complete=False)  # node 1's part of 40 cut short
+    part(remote, 0, "checkpoint-60")                  # node 1 never had a part of 60 (held says so)
+    rounds(6)
+    rec = remote / "_cluster"
+    assert json.loads((rec / "checkpoint-20.json").read_text())["parts"] == {"0": part_digest(0), "1": part_digest(1)}
+    assert not (rec / "checkpoint-40.json").exists()
+    assert json.loads((rec / "checkpoint-60.json").read_text())["parts"]["1"] == "none"
+    waiting = {x["unit"]: x["why"] for x in w0.status()["records"]["waiting"]}
+    assert waiting == {"checkpoint-40": "node 1 still writes or sends its part"}
+    assert w0.status()["records"]["recorded"][:2] == ["checkpoint-60", "checkpoint-20"]
+    w0.close()
+    w1.close()
+
+
+def part_digest(rank: int) -> str:
+    from supervisor.sync.manifest import ManifestFile, digest
+
+    return digest([ManifestFile(f"rank-{rank}.pt", 3, "a" * 64)])
+
+
+def test_a_resume_takes_this_nodes_part_of_the_newest_whole_unit_only(tmp_path):
+    from supervisor.resume.restore import Restorer
+    from supervisor.sync.scan import watch_roots
+
+    remote = tmp_path / "run"
+    part(remote, 0, "checkpoint-20")
+    part(remote, 1, "checkpoint-20")
+    part(remote, 1, "checkpoint-40")
+    part(remote, 0, "checkpoint-40", complete=False)  # node 0 died while sending its part of 40
+    out = tmp_path / "out"
+    out.mkdir()
+    rs = Restorer(LocalTarget(str(remote / "node-1")), None, watch_roots([str(out)]), time.time,
+                  etag_is_sha=True, run=(LocalTarget(str(remote)), 2))
+    sv = rs.survey()
+    assert [u.key for u in sv.order] == ["checkpoint-20"]
+    assert [(u.key, u.why) for u in sv.skipped] == [
+        ("checkpoint-40", "not complete on every node of the run: node 0's part is not complete on the target")]
+    # without the run (one machine) the part alone would have been taken
+    alone = Restorer(LocalTarget(str(remote / "node-1")), None, watch_roots([str(out)]), time.time, etag_is_sha=True)
+    assert alone.survey().order[0].key == "checkpoint-40"
+
+
 # --- two real daemons, a real torchrun job, one node frozen ----------------------------------------
 HF_PYTHON = os.environ.get("TSUP_HF_PYTHON", "")
 
@@ -337,3 +422,23 @@ def test_a_frozen_node_releases_the_survivor_saved_then_stopped_in_time(tmp_path
             os.killpg(frozen[1], signal.SIGCONT)
         except ProcessLookupError:
             pass
+    d0.cleanup()
+    d1.cleanup()
+
+    # both nodes again, on fresh machines: each restores its part of the same newest whole unit
+    objs = s3_server.objects(s3_prefix)
+    recorded = {k[len("_cluster/"):-len(".json")] for k in objs if k.startswith("_cluster/checkpoint-")}
+    assert recorded, sorted(objs)[:20]
+    got = []
+    for k in (0, 1):
+        cfg = node_config(tmp_path / "again", k, s3_server, s3_prefix, port)
+        cfg["resume"] = {"from_target": True}
+        d = make_daemon(cfg, sub=f"again{k}")
+        res = d.req("resume", {}, timeout=120)
+        got.append(res["unit"])
+        here = tmp_path / "again" / f"n{k}" / "out" / res["unit"]
+        assert (here / f"rank-{k}.pt").is_file() and not (here / f"rank-{1 - k}.pt").exists()
+    assert got[0] == got[1] and got[0] in recorded | {u for u in got if all(
+        f"node-{n}/{u}/_MANIFEST.json" in objs for n in (0, 1))}, (got, sorted(recorded))
+    newest_whole = max(recorded, key=lambda u: int(u.split("-")[1]))
+    assert int(got[0].split("-")[1]) >= int(newest_whole.split("-")[1])

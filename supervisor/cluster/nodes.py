@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from supervisor.config.cluster import PART_PREFIX, Identity
 
 CLUSTER_FOLDER = "_cluster"
-BEAT_MAX = 4096  # bytes: a heartbeat larger than this is not one of ours
+BEAT_MAX = 64 << 10  # bytes: a heartbeat larger than this is not one of ours
+HOLDS_MAX = 64        # unit names a heartbeat lists (the newest)
 
 OK, SILENT, LOST, FINISHED = "ok", "silent", "lost", "finished"
 
@@ -43,11 +44,13 @@ class Beat:
     training: str     # the writer's training state (RUNNING, FINISHED, FAILED, ...)
     run: int = 0      # the writer's training run id
     run_id: str = ""  # the cluster run's name: another run's heartbeat on the same prefix is ignored
+    holds: tuple[str, ...] = ()  # the units this node has in its watched folders (complete or not)
 
 
 def beat_doc(b: Beat) -> bytes:
     return json.dumps({"rank": b.rank, "host": b.host, "seq": b.seq, "boot": b.boot, "at": round(b.at, 3),
-                       "training": b.training, "run": b.run, "run_id": b.run_id}, separators=(",", ":")).encode()
+                       "training": b.training, "run": b.run, "run_id": b.run_id,
+                       "holds": list(b.holds[:HOLDS_MAX])}, separators=(",", ":")).encode()
 
 
 def parse_beat(data: bytes, rank: int) -> Beat:
@@ -66,7 +69,11 @@ def parse_beat(data: bytes, rank: int) -> Beat:
     run = d.get("run")
     return Beat(rank, str(d.get("host") or "")[:253], seq, str(d.get("boot") or "")[:80], float(at),
                 str(d.get("training") or "")[:16], run if isinstance(run, int) and not isinstance(run, bool) else 0,
-                str(d.get("run_id") or "")[:128])
+                str(d.get("run_id") or "")[:128], _holds(d.get("holds")))
+
+
+def _holds(v: object) -> tuple[str, ...]:
+    return tuple(x[:1024] for x in v[:HOLDS_MAX] if isinstance(x, str)) if isinstance(v, list) else ()
 
 
 @dataclass(frozen=True)
@@ -141,3 +148,21 @@ def read_every(heartbeat: float) -> float:
     """How often the others' heartbeats are read: three times a heartbeat, at most every 5 s, so a
     lost node is seen within a few seconds of silent_after."""
     return max(0.2, min(5.0, heartbeat / 3))
+
+
+def unit_whole(unit: str, nodes: int, part_done: Mapping[int, bool],
+               holds: Mapping[int, frozenset[str] | None]) -> str:
+    """"" when `unit` is complete on the whole run, else why not. part_done[k]: node k's part
+    manifest on the target says complete. holds[k]: the units node k's heartbeat lists, from a
+    heartbeat written after this unit's part here was complete (None: none such yet). A node
+    that holds nothing of the unit then has no part of it (the HF Trainer saves a DDP checkpoint
+    on the main process only); one that still holds it is still writing or sending it."""
+    for k in range(nodes):
+        if part_done.get(k):
+            continue
+        h = holds.get(k)
+        if h is None:
+            return f"node {k}'s part is not complete on the target"
+        if unit in h:
+            return f"node {k} still writes or sends its part"
+    return "" if any(part_done.get(k) for k in range(nodes)) else "no node's part is complete"

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -32,13 +33,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("cluster")
 
-READ_THREADS = 8  # heartbeats read at once: 64 nodes in 8 round trips
+READ_THREADS = 8     # heartbeats read at once: 64 nodes in 8 round trips
+RECORDS_PENDING = 4  # unrecorded units of this part looked at per round, newest first
+RECORDS_KEPT = 256   # recorded units remembered (older ones are never looked at again)
 
 
 class ClusterWatch:
     def __init__(self, cfg: ClusterConfig, ident: Identity, target: object, training: TrainingView,
                  alerts: Alerts, clock: Clock, hostname: str, *, stop: Callable[[str, str], bool],
-                 withdraw: Callable[[str], None], display: str = ""):
+                 withdraw: Callable[[str], None], display: str = "", holds: Callable[[], list[str]] | None = None,
+                 part0: object | None = None):
         self.cfg = cfg
         self.ident = ident
         self.target = target
@@ -60,10 +64,17 @@ class ClusterWatch:
         self._asked = False
         self.error = ""
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="cluster-read")
+        self._holds = holds or (lambda: [])
+        # rank 0 writes the run-wide records: its own part's units, each once every node's part is whole
+        self._part0 = part0
+        self._last_records: float | None = None
+        self._recorded: list[str] = []
+        self._complete_here: dict[str, float] = {}   # unit -> when its part here was first read complete
+        self._records_waiting: dict[str, str] = {}
 
     @classmethod
     def of(cls, cfg: Config, run_target: str, training: TrainingView, alerts: Alerts, clock: Clock, hostname: str,
-           stops: StopRunner) -> ClusterWatch:
+           stops: StopRunner, holds: Callable[[], list[str]]) -> ClusterWatch:
         """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts)."""
         from supervisor.sync.targets import make_target
         from supervisor.syncurl import parse_target
@@ -72,8 +83,9 @@ class ClusterWatch:
         c = cfg.cluster
         ident = Identity(c.nodes, c.rank or 0, c.run_id)
         target = make_target(url, cfg.sync, cfg.state_dir)
+        part0 = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir) if ident.rank == 0 else None
         return cls(c, ident, target, training, alerts, clock, hostname, stop=stops.request, withdraw=stops.withdraw,
-                   display=url.display())
+                   display=url.display(), holds=holds, part0=part0)
 
     # --- the duty -------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -101,11 +113,23 @@ class ClusterWatch:
             self._on_lost(v, info.state in TRAINING_ALIVE)
         for v in back.values():
             self._on_back(v)
+        if self._part0 is not None and (self._last_records is None or
+                                        now - self._last_records >= max(2 * self.cfg.heartbeat, 2.0)):
+            self._last_records = now
+            try:
+                self._write_records(now)
+            except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
+                self._problem(f"cannot write the run-wide records: {e}")
 
     def _beat(self, training: str, run: int) -> None:
         self._seq += 1
+        try:
+            holds = tuple(self._holds()[: cn.HOLDS_MAX])
+        except Exception:  # noqa: BLE001 - the engine's view is a courtesy: a heartbeat goes out anyway
+            log.exception("cluster_holds_failed")
+            holds = ()
         doc = cn.beat_doc(cn.Beat(self.ident.rank, self.hostname, self._seq, self._boot, self.clock.time(), training,
-                                  run, self.ident.run_id))
+                                  run, self.ident.run_id, holds))
         try:
             self.target.write_object(cn.beat_key(self.ident.rank), doc)  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
@@ -144,6 +168,50 @@ class ClusterWatch:
             log.warning("cluster_target_failed", error=text)
         self.error = text
 
+    # --- the run-wide records (rank 0) -----------------------------------------------------------
+    def _write_records(self, now: float) -> None:
+        """`_cluster/<unit>.json` for each unit of this part that every node's part makes whole
+        (sync.parts); the newest RECORDS_PENDING unrecorded units are looked at each round."""
+        from supervisor.sync import parts
+        from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
+        from supervisor.sync.targets.base import reader
+        from supervisor.training.checkpoints import checkpoint_step
+
+        tail = "/" + MANIFEST_NAME
+        base = getattr(self._part0, "base", None)
+        if isinstance(base, Path) and not base.exists():
+            return  # a folder target: nothing of this part uploaded yet
+        own = [k[: -len(tail)] for k in reader(self._part0).list_keys()
+               if k.endswith(tail) and not k.startswith(PROBE_FOLDER)]
+        own.sort(key=lambda u: (checkpoint_step(u.rsplit("/", 1)[-1]) or -1, u), reverse=True)
+        read = reader(self.target).read_file
+        todo = [u for u in own if u not in self._recorded][:RECORDS_PENDING]
+        self._records_waiting = {u: w for u, w in self._records_waiting.items() if u in todo}
+        for unit in todo:
+            if parts.record_names_all(read(parts.record_key(unit)), unit, self.ident.nodes):
+                self._recorded.append(unit)  # written before this daemon started
+                continue
+            digests = {k: parts.part_digest(read(parts.part_manifest(k, unit))) for k in range(self.ident.nodes)}
+            if not digests[0]:
+                continue
+            since = self._complete_here.setdefault(unit, now)
+            with self._lock:
+                holds = {k: frozenset(s.beat.holds) if s.beat is not None and s.changed is not None
+                         and s.changed > since + self.cfg.heartbeat else None for k, s in self._seen.items()}
+            why = cn.unit_whole(unit, self.ident.nodes, {k: bool(d) for k, d in digests.items()}, holds)
+            if why:
+                self._records_waiting[unit] = why
+                continue
+            doc = parts.record_doc(unit, self.ident.run_id, {k: d or "none" for k, d in digests.items()},
+                                   _iso(self.clock.time()))
+            self.target.write_object(parts.record_key(unit), doc)  # type: ignore[attr-defined]
+            log.info("cluster_unit_recorded", unit=unit, nodes=self.ident.nodes,
+                     without_part=[k for k, d in digests.items() if not d])
+            self._recorded.append(unit)
+            self._records_waiting.pop(unit, None)
+            self._complete_here.pop(unit, None)
+        del self._recorded[:-RECORDS_KEPT]
+
     # --- a node lost, a node back ---------------------------------------------------------------
     def _on_lost(self, v: cn.NodeView, training_alive: bool) -> None:
         who = f"node {v.rank}" + (f" ({v.host})" if v.host else "")
@@ -178,6 +246,9 @@ class ClusterWatch:
         return {"run_id": self.ident.run_id, "rank": self.ident.rank, "target": self.display,
                 "heartbeat_s": self.cfg.heartbeat, "silent_after_s": self.cfg.silent_after,
                 "on_node_lost": self.cfg.on_node_lost, "error": self.error,
+                "records": {"recorded": list(reversed(self._recorded[-5:])),
+                            "waiting": [{"unit": u, "why": w} for u, w in list(self._records_waiting.items())[:5]]}
+                if self._part0 is not None else None,
                 "nodes": [v.to_json(now_wall) for v in views] or
                          [{"rank": r, "host": self.hostname if r == self.ident.rank else "",
                            "state": cn.OK if r == self.ident.rank else cn.SILENT, "last_seen": None,
@@ -185,9 +256,10 @@ class ClusterWatch:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self.target, "close", None)
-        if callable(close):
-            close()
+        for t in (self.target, self._part0):
+            close = getattr(t, "close", None)
+            if callable(close):
+                close()
 
 
 def _boot_id() -> str:
@@ -196,3 +268,9 @@ def _boot_id() -> str:
             return fh.read().strip()[:36]
     except OSError:
         return ""
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

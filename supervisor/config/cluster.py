@@ -5,8 +5,13 @@ rank in the environment, so a recipe needs no per-node config."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from supervisor.config.schema import Config
 
 PART_PREFIX = "node-"   # node k's part of each unit lives under node-<k>/ below the run's prefix
 # Where the engines put the node count, the node's rank and the run's name (first found wins).
@@ -59,3 +64,17 @@ def part_target(target: str, rank: int) -> str:
     return f"{target.rstrip('/')}/{PART_PREFIX}{rank}"
 
 
+def for_node(cfg: Config, env: Mapping[str, str]) -> tuple[Config, str]:
+    """[cluster] resolved (nodes, rank and run_id filled in from the engines' environment), and
+    the config this node runs with: on a run of several nodes its sync target is its part,
+    `node-<k>/` below the run's prefix (sync, resume, prune and the probe all work on the part).
+    Returns the run's own target too (the heartbeats and records live there). ValueError naming
+    the key when the node does not fit the run."""
+    c = cfg.cluster
+    run_target = cfg.sync.target.strip()
+    ident = identity(c.nodes, c.rank, c.run_id, [env, dict(cfg.training.env or {})], run_target)
+    cluster = dataclasses.replace(c, nodes=ident.nodes, rank=ident.rank, run_id=ident.run_id)
+    sync = cfg.sync
+    if ident.clustered and run_target:
+        sync = dataclasses.replace(cfg.sync, target=part_target(run_target, ident.rank))
+    return dataclasses.replace(cfg, cluster=cluster, sync=sync), run_target

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from supervisor.config import ConfigError, load
+from supervisor.config.cluster import for_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     try:
-        cfg = load(args.config)
+        cfg, run_target = for_node(load(args.config), os.environ)  # a node of several: its part
     except ConfigError as e:
         sys.stderr.write("\n".join(e.problems) + "\n")
         return 2
@@ -59,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not (args.list or args.dry_run):
             ledger = Ledger(cfg.state_dir, target_identity(url, cfg.sync))
+        run = make_target(parse_target(run_target), cfg.sync, cfg.state_dir) if cfg.cluster.nodes > 1 else None
         rs = Restorer(target, ledger, watch_roots(cfg.sync.watch), time.time,
-                      etag_is_sha=url.kind in ("local", "rsync"), user=cfg.training.user)
+                      etag_is_sha=url.kind in ("local", "rsync"), user=cfg.training.user,
+                      run=(run, cfg.cluster.nodes) if run else None)
         if args.list:
             out = {"target": url.display(), "units": [u.to_json() for u in rs.survey().units]}
         else:

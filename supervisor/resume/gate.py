@@ -23,6 +23,7 @@ from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Re
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets import make_target
 from supervisor.sync.targets.base import TargetError
+from supervisor.syncurl import parse_target
 from supervisor.training.runner import RESUME_ENV
 
 if TYPE_CHECKING:
@@ -41,8 +42,9 @@ class ResumeGate:
     """engine: the sync engine (its ledger, watched roots and target URL); alerts: Alerts or None."""
 
     def __init__(self, cfg: Config, clock: Clock, alerts: Any, engine: Any, hostname: str = "",
-                 retry_base_s: float = RETRY_BASE_S):
+                 retry_base_s: float = RETRY_BASE_S, run_target: str = ""):
         self.cfg = cfg
+        self.run_target = run_target  # a run of several nodes: whole units only (their parts all complete)
         self.clock = clock
         self.alerts = alerts
         self.engine = engine
@@ -186,12 +188,16 @@ class ResumeGate:
             raise RequestError("no sync.target configured: nothing to resume from")
         url = self.engine.url
         target = make_target(url, self.cfg.sync, self.cfg.state_dir)
+        run = (make_target(parse_target(self.run_target), self.cfg.sync, self.cfg.state_dir)
+               if self.cfg.cluster.nodes > 1 and self.run_target else None)
         try:
             return fn(Restorer(target, self.engine.ledger if record else None, list(self.engine.roots),
                                self.clock.time, etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress,
-                               user=self.cfg.training.user))
+                               user=self.cfg.training.user, run=(run, self.cfg.cluster.nodes) if run else None))
         finally:
             target.close()
+            if run is not None:
+                run.close()
 
     # --- status ---------------------------------------------------------------------------------
     def _set(self, **kw: Any) -> None:

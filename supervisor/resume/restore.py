@@ -24,9 +24,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from supervisor.resume.choose import COMPLETE, UnitInfo, choose, judge, local_rel, unit_keys, with_state
+from supervisor.resume.choose import (
+    COMPLETE,
+    PARTIAL,
+    UnitInfo,
+    choose,
+    judge,
+    local_rel,
+    unit_keys,
+    with_state,
+)
 from supervisor.resume.place import Staging, open_inside, owner_of
 from supervisor.resume.place import hand_over as _hand_over
+from supervisor.sync import parts
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.names import problem
@@ -40,6 +50,7 @@ log = get_logger("resume")
 
 HASH_CHUNK = 8 << 20
 SURVEY_THREADS = 8
+WHOLE_RUN_CHECKED = 16  # complete units checked on every node's part, newest first (a resume needs one)
 KEEP_LISTS = 4          # complete units whose file lists a survey keeps (the restore's first choices)
 VERIFY_THREADS = 4
 STATE_NAME = "trainer_state.json"
@@ -114,8 +125,10 @@ class Restorer:
     or a one-shot list); roots: the watched folders with their key prefixes; user: training.user."""
 
     def __init__(self, target: object, ledger: Ledger | None, roots: list[Root], now: Callable[[], float],
-                 etag_is_sha: bool = False, progress: Progress | None = None, user: str | None = None):
+                 etag_is_sha: bool = False, progress: Progress | None = None, user: str | None = None,
+                 run: tuple[object, int] | None = None):
         self.target = target
+        self.run = run                      # a run of several nodes: (its own target, nodes): whole units only
         self.user = user or None            # training.user: the restored folders and files become theirs
         self.owner = owner_of(self.user)
         self.ledger = ledger
@@ -143,8 +156,28 @@ class Restorer:
                     u = u.summary()
                 units.append(u)
         ch = choose(units, name)
+        if self.run is not None:
+            ch.order, ch.skipped = self._whole_run(ch.order, ch.skipped)
         ranked = sorted(units, key=lambda u: (u.step if u.step is not None else -1, u.saved_at), reverse=True)
         return Survey(ranked, ch.order, ch.skipped, keys)
+
+    def _whole_run(self, order: list[UnitInfo], skipped: list[UnitInfo]) -> tuple[list[UnitInfo], list[UnitInfo]]:
+        """Only the units complete on every node of the run (sync.parts): this node's part of a
+        newer unit that another node never finished is skipped, named."""
+        assert self.run is not None
+        rd = reader(self.run[0])
+        nodes = self.run[1]
+        whole, newer = [], []
+        for u in order[:WHOLE_RUN_CHECKED]:
+            if parts.record_names_all(rd.read_file(parts.record_key(u.key)), u.key, nodes):
+                whole.append(u)
+                continue
+            found, why = parts.whole(rd.read_file, nodes, u.key)
+            if found:
+                whole.append(u)
+            elif not whole:
+                newer.append(replace(u, state=PARTIAL, why=f"not complete on every node of the run: {why}"))
+        return whole, newer + skipped
 
     def _judge_round(self, rd: Reader, keys: dict[str, int], folders: list[str]) -> list[UnitInfo]:
         """The units of `folders`, their manifests and trainer_state.json files read in one round."""

@@ -6,8 +6,8 @@ complete (`policy`, `complete`, `scan`, `scanner`), the persisted record of what
 `sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
 `python -m supervisor.sync` is the one-shot CLI.
 
-Pure: `complete`, `backoff`, `retention`, `final`, `names`. Shell: everything else.
-May import: the core, notify, training. Imported by: the daemon, resume.
+Pure: `complete`, `backoff`, `retention`, `final`, `names`, `parts`. Shell: everything else.
+May import: the core, notify, training. Imported by: the daemon, resume, cluster.
 """
 
-PURE = ("complete", "backoff", "retention", "final", "names")
+PURE = ("complete", "backoff", "retention", "final", "names", "parts")

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
 
 from supervisor.clock import SystemClock
 from supervisor.config import ConfigError, load, nothing_watched
+from supervisor.config.cluster import for_node
 from supervisor.sync import _log
 
 
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", default=None)
     args = ap.parse_args(argv)
     try:
-        cfg = load(args.config)
+        cfg, _run = for_node(load(args.config), os.environ)  # a node of several: its part
         if not args.final and nothing_watched(cfg):
             raise ConfigError(nothing_watched(cfg))  # "in sync, 0 files" would be a lie
     except ConfigError as e:

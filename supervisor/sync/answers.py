@@ -1,5 +1,6 @@
 """Answering the callers who wait on the sync engine: `sync --wait`, the final sync before a stop,
-`once`, and what made it off the machine (`holdings`, for a spot notice). A mixin of SyncEngine (it reads the engine's units, ledger, target and board under the
+`once`, and what made it off the machine (`holdings`, for a spot notice), and which units are here at all
+(`held_units`, for a cluster heartbeat). A mixin of SyncEngine (it reads the engine's units, ledger, target and board under the
 engine's lock); the decisions themselves are final.py's and scan.py's, pure.
 """
 
@@ -14,6 +15,7 @@ from supervisor.sync import scan as sc
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import TargetError
 from supervisor.sync.waiter import Ticket
+from supervisor.training.checkpoints import checkpoint_step
 
 log = get_logger("sync")
 
@@ -28,6 +30,13 @@ class IdleJob:
 
 
 class Answers:
+    def held_units(self, limit: int = 64) -> list[str]:
+        """The units in the watched folders, complete or not, newest first (a cluster heartbeat
+        says which units this node has a part of)."""
+        with self._lock:
+            keys = {u.key for u in self._units.values() if u.key}
+        return sorted(keys, key=lambda k: (checkpoint_step(k.rsplit("/", 1)[-1]) or -1, k), reverse=True)[:limit]
+
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every
         unit that was complete; ok=False with the error when that pass failed, or on timeout."""
