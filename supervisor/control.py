@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.durations import parse_duration
 from supervisor.interfaces import RequestError
 from supervisor.redact import redact, redact_obj
 
@@ -391,3 +392,19 @@ def run_context(a: dict) -> tuple[str | None, dict[str, str] | None]:
         if bad:
             raise RequestError(f"run: not a valid environment variable: {bad[0][:40]!r}")
     return cwd, env
+
+
+def keepalive_seconds(a: dict) -> float | None:
+    """`keepalive DURATION` checked (seconds), or None for `keepalive --cancel`."""
+    if a.get("cancel"):
+        return None
+    d = a.get("duration")
+    if not isinstance(d, str):
+        raise RequestError('"keepalive" needs "duration" like "2h", or "cancel": true')
+    try:
+        secs = parse_duration(d)
+    except ValueError:
+        raise RequestError(f'keepalive: expected a duration like "2h", got {d!r}') from None
+    if not 0 < secs <= 7 * 86400:
+        raise RequestError("keepalive: duration must be between 1s and 7d")
+    return secs

@@ -29,8 +29,7 @@ from supervisor.clock import Clock, SystemClock
 from supervisor.cluster.nodes import read_every
 from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, Peer, RequestError, bounded_int, run_context
-from supervisor.durations import parse_duration
+from supervisor.control import ControlServer, Peer, RequestError, bounded_int, keepalive_seconds, run_context
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
 from supervisor.malloc import few_arenas, settle_memory
@@ -108,9 +107,14 @@ class Daemon:
         self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)
 
         from supervisor.idle.guard import IdleGuard
+        from supervisor.money.runledger import RunLedger
         from supervisor.progress.stallwatch import StallWatch
 
-        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk)
+        # the run's money across machines (nodes, resumes): a ledger on the target
+        self.ledger = RunLedger(cfg, self.run_target, self.clock, hostname) if self.run_target and (
+            cfg.cluster.nodes > 1 or cfg.budget.scope == "run") else None
+        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk,
+                                  run_total=self.ledger.words if self.ledger else None)
         self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
 
         from supervisor.spot.guard import SpotGuard
@@ -133,7 +137,8 @@ class Daemon:
         self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
                            facts=lambda: self._hook_facts(hostname))
         self.alerts.on_alert = self._on_alert
-        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.stops.request)
+        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.stops.request,
+                                run=self.ledger)
         self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
 
         self.cluster = None
@@ -311,8 +316,9 @@ class Daemon:
         self.resume.close()
         self.metrics.close()
         self.disk.close()
-        if self.cluster:
-            self.cluster.close()
+        for wing in (self.cluster, self.ledger):
+            if wing:
+                wing.close()
         self.sync.close()
         self.gpu.close()
         self.alerts.tick()
@@ -434,18 +440,8 @@ class Daemon:
         return self.disk.prune_now(dry_run=dry)
 
     def _h_keepalive(self, a: dict) -> Any:
-        if a.get("cancel"):
-            return self.guard.cancel_keepalive()
-        d = a.get("duration")
-        if not isinstance(d, str):
-            raise RequestError('"keepalive" needs "duration" like "2h", or "cancel": true')
-        try:
-            secs = parse_duration(d)
-        except ValueError:
-            raise RequestError(f'keepalive: expected a duration like "2h", got {d!r}') from None
-        if not 0 < secs <= 7 * 86400:
-            raise RequestError("keepalive: duration must be between 1s and 7d")
-        return self.guard.keepalive(secs)
+        secs = keepalive_seconds(a)
+        return self.guard.cancel_keepalive() if secs is None else self.guard.keepalive(secs)
 
 
 @dataclass(frozen=True)
@@ -480,6 +476,8 @@ DUTIES: tuple[Duty, ...] = (
     Duty("metrics", lambda c: c.gpu.poll_interval if Daemon.metrics_wanted(c) else None, lambda d: d.metrics.poll()),
     Duty("cluster", lambda c: read_every(c.cluster.heartbeat) if c.cluster.nodes > 1 else None,
          lambda d: d.cluster and d.cluster.poll()),  # heartbeats through the target; a lost node stops us
+    Duty("run_ledger", lambda c: 30.0 if c.cluster.nodes > 1 or c.budget.scope == "run" else None,
+         lambda d: d.ledger and d.ledger.poll()),  # this boot's money on the target, every boot's read back
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
 )

@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "resume": {"notify", "training", "sync"},
     "fleet": set(),
     "hooks": {"notify"},
-    "money": {"notify", "training", "progress"},
+    "money": {"notify", "training", "progress", "sync"},
     "disk": {"notify", "training", "sync"},
     "stop": set(),
     "cluster": {"notify", "training", "sync"},

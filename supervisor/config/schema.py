@@ -229,6 +229,7 @@ class BudgetConfig:
     max_runtime: float | None = _k("optduration", None, min=60)
     warn_at: float = _k("float", 0.8, min=0.05, max=1.0)
     margin: float = _k("duration", 300.0)
+    scope: str = _k("choice", "machine", choices=("machine", "run"))
 
 
 HOOK_EVENTS = ("finish", "idle_warning", "stop", "preemption", "final_sync_done", "alert")

@@ -12,6 +12,7 @@ calls `on_training_ended(info)` when a run ends, and routes `supervisorctl keepa
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,10 @@ class IdleGuard(GuardMails, CapStops):
     def __init__(self, conf: GuardConfig, clock: Clock, store: StateStore, alerts: Alerts,
                  training: TrainingView, gpu: GpuView | None, sync: SyncView, progress: Any = None, *,
                  tmux_socket: str | None = None, runners: dict | None = None, env: dict[str, str] | None = None,
-                 mail_flush_s: float = 30.0, disk: Any = None):
+                 mail_flush_s: float = 30.0, disk: Any = None, run_total: Callable[[], str] | None = None):
         self.conf = conf
         self.disk = disk
+        self.run_total = run_total  # the run's money across its machines, for the finish mail
         self.clock, self.store, self.alerts = clock, store, alerts
         self.th = Thresholds.of(conf.idle, conf.finish_grace)
         self.training = training

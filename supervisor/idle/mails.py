@@ -49,6 +49,14 @@ class GuardMails:
     def _idle_cost(self) -> float | None:
         return idle.idle_cost(self.m, self.conf.price_per_hour)
 
+    def _run_total(self) -> str:
+        fn = getattr(self, "run_total", None)
+        try:
+            return fn() if fn is not None else ""
+        except Exception:  # noqa: BLE001 - the mail goes out without the run's total
+            log.exception("run_total_failed")
+            return ""
+
     def _cost(self) -> words.IdleCost | None:
         c, price = self._idle_cost(), self.conf.price_per_hour
         return None if c is None or price is None else words.IdleCost(c, self.conf.currency, price)
@@ -99,6 +107,6 @@ class GuardMails:
             if text:
                 end = replace(end, cause="disk full", cause_text=text)
         mail = run_words.ended(run_words.Ended(end, last_progress(self.progress, now.wall, self.conf.currency),
-                                               outputs(self.conf, r), nxt))
+                                               outputs(self.conf, r), nxt, self._run_total()))
         self._send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
                    "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)

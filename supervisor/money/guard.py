@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -21,10 +22,14 @@ from supervisor.durations import format_duration, parse_duration
 from supervisor.interfaces import RequestError
 from supervisor.money import plan
 from supervisor.money.plan import Act, Caps, Lead, MoneyState, Run, Warn
+from supervisor.money.runmoney import as_one_machine
 from supervisor.notify.mails import money as words
 from supervisor.states import TRAINING_ALIVE
 from supervisor.timefmt import parse_moment, when
 from supervisor.training.checkpoints import checkpoint_step
+
+if TYPE_CHECKING:
+    from supervisor.money.runledger import RunLedger
 
 log = structlog.get_logger("money")
 
@@ -75,8 +80,9 @@ class MoneyGuard:
     NAME = "money"
 
     def __init__(self, ctx: Context, progress: Any, sync: Any, training: Any,
-                 stop: Callable[[str, str], bool] | None = None):
+                 stop: Callable[[str, str], bool] | None = None, run: RunLedger | None = None):
         self.cfg = ctx.config
+        self.run = run  # the run's ledger on the target: budget.scope = "run" counts every machine of it
         self.clock, self.store, self.alerts = ctx.clock, ctx.store, ctx.alerts
         self.progress, self.sync, self.training = progress, sync, training
         self.stop = stop
@@ -135,13 +141,23 @@ class MoneyGuard:
         return Lead(save_s=self._ck[1], stop_grace=self.cfg.training.stop_grace,
                     final_sync_s=max(MIN_FINAL_SYNC_S, left / rate), margin=self.cfg.budget.margin)
 
+    def figures(self) -> tuple[Caps, float]:
+        """The caps and the "uptime" plan.py counts: this machine's, or with budget.scope = "run"
+        the whole run's as one machine billing nodes x price (runmoney.as_one_machine); this
+        machine's alone until the ledger was read once."""
+        caps, uptime = self.caps(), self.clock.boot()[1]
+        m = self.run.money() if self.run is not None and self.cfg.budget.scope == "run" else None
+        if m is None:
+            return caps, uptime
+        up, price = as_one_machine(m, self.cfg.cluster.nodes, caps.price_per_hour)
+        return replace(caps, price_per_hour=price), up
+
     # --- the duty ---------------------------------------------------------------------------------
     def poll(self) -> None:
-        caps = self.caps()
+        caps, uptime = self.figures()
         if not caps.any:
             return
         now = self.clock.time()
-        uptime = self.clock.boot()[1]
         run = self._run(now)
         with self._lock:
             self._lead = lead = self._measure_lead()
@@ -182,8 +198,8 @@ class MoneyGuard:
     def moment(self) -> tuple[float | None, str]:
         """Seconds a final sync may still take before the cap (keeping time for the action), and
         the cap in words: what the stop sequence cuts a hanging sync at."""
-        caps = self.caps()
-        cap = plan.first_cap(caps, self._lead, self.clock.time(), self.clock.boot()[1])
+        caps, uptime = self.figures()
+        cap = plan.first_cap(caps, self._lead, self.clock.time(), uptime)
         if cap is None:
             return None, ""
         return plan.cut_in(cap, self.clock.time(), ACTION_RESERVE_S), words.cap_reason(
@@ -251,19 +267,19 @@ class MoneyGuard:
         return out
 
     def status(self) -> dict:
-        caps = self.caps()
-        now, uptime = self.clock.time(), self.clock.boot()[1]
+        caps, uptime = self.figures()
+        now = self.clock.time()
         with self._lock:
             lead, last = self._lead, self._last
             state = self.state
         cap = plan.first_cap(caps, lead, now, uptime)
         return {
             "max_cost": caps.max_cost, "deadline": caps.deadline, "max_runtime_s": caps.max_runtime,
-            "warn_at": caps.warn_at, "currency": caps.currency, "price_per_hour": caps.price_per_hour,
+            "warn_at": caps.warn_at, "currency": caps.currency, "price_per_hour": self.cfg.price_per_hour,
             "overrides": dict(self.overrides), "spent": plan.spent(caps.price_per_hour, uptime) if caps.any else None,
-            "uptime_s": uptime,
+            "uptime_s": (mine := self.clock.boot()[1]),
             # what the caps count from (clock.read_boot): the later of the boot and our PID 1's start
-            "billing_since": now - uptime, "billing_from": billing_origin(),
+            "billing_since": now - mine, "billing_from": billing_origin(),
             "cap": None if cap is None else {"kind": cap.kind, "at": cap.at, "act_at": cap.act_at,
                                              "left_s": cap.at - now, "act_left_s": cap.act_at - now},
             "lead": {"save_s": round(lead.save_s, 1), "stop_grace_s": lead.stop_grace,
@@ -273,4 +289,5 @@ class MoneyGuard:
                 "need_cost": last.need_cost, "eta_at": last.eta_at, "fits": last.fits,
                 "last_checkpoint": last.last_checkpoint, "used": round(last.used, 4)},
             "warned_at": state.warned_at, "acted": state.acted or None, "acted_at": state.acted_at,
+            "scope": self.cfg.budget.scope, **(self.run.status() if self.run is not None else {}),
         }

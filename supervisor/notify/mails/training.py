@@ -74,6 +74,7 @@ class Ended:
     progress: LastProgress | None
     outputs: Outputs
     next: Next
+    run_total: str = ""   # a run across machines: its money and machine-hours (money.runledger)
 
 
 def _progress_text(p: LastProgress | None) -> str:
@@ -140,7 +141,8 @@ def ended(f: Ended) -> Mail:
     tail = "".join(f"  {x}\n" for x in r.log_tail)
     body = (f"Training {'finished' if r.finished else 'failed'}: {how} (run {r.run_id}).\n"
             + (f"\n{r.cause_text}\n" if r.cause_text else "") +
-            f"Command: {r.command}\n{ran}{_progress_text(f.progress)}{_outputs_text(f.outputs, r.workdir)}"
+            f"Command: {r.command}\n{ran}{_progress_text(f.progress)}" + (f"{f.run_total}\n" if f.run_total else "")
+            + f"{_outputs_text(f.outputs, r.workdir)}"
             f"Log: {r.log_path}\n" + (f"Last lines of the log:\n{tail}" if tail else "") + _next_text(f.next))
     return Mail(subject, body)
 

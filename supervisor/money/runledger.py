@@ -1,0 +1,105 @@
+"""The run's money ledger on the sync target: this machine's record written, every machine's read.
+
+One record per machine boot under `_run/ledger/` (runmoney.py), rewritten every WRITE_EVERY so a
+machine that dies without a word still counts up to its last record. Read back with the others'
+each time; a target that fails keeps the last figures and says so. Active when the run spans
+machines (`cluster.nodes` > 1) or `budget.scope = "run"` asks for it."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import structlog
+
+from supervisor.money import runmoney as rm
+
+if TYPE_CHECKING:
+    from supervisor.clock import Clock
+    from supervisor.config import Config
+
+log = structlog.get_logger("money")
+
+WRITE_EVERY = 30.0   # seconds: at least once a minute, as the record promises
+RECORDS_MAX = 4096   # boots read back (a run resumed that often is summed over its newest records)
+
+
+class RunLedger:
+    def __init__(self, cfg: Config, run_target: str, clock: Clock, hostname: str):
+        from supervisor.sync.targets import make_target
+        from supervisor.syncurl import parse_target
+
+        self.cfg = cfg
+        self.clock = clock
+        self.hostname = hostname
+        self.run_id = cfg.cluster.run_id or run_target
+        # rooted at the ledger: its listing is the records alone, never the run's checkpoints
+        self.target = make_target(parse_target(f"{run_target.rstrip('/')}/{rm.LEDGER}"), cfg.sync, cfg.state_dir)
+        self._lock = threading.Lock()
+        self._records: list[rm.Boot] = []
+        self._read_once = False
+        self.error = ""
+        self.damaged: list[str] = []
+
+    def me(self) -> rm.Boot:
+        boot_id, uptime = self.clock.boot()
+        now = self.clock.time()
+        return rm.Boot(self.hostname, boot_id, self.cfg.cluster.rank or 0, now - uptime, uptime,
+                       self.cfg.price_per_hour, self.cfg.currency, now)
+
+    def poll(self) -> None:
+        from supervisor.sync.targets.base import reader
+
+        me = self.me()
+        try:
+            self.target.write_object(me.key, rm.record_doc(me, self.run_id))  # type: ignore[attr-defined]
+            rd = reader(self.target)
+            keys = sorted(k for k in rd.list_keys() if "/" not in k and k.endswith(".json"))
+            got, damaged = [], []
+            for k in keys[-RECORDS_MAX:]:
+                data = rd.read_file(k)
+                b = rm.parse_record(data, self.run_id) if data is not None else None
+                if b is not None:
+                    got.append(b)
+                elif data is not None and b'"run_id"' in data and self.run_id.encode() in data:
+                    damaged.append(k)  # ours by its words, yet not a record: named, never summed
+        except Exception as e:  # noqa: BLE001 - a failing target keeps the last figures
+            if str(e) != self.error:
+                log.warning("run_ledger_failed", error=str(e))
+            self.error = str(e)
+            return
+        with self._lock:
+            self._records, self._read_once, self.error, self.damaged = got, True, "", damaged
+
+    def money(self) -> rm.RunMoney | None:
+        """The run's money now (None until the ledger was read once)."""
+        with self._lock:
+            if not self._read_once:
+                return None
+            records = list(self._records)
+        return rm.totals(records, self.me())
+
+    def words(self) -> str:
+        """The finish mail's line: the run's total across its machines."""
+        m = self.money()
+        if m is None:
+            return ""
+        hours = m.seconds / 3600.0
+        cost = "" if m.spent is None else f"{m.spent:.2f} {self.cfg.currency}, "
+        return (f"The run so far: {cost}{hours:.1f} machine-hours on {len(m.machines)} machine boot"
+                f"{'s' if len(m.machines) != 1 else ''} (the ledger on the target, _run/ledger/).")
+
+    def status(self) -> dict:
+        m = self.money()
+        return {"run_spent": None if m is None else (None if m.spent is None else round(m.spent, 4)),
+                "machine_hours": None if m is None else round(m.seconds / 3600.0, 3),
+                "machines": [] if m is None else [
+                    {"host": b.host, "rank": b.rank, "boot_id": b.boot_id, "since": b.since,
+                     "seconds": round(b.seconds, 1), "spent": None if b.spent is None else round(b.spent, 4),
+                     "updated": b.updated} for b in m.machines],
+                "ledger_error": self.error, "ledger_damaged": list(self.damaged[:10])}
+
+    def close(self) -> None:
+        close = getattr(self.target, "close", None)
+        if callable(close):
+            close()
