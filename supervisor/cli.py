@@ -39,6 +39,8 @@ def _req(args: argparse.Namespace, cmd: str, a: dict | None = None, timeout: flo
 def cmd_status(args: argparse.Namespace) -> int:
     if args.host or args.hosts_file:
         return cmd_status_hosts(args)
+    if args.cluster:
+        return cmd_status_cluster(args)
     st = _req(args, "status")
     if args.json:
         st = {k: v for k, v in st.items() if k != "lines"}
@@ -49,6 +51,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state == "RUNNING" or (state == "FINISHED" and st["training"].get("exit_code") == 0):
         return EXIT_OK
     return EXIT_NOT_RUNNING
+
+
+def cmd_status_cluster(args: argparse.Namespace) -> int:
+    """Every node of the run from its heartbeat on the target. 0 when every node is ok or finished,
+    3 when one is silent or lost, 4 when the target cannot be read."""
+    from supervisor.cluster.view import all_well, read_cluster, render_cluster
+
+    try:
+        d = read_cluster(load(args.config), os.environ)
+    except ValueError as e:
+        sys.stderr.write(f"supervisorctl: status --cluster: {e}\n")
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - the target's own words, one line
+        sys.stderr.write(f"supervisorctl: status --cluster: cannot read the target: {e}\n")
+        return EXIT_UNREACHABLE
+    sys.stdout.write((json.dumps(d, indent=2, sort_keys=True) if args.json else render_cluster(d)) + "\n")
+    return EXIT_OK if all_well(d) else EXIT_NOT_RUNNING
 
 
 def cmd_status_hosts(args: argparse.Namespace) -> int:
@@ -487,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-config", metavar="FILE", help="ssh_config file for --host (ssh -F)")
     p.add_argument("--ssh-option", "-o", action="append", metavar="OPT", help="ssh -o option for --host")
     p.add_argument("--timeout", type=float, default=30, help="seconds to wait for each --host (default 30)")
+    p.add_argument("--cluster", action="store_true", help="every node of the run, from the heartbeats on the target")
     p.set_defaults(fn=cmd_status)
     p = sub.add_parser("idle-check", help="exit 0 when this machine is idle (and say for how long), 1 when "
                        "active; anything else: treat as active")

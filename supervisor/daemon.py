@@ -202,6 +202,8 @@ class Daemon:
         self.follower.poll(self.clock.time())
         self.progress.end_run(info.run_id, info.ended_at or self.clock.time())
         self.oom.check_exit(info)
+        if self.cluster:
+            self.cluster.beat_soon()
         self.sync.request_sync()
         self.guard.on_training_ended(info)
         self.guard.poll_soon()

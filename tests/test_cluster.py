@@ -250,6 +250,26 @@ def test_a_lost_node_only_alerts_when_asked_or_when_nothing_runs_here(tmp_path, 
     assert ("nothing is stopped" in a.fired[0][1])
 
 
+def test_a_node_whose_run_finished_and_whose_machine_stopped_is_not_lost(tmp_path):
+    clock = FakeClock()
+    a = Recorder()
+    t1 = Training()
+    w0 = watch_for(0, tmp_path, clock, a, Training())
+    w1 = watch_for(1, tmp_path, clock, Recorder(), t1)
+    for _ in range(3):
+        w1.poll()
+        w0.poll()
+        clock.advance(1.0)
+    t1.state = TrainingState.FINISHED
+    w1.beat_soon()
+    w1.poll()      # its last heartbeat says FINISHED; then its machine stops
+    for _ in range(30):
+        w0.poll()
+        clock.advance(1.0)
+    assert [n["state"] for n in w0.status()["nodes"]] == ["ok", "finished"]
+    assert not a.stops and not a.fired
+
+
 def test_a_target_that_fails_judges_nobody_lost_and_says_so(tmp_path):
     clock = FakeClock()
     a = Recorder()
@@ -267,6 +287,34 @@ def test_a_target_that_fails_judges_nobody_lost_and_says_so(tmp_path):
         clock.advance(1.0)
     st = w0.status()
     assert st["error"] and not a.stops and st["nodes"][1]["state"] != "lost"
+
+
+def test_status_cluster_shows_every_node_from_the_target_without_a_daemon(tmp_path, capsys):
+    from supervisor.cli import main
+
+    clock = FakeClock(start=time.time())
+    remote = tmp_path / "run"
+    held = ["checkpoint-40"]
+    w = [ClusterWatch(ClusterConfig(nodes=3, rank=k, run_id="run-a", heartbeat=1.0, silent_after=5.0),
+                      Identity(3, k, "run-a"), LocalTarget(str(remote)), Training(), Recorder(), clock, f"host-{k}",
+                      stop=Recorder().stop, withdraw=Recorder().withdraw, holds=lambda: held) for k in range(2)]
+    for x in w:
+        x.poll()
+    (remote / "_cluster" / "checkpoint-20.json").write_text("{}")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'state_dir = "{tmp_path}/state"\n[sync]\ntarget = "{remote}"\nwatch = ["{tmp_path}/out"]\n'
+                   '[cluster]\nnodes = 3\nrank = 0\nrun_id = "run-a"\nheartbeat = "1s"\nsilent_after = "5s"\n')
+    rc = main(["--config", str(cfg), "status", "--cluster", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 3  # node 2 never wrote
+    assert [(n["rank"], n["state"]) for n in d["nodes"]] == [(0, "ok"), (1, "ok"), (2, "silent")]
+    assert d["nodes"][1]["host"] == "host-1" and d["nodes"][1]["newest_held"] == "checkpoint-40"
+    assert d["whole"] == ["checkpoint-20"]
+    assert main(["--config", str(cfg), "status", "--cluster"]) == 3
+    text = capsys.readouterr().out
+    assert "newest unit whole on every node: checkpoint-20" in text and "node 2   silent" in text
+    for x in w:
+        x.close()
 
 
 # --- whole units: every node's part ----------------------------------------------------------------

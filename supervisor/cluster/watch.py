@@ -121,6 +121,11 @@ class ClusterWatch:
             except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
                 self._problem(f"cannot write the run-wide records: {e}")
 
+    def beat_soon(self) -> None:
+        """The training ended: the next poll (within seconds) tells the other nodes, so a node whose
+        run finished is never taken for a lost one before its machine stops."""
+        self._last_write = None
+
     def _beat(self, training: str, run: int) -> None:
         self._seq += 1
         try:

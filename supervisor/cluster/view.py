@@ -1,0 +1,87 @@
+"""`supervisorctl status --cluster`: every node of the run, read from the heartbeats on the sync
+target. No SSH and no daemon needed: any machine with the config and the keys can ask.
+
+A one-shot look cannot watch a heartbeat change, so a node's age here is its heartbeat's own time
+against this machine's clock (clock skew shows as age; the daemons judge by change, nodes.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from supervisor.cluster import nodes as cn
+from supervisor.config.cluster import for_node
+from supervisor.durations import format_duration
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
+
+
+def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) -> dict:
+    """{"run_id", "target", "nodes": [...], "whole": [...]}. ValueError when the config names no
+    run of several nodes; TargetError when the target cannot be read."""
+    from supervisor.sync.parts import RECORDS
+    from supervisor.sync.targets import make_target
+    from supervisor.sync.targets.base import reader
+    from supervisor.syncurl import parse_target
+
+    cfg, run_target = for_node(cfg, env)
+    c = cfg.cluster
+    if c.nodes <= 1 or not run_target:
+        raise ValueError("this config is not a run of several nodes (cluster.nodes, or NNODES and the like, "
+                         "and sync.target)")
+    now = time.time() if now is None else now
+    target = make_target(parse_target(run_target), cfg.sync, cfg.state_dir)
+    records = make_target(parse_target(f"{run_target.rstrip('/')}/{RECORDS}"), cfg.sync, cfg.state_dir)
+    try:
+        rd = reader(target)
+        out = []
+        for k in range(c.nodes):
+            data = rd.read_file(cn.beat_key(k))
+            try:
+                b = cn.parse_beat(data, k) if data is not None else None
+            except ValueError as e:
+                out.append({"rank": k, "state": cn.SILENT, "why": str(e)})
+                continue
+            if b is None or b.run_id != c.run_id:
+                out.append({"rank": k, "state": cn.SILENT, "why": "no heartbeat of this run on the target"})
+                continue
+            age = max(0.0, now - b.at)
+            state = (cn.FINISHED if b.training == "FINISHED" else cn.LOST if age >= c.silent_after
+                     else cn.SILENT if age >= 2 * c.heartbeat + 1 else cn.OK)
+            out.append({"rank": k, "host": b.host, "state": state, "training": b.training, "age_s": round(age, 1),
+                        "last_seen": b.at, "newest_held": b.holds[0] if b.holds else None})
+        try:
+            keys = reader(records).list_keys()
+        except Exception:  # noqa: BLE001 - no record yet (a folder target without _cluster/)
+            keys = {}
+        whole = sorted((k[: -len(".json")] for k in keys if k.endswith(".json") and not k.startswith(cn.PART_PREFIX)),
+                       key=_step, reverse=True)
+    finally:
+        target.close()
+        records.close()
+    return {"run_id": c.run_id, "target": run_target, "nodes": out, "whole": whole[:5],
+            "silent_after_s": c.silent_after}
+
+
+def _step(unit: str) -> tuple[int, str]:
+    from supervisor.training.checkpoints import checkpoint_step
+
+    return checkpoint_step(unit.rsplit("/", 1)[-1]) or -1, unit
+
+
+def render_cluster(d: dict) -> str:
+    lines = [f"run {d['run_id']} on {d['target']}: {len(d['nodes'])} nodes; newest unit whole on every node: "
+             f"{d['whole'][0] if d['whole'] else 'none yet'}"]
+    for n in d["nodes"]:
+        if n.get("host") is None:
+            lines.append(f"  node {n['rank']:<3} {n['state']:<8} {n.get('why', '')}")
+            continue
+        lines.append(f"  node {n['rank']:<3} {n['state']:<8} {n['host']}  training {n['training'] or '?'}, "
+                     f"heartbeat {format_duration(n['age_s'])} ago, newest unit here {n['newest_held'] or 'none'}")
+    return "\n".join(lines)
+
+
+def all_well(d: dict) -> bool:
+    return all(n["state"] in (cn.OK, cn.FINISHED) for n in d["nodes"])
