@@ -17,7 +17,8 @@ import yaml
 from supervisor.config import SECTIONS, parse
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "recipes"
-SAMPLE_ENV = {"SYNC_TARGET": "s3://my-bucket/qwen-run1", "MAX_COST": "120", "HOME": "/home/sky"}
+SAMPLE_ENV = {"SYNC_TARGET": "s3://my-bucket/qwen-run1", "MAX_COST": "120", "HOME": "/home/sky",
+              "WORKDIR": "/workspace"}
 
 
 def has(mod: str) -> bool:
@@ -166,12 +167,72 @@ def test_skypilot_recipe_loads_with_skys_own_task_loader():
     assert task.name == "train-qwen"
 
 
+# --- many machines: one run across nodes ---------------------------------------------------------
+def test_skypilot_multinode_task_gives_each_node_its_place_and_one_config():
+    c = yaml.safe_load((RECIPES / "skypilot-multinode.yaml").read_text())
+    assert set(c) <= {"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup",
+                      "run", "config", "volumes", "event_callback"}
+    assert c["num_nodes"] >= 2
+    run = c["run"]
+    assert "SKYPILOT_NODE_RANK" in run and "SKYPILOT_NUM_NODES" in run and "/etc/train-supervisor/environment" in run
+    assert "supervisorctl run -- torchrun" in run and '--node_rank "$SKYPILOT_NODE_RANK"' in run
+    cfg = parse(re.sub(r"\$(\w+)", lambda m: SAMPLE_ENV.get(m.group(1), m.group(0)), heredoc(c["setup"])), "recipe")
+    assert cfg.cluster.on_node_lost == "save_and_stop" and cfg.budget.scope == "run"
+    assert cfg.cluster.nodes == 0 and cfg.cluster.rank is None  # from SkyPilot's variables, not per node
+
+
+def test_dstack_task_with_nodes_runs_one_supervisor_per_node():
+    c = yaml.safe_load((RECIPES / "dstack-nodes.dstack.yml").read_text())
+    assert c["type"] == "task" and c["nodes"] >= 2 and c["max_duration"]
+    cmds = "\n".join(c["commands"])
+    assert "train-supervisord --config" in cmds and "$DSTACK_NODE_RANK" in cmds and "$DSTACK_NODES_NUM" in cmds
+    toml = heredoc(cmds)
+    our_config(toml)
+    assert "[cluster]" in toml and 'scope = "run"' in toml
+
+
+def test_torchrun_node_script_writes_one_config_for_every_node(tmp_path):
+    script = RECIPES / "torchrun-node.sh"
+    assert os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    assert "NODE_RANK=%s" in text and "supervisorctl run -- torchrun" in text and "status --cluster" in text
+    our_config(heredoc(text))
+
+
+def test_the_cluster_recipes_nodes_find_their_place_in_the_engines_variables():
+    """What each recipe gives the daemon's environment is what [cluster] reads (config.cluster)."""
+    from supervisor.config.cluster import identity
+
+    for env, want in [({"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_TASK_ID": "sky-1"}, (2, 1)),
+                      ({"DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2", "DSTACK_RUN_NAME": "r"}, (2, 1)),
+                      ({"NODE_RANK": "1", "NNODES": "2"}, (2, 1)), ({"NODE_RANK": "1", "NUM_NODES": "2"}, (2, 1))]:
+        ident = identity(0, None, "", [env], "s3://my-bucket/qwen")
+        assert (ident.nodes, ident.rank) == want
+
+
+@pytest.mark.skipif(not has("dstack"), reason="dstack is not installed")
+def test_dstack_nodes_recipe_parses_with_dstacks_own_configuration_models():
+    from dstack._internal.core.models.configurations import parse_run_configuration
+
+    conf = parse_run_configuration(yaml.safe_load((RECIPES / "dstack-nodes.dstack.yml").read_text()))
+    assert conf.type == "task" and conf.nodes == 2
+
+
+def test_skypilot_multinode_recipe_loads_with_skys_own_task_loader():
+    sky = sky_or_skip()
+
+    task = sky.Task.from_yaml(str(RECIPES / "skypilot-multinode.yaml"))
+    assert task.name == "train-qwen-multinode" and task.num_nodes == 2
+
+
 # --- the engines' own parsers, in their own environment -------------------------------------------
 # Their dependencies are many and pinned, so they live in .venv-recipes (tests/run.sh builds it with
 # .ci/recipes-venv), not in the daemon's venv: the three checks above run there, by that interpreter.
 RECIPES_PY = os.environ.get("TSUP_RECIPES_PYTHON", "")
 ENGINE_TESTS = ("kubernetes_recipe_reads_as_the_clients_own_models or dstack_recipe_parses_with_dstacks_own "
-                "or skypilot_recipe_loads_with_skys_own_task_loader")
+                "or skypilot_recipe_loads_with_skys_own_task_loader or dstack_nodes_recipe_parses_with_dstacks_own "
+                "or skypilot_multinode_recipe_loads_with_skys_own_task_loader")
 
 
 @pytest.mark.skipif(not RECIPES_PY, reason="TSUP_RECIPES_PYTHON is not set (tests/run.sh builds .venv-recipes)")
@@ -180,5 +241,5 @@ def test_each_recipe_passes_its_engines_own_parser_in_the_engines_environment():
     r = subprocess.run([RECIPES_PY, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rs",
                         str(Path(__file__).relative_to(repo)), "-k", ENGINE_TESTS],
                        cwd=repo, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "3 passed" in r.stdout and "skipped" not in r.stdout, \
+    assert r.returncode == 0 and "5 passed" in r.stdout and "skipped" not in r.stdout, \
         r.stdout[-3000:] + r.stderr[-2000:]
