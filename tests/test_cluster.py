@@ -270,6 +270,43 @@ def test_a_node_whose_run_finished_and_whose_machine_stopped_is_not_lost(tmp_pat
     assert not a.stops and not a.fired
 
 
+@pytest.mark.parametrize("kind", ["s3", "rsync"])
+def test_heartbeats_go_through_s3_and_rsync_too(kind, request, tmp_path):
+    """The same duty over a real SeaweedFS and a real sshd: no server of our own on any target."""
+    from supervisor.config import SyncConfig
+    from supervisor.sync.targets import make_target
+    from supervisor.syncurl import parse_target
+
+    if kind == "s3":
+        server = request.getfixturevalue("s3_server")
+        d = server.sync_config(f"t-{os.getpid()}-{time.monotonic_ns()}")
+    else:
+        d = request.getfixturevalue("sshd_server").sync_config(tmp_path / "remote")
+    cfg = SyncConfig(**d)
+    clock = FakeClock()
+    a, b = Recorder(), Recorder()
+    w = []
+    for k, rec in ((0, a), (1, b)):
+        t = make_target(parse_target(cfg.target), cfg, tmp_path / f"st{k}")
+        w.append(ClusterWatch(ClusterConfig(nodes=2, rank=k, run_id="run-a", heartbeat=1.0, silent_after=5.0),
+                              Identity(2, k, "run-a"), t, Training(), rec, clock, f"host-{k}",
+                              stop=rec.stop, withdraw=rec.withdraw))
+    try:
+        for _ in range(3):
+            w[1].poll()
+            w[0].poll()
+            clock.advance(1.0)
+        assert [n["state"] for n in w[0].status()["nodes"]] == ["ok", "ok"], w[0].status()
+        for _ in range(7):
+            w[0].poll()
+            clock.advance(1.0)
+        assert [n["state"] for n in w[0].status()["nodes"]] == ["ok", "lost"]
+        assert a.stops and not w[0].status()["error"]
+    finally:
+        for x in w:
+            x.close()
+
+
 def test_a_target_that_fails_judges_nobody_lost_and_says_so(tmp_path):
     clock = FakeClock()
     a = Recorder()
