@@ -343,3 +343,7 @@ def test_the_other_trainers_saves_are_found_and_judged_with_the_default_include(
         wait_until(lambda unit=unit: (remote / unit / "_MANIFEST.json").exists(), 20, what=f"{unit} complete")
     assert (remote / "fsdp" / "step_7" / ".metadata").exists()
     assert (remote / "megatron" / "latest_checkpointed_iteration.txt").read_text() == "100"
+    # every unit names its format in status, not only the waiting ones
+    wait_until(lambda: {u["unit"]: (u["format"], u["complete"]) for u in e.status()["units"]}.items() >= {
+        "megatron/iter_0000100": ("megatron", True), "fsdp/step_7": ("dcp", True),
+        "nemo/checkpoints/gpt--step=9.ckpt": ("nemo", True)}.items(), 20, what=f"units: {e.status()['units']}")

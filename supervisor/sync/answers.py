@@ -30,6 +30,16 @@ class IdleJob:
 
 
 class Answers:
+    def unit_formats(self, limit: int = 20) -> list[dict]:
+        """Every unit here, newest first: the trainer's format it is judged by, complete or what it
+        waits for (status --json sync.units)."""
+        with self._lock:
+            units = [(u.label, u.verdict) for u in self._units.values() if not u.retired]
+        units.sort(key=lambda x: (checkpoint_step(x[0].rsplit("/", 1)[-1]) or -1, x[0]), reverse=True)
+        return [{"unit": k, "format": v.format or "files", "complete": v.complete,
+                 "waiting_for": "" if v.complete else (v.waiting_for or v.reason.removeprefix("waiting for "))}
+                for k, v in units[:limit]]
+
     def held_units(self, limit: int = 64) -> list[str]:
         """The units in the watched folders, complete or not, newest first (a cluster heartbeat
         says which units this node has a part of)."""

@@ -251,7 +251,7 @@ class SyncEngine(Answers, Proofs):
             snap = self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
                                        [r.path for r in self.roots])
         snap["target_info"] = describe(self.target) if self.target is not None else {}  # e.g. Xet or LFS
-        snap.update(self.access.status(), lost=list(self.lost.lost))
+        snap.update(self.access.status(), lost=list(self.lost.lost), units=self.unit_formats())
         return snap
 
     # --- worker loop ------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ class Scanner:
         for u in units.values():
             if u.selected and held is not None and held(u):
                 u.forced = sc.overlaps(u.abspath, forced)
-                u.verdict = Verdict(True, "complete")
+                u.verdict = Verdict(True, "complete", format=self._detect(u, siblings)[0])  # named, not re-judged
                 continue
             fmt, waiting = self._format(u, world, siblings)
             u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
@@ -104,9 +104,9 @@ class Scanner:
                 self._world = (mono, None)
         return self._world[1]
 
-    def _format(self, u: sc.Unit, world: int | None, siblings: dict[str, frozenset[str]]) -> tuple[str, str]:
-        """The unit's format and what its rule still waits for (formats.py), reading only the
-        names beside it and the small tracker files a rule names: never a shard, never a pickle."""
+    @staticmethod
+    def _detect(u: sc.Unit, siblings: dict[str, frozenset[str]]) -> tuple[str, str, list[str], frozenset[str]]:
+        """(format, unit name, its files, the names beside it): the names only, nothing read."""
         name = u.rel or os.path.basename(u.root.path)
         rels = [f.rel for f in u.files]
         parent = os.path.dirname(u.abspath)
@@ -116,7 +116,12 @@ class Scanner:
             except OSError:
                 siblings[parent] = frozenset()
         near = siblings.get(parent, frozenset())
-        fmt = formats.detect(name, rels, near)
+        return formats.detect(name, rels, near), name, rels, near
+
+    def _format(self, u: sc.Unit, world: int | None, siblings: dict[str, frozenset[str]]) -> tuple[str, str]:
+        """The unit's format and what its rule still waits for (formats.py), reading only the
+        names beside it and the small tracker files a rule names: never a shard, never a pickle."""
+        fmt, name, rels, near = self._detect(u, siblings)
         texts: dict[str, str] = {}
         for rel in formats.texts_wanted(fmt, name, rels):
             text = read_text(os.path.normpath(os.path.join(u.abspath, rel)))
