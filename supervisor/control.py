@@ -408,3 +408,16 @@ def keepalive_seconds(a: dict) -> float | None:
     if not 0 < secs <= 7 * 86400:
         raise RequestError("keepalive: duration must be between 1s and 7d")
     return secs
+
+
+def sync_wait(a: dict) -> float | None:
+    """`sync [--wait]` checked: the seconds to wait, or None for no wait."""
+    wait = a.get("wait", False)
+    if not isinstance(wait, bool):
+        raise RequestError('"wait" must be true or false')
+    if not wait:
+        return None
+    timeout = a.get("timeout_s", 3600)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+        raise RequestError('"timeout_s" must be a number of seconds between 0 and 86400')
+    return float(timeout)

@@ -29,7 +29,15 @@ from supervisor.clock import Clock, SystemClock
 from supervisor.cluster.nodes import read_every
 from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, Peer, RequestError, bounded_int, keepalive_seconds, run_context
+from supervisor.control import (
+    ControlServer,
+    Peer,
+    RequestError,
+    bounded_int,
+    keepalive_seconds,
+    run_context,
+    sync_wait,
+)
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
 from supervisor.malloc import few_arenas, settle_memory
@@ -130,6 +138,10 @@ class Daemon:
         self.health = HealthWatch(self.ctx, self.gpu.probe, self.training, rate=self._run_rate,
                                   stop_machine=self.stops.request)
         self.training.before_start = self.health.check_start
+        from supervisor.gpu.wastewatch import WasteWatch
+
+        self.waste = WasteWatch(cfg.gpu, self.gpu, self.training, self.alerts, self.clock, stop=self.stops.request,
+                                stop_after=cfg.idle.stop_after_warning)
 
         from supervisor.hooks.runner import Hooks
         from supervisor.money.guard import MoneyGuard
@@ -363,6 +375,7 @@ class Daemon:
             "disk": self.disk.status(),
             "resume": self.resume.status(),
             "cluster": self.cluster.status() if self.cluster else None,
+            "gpu_waste": self.waste.status(),
         }
 
     # --- control handlers ----------------------------------------------------------------------
@@ -420,20 +433,14 @@ class Daemon:
     _h_run.wants_peer = True  # type: ignore[attr-defined]
 
     def _h_sync(self, a: dict) -> Any:
-        wait = a.get("wait", False)
-        if not isinstance(wait, bool):
-            raise RequestError('"wait" must be true or false')
+        timeout = sync_wait(a)  # checked before anything moves
         self.sync.reload_credentials()  # keys fixed meanwhile are used by this very sync
         self.sync.request_sync()
-        if not wait:
+        if timeout is None:
             return {"requested": True, "sync": self.sync.status()}
-        timeout = a.get("timeout_s", 3600)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
-            raise RequestError('"timeout_s" must be a number of seconds between 0 and 86400')
-        r = self.sync.wait_idle(float(timeout))
-        return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes,
-                "uploaded_files": r.uploaded_files, "error": r.error, "unsynced": r.unsynced[:50],
-                "unsynced_units": r.unsynced_units[:50]}
+        r = self.sync.wait_idle(timeout)
+        return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes, "uploaded_files": r.uploaded_files,
+                "error": r.error, "unsynced": r.unsynced[:50], "unsynced_units": r.unsynced_units[:50]}
 
     def _h_prune(self, a: dict) -> Any:
         dry = a.get("dry_run", False)
@@ -468,6 +475,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
+    Duty("waste", lambda c: max(1.0, c.gpu.poll_interval), lambda d: d.waste.poll()),  # GPU memory held for nothing
     Duty("disk", lambda c: 10.0, lambda d: d.disk.poll()),  # before the host check: it learns what we cover
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),

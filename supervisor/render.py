@@ -43,6 +43,10 @@ def render_status(st: dict) -> str:
         lines.extend(gl)
     elif st.get("gpu_error"):
         lines.append(f"gpus      none ({st['gpu_error']})")
+    for x in (st.get("gpu_waste") or [])[:4]:
+        who = f" ({x['user']}: {x['command'][:40]})" if x.get("user") else ""
+        lines.append(f"  waste   GPU {x['gpu']}: {_gib(x['mem_bytes'])} GiB held by PID {x['pid']}{who}, {x['kind']}, "
+                     f"for {format_duration(x['for_s'])}")
     lines.extend(sync_lines(st))
     lines.extend(disk_lines(st))
     lines.extend(idle_lines(st))

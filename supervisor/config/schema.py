@@ -62,6 +62,8 @@ class GpuConfig:
     nvml_library: str = _k("path", "")
     mem_limit_fraction: float = _k("float", 0.98, min=0.5, max=1.0)
     mem_limit_samples: int = _k("int", 3, min=1)
+    waste_after: float = _k("duration", 1800.0, min=1)
+    on_waste: str = _k("choice", "alert", choices=("alert", "stop"))
 
 
 # What trainer.save_model(output_dir) leaves in the watched folder itself: the final model.
