@@ -212,7 +212,7 @@ class Daemon:
     def _on_training_end(self, info: TrainingInfo) -> None:
         # read what the job printed last (an OOM traceback) before judging how it ended
         self.follower.poll(self.clock.time())
-        self.progress.end_run(info.run_id, info.ended_at or self.clock.time())
+        self.progress.end_run(info.run_id, info.ended_at or self.clock.time(), self._checkpoint_dirs())
         self.oom.check_exit(info)
         if self.cluster:
             self.cluster.beat_soon()
@@ -470,6 +470,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("gpu", lambda c: c.gpu.poll_interval, lambda d: d.gpu.poll()),
     Duty("log", lambda c: 2.0, lambda d: d.follower.poll(d.clock.time())),
     Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
+    Duty("trackers", lambda c: 10.0, lambda d: d.progress.poll_trackers(d._checkpoint_dirs())),  # TensorBoard, MLflow
     Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
     Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
     Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)

@@ -478,7 +478,7 @@ def test_a_frozen_node_releases_the_survivor_saved_then_stopped_in_time(tmp_path
                what="both nodes ok")
     objs = s3_server.objects(s3_prefix)
     assert {"_cluster/node-0.json", "_cluster/node-1.json"} <= set(objs)
-    assert not [k for k in objs if not k.startswith(("node-0/", "node-1/", "_cluster/"))], sorted(objs)
+    assert not [k for k in objs if not k.startswith(("node-0/", "node-1/", "_cluster/", "_run/ledger/"))], sorted(objs)
 
     # node 1 frozen whole: its daemon and its training (the job has its own process group in tmux)
     job = d1.status()["training"]["pid"]

@@ -116,6 +116,12 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
     cluster_checks(cfg, problems)
+    known = ("auto", "log", "trainer_state", "tensorboard", "mlflow")
+    for i, src in enumerate(cfg.progress.sources):
+        if src not in known:
+            later = " (not read yet: its files need its own SDK's format)" if src in ("trackio", "wandb") else ""
+            problems.append(f"progress.sources[{i}]: {show_value(src)} is not a source{later}; "
+                            f"expected {', '.join(known)}")
     if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):
         problems.append('disk.prune: "synced" needs sync.target and sync.watch (only what the target '
                         'verifiably holds is ever deleted)')

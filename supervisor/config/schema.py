@@ -198,6 +198,7 @@ class ProgressConfig:
     # None: the larger of 30m and 10 x the median step time (supervisor.progress.stall.threshold)
     stall_after: float | None = _k("optduration", None, min=60)
     stalled_action: str = _k("choice", "alert", choices=("alert", "stop"))
+    sources: list[str] = _k("strlist", ["auto"])
 
 
 # What a training may be asked to save with; the runner ignores each of these (it must outlive the job).

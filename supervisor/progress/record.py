@@ -35,6 +35,11 @@ LINE_TIME_SLACK_S = 600.0   # a TSUP `time` further in the past than this is ign
 _SERIES = ("steps", "tokens_s", "epochs")
 
 
+# Sources read from files the training writes, each at its own pace: a step older than the one
+# known is theirs lagging, never a restart of the run.
+FILE_SOURCES = ("trainer_state", "tensorboard", "mlflow")
+
+
 @dataclass
 class Run:
     run_id: int | None = None
@@ -212,13 +217,13 @@ def _merge_step(r: Run, step: int, src: str, t: float) -> None:
         # update (the HF Trainer's ProgressCallback does this): steps this process did not do
         r.steps.clear()
         r.leap_at = t
-    if src == "trainer_state":
+    if src in FILE_SOURCES:
         if r.step is not None and step <= r.step:
-            return  # an older checkpoint than what the log already said
+            return  # older than what another source already said (a checkpoint, a flush that lags)
         r.steps.add(t, step)
         r.step, r.step_at = step, t
-        if r.step_source is None:
-            r.step_source = src
+        if r.step_source is None or src != "trainer_state":
+            r.step_source = src  # a tracker that moves the step is the freshest witness
         return
     if src == "tqdm" and r.step_source == "tsup":
         return  # the user's own line is the better witness

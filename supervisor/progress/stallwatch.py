@@ -91,7 +91,8 @@ class StallWatch:
         cfg = self.ctx.config.progress
         f = words.Stalled(info.run_id, s.step, s.since, s.for_s, s.threshold_s, cfg.stall_after is not None,
                           cfg.stalled_action, snap.get("max_steps"), tuple(pids), self.cpu.figure, gpus, gpu_error,
-                          info.log_path, tuple(_tail(info.log_path, words.LOG_LINES)), self.dump(pids))
+                          info.log_path, tuple(_tail(info.log_path, words.LOG_LINES)), self.dump(pids),
+                          snap.get("source") or "")
         return words.stalled(f)
 
     def _gpus(self) -> tuple[tuple[words.GpuFigure, ...], str | None]:

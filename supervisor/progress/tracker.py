@@ -25,6 +25,7 @@ from supervisor.notify.mails import progress as words
 from supervisor.progress import record as pr
 from supervisor.progress import stall
 from supervisor.progress.parse import parse_trainer_state
+from supervisor.progress.trackers import TrackerFiles
 from supervisor.statefile import set_aside
 from supervisor.training.checkpoints import checkpoint_step
 
@@ -49,6 +50,11 @@ class ProgressTracker:
         self._dirty = False
         self._errors = 0
         self.run = self._load()
+        src = set(self.cfg.sources)
+        self._log_on = "auto" in src or "log" in src
+        self._state_on = "auto" in src or "trainer_state" in src
+        self.trackers = TrackerFiles(list(src))
+        self.tracker_end: dict[str, str] = {}
 
     @property
     def cfg(self):
@@ -86,8 +92,13 @@ class ProgressTracker:
             except Exception:  # noqa: BLE001
                 log.warning("gpu_reset_peak_failed", exc_info=True)
 
-    def end_run(self, run_id: int, ended_at: float) -> None:
-        """The run ended (any way): figures freeze at ended_at; the cost stops growing."""
+    def end_run(self, run_id: int, ended_at: float, dirs: list[str] | None = None) -> None:
+        """The run ended (any way): figures freeze at ended_at; the cost stops growing. `dirs`: a
+        last look at its trainer_state.json files and trackers first (what it wrote on its way out:
+        the final step of a run the log did not follow)."""
+        if dirs:
+            self.scan_checkpoints(dirs)
+            self.poll_trackers(dirs, rediscover=True)
         with self._lock:
             if self.run.run_id != run_id or self.run.ended_at is not None:
                 return
@@ -99,7 +110,7 @@ class ProgressTracker:
     def feed_line(self, line: str, now: float) -> None:
         try:
             with self._lock:
-                if not self.run.live:
+                if not self.run.live or not self._log_on:
                     return
                 m = pr.merge_line(self.run, line, now)
                 self._dirty = self._dirty or m.changed
@@ -120,6 +131,8 @@ class ProgressTracker:
     def scan_checkpoints(self, dirs: list[str]) -> None:
         """Read trainer_state.json of the newest checkpoint-N/ in (or one level below) `dirs`,
         only when it changed since the last read and was written during this run."""
+        if not self._state_on:
+            return
         try:
             with self._lock:
                 r = self.run
@@ -157,6 +170,29 @@ class ProgressTracker:
                 self._save(force=True)
         except Exception:  # noqa: BLE001
             self._error("progress_scan_failed")
+
+    def poll_trackers(self, dirs: list[str], rediscover: bool = False) -> None:
+        """What TensorBoard and MLflow wrote since the last look (progress.sources), merged like a
+        log line, at the writer's own time."""
+        try:
+            with self._lock:
+                if not self.run.live or not self.trackers.wanted:
+                    return
+                started = self.run.started_at
+            found = self.trackers.poll(dirs, started, rediscover)
+            now = self.ctx.clock.time()
+            with self._lock:
+                if self.run.started_at != started or started is None:
+                    return
+                for obs, t in found.obs:
+                    if t >= started - 60:
+                        m = pr.merge(self.run, obs, min(now, max(started, t)))
+                        self._dirty = self._dirty or m.changed
+                self.tracker_end.update(found.ended)
+                if self._dirty:
+                    self._save()
+        except Exception:  # noqa: BLE001
+            self._error("progress_trackers_failed")
 
     # --- figures ------------------------------------------------------------------------------------
     def _figures(self, now: float) -> pr.Figures:
@@ -306,11 +342,13 @@ class ProgressTracker:
 
 
 def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:
-    """(path, mtime_ns, size) of the most recently written checkpoint-N/trainer_state.json."""
+    """(path, mtime_ns, size) of the most recently written checkpoint-N/trainer_state.json, or
+    the one trainer.save_state() leaves at the top of output_dir when the run ends (the final step:
+    a run that saved every 40 steps and finished at 200 says 200/200, not 160/200)."""
     best: tuple[int, int, str, int] | None = None
     seen: set[str] = set()
     for d in dirs:
-        for ck, n in _checkpoint_dirs(d):
+        for ck, n in [(d, -1), *_checkpoint_dirs(d)]:
             p = os.path.join(ck, "trainer_state.json")
             if p in seen:
                 continue

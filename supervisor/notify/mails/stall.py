@@ -10,6 +10,9 @@ from supervisor.notify.mails import Mail
 from supervisor.timefmt import hm, when
 
 LOG_LINES = 20
+SOURCE_WORDS = {"tsup": "the TSUP lines in the log", "tqdm": "the progress bar in the log", "log": "the log",
+                "trainer_state": "trainer_state.json", "tensorboard": "the TensorBoard event files",
+                "mlflow": "the MLflow file store"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Stalled:
     log_path: str = ""
     log_tail: tuple[str, ...] = ()
     stacks: str = ""
+    source: str = ""                 # where the step was last read (log, trainer_state, tensorboard, mlflow)
 
 
 def reason(step: int, since: float, for_s: float) -> str:
@@ -64,7 +68,8 @@ def stalled(f: Stalled) -> Mail:
     lines = [
         f"Training run {f.run_id} is running, but its step has not advanced for {format_duration(f.for_s)}.",
         "",
-        f"Last step: {_step(f)}, seen at {when(f.since)}.",
+        f"Last step: {_step(f)}, seen at {when(f.since)}" + (f" (from {SOURCE_WORDS.get(f.source, f.source)};"
+                                                              " no source has a newer one)." if f.source else "."),
         f"Stalled after: {format_duration(f.threshold_s)} without a new step ({rule}).",
         "",
         "GPUs:" if f.gpus else f"GPUs: {f.gpu_error or 'none seen'}",

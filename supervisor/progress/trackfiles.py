@@ -1,0 +1,191 @@
+"""What the experiment trackers write to disk, read without their SDKs. Pure: bytes and text in,
+(step, time, key, value) out; the shell (trackers.py) finds the files and remembers offsets.
+
+- TensorBoard event files (`events.out.tfevents.*`, written by torch.utils.tensorboard, tensorboardX
+  and the HF Trainer's TensorBoardCallback): TFRecords (u64 length, u32 CRC, data, u32 CRC), each an
+  `Event` protobuf whose `summary.value` holds scalars (`simple_value`, or a one-element float
+  tensor). The wire format is read by hand: two messages, a few fields, no protobuf dependency.
+- The MLflow file store (`mlruns/<experiment>/<run>/metrics/<key>`): one "timestamp_ms value step"
+  line per logged value; `meta.yaml` beside it holds the run's status.
+
+Records are read only when whole: a reader stops before a record the writer has not finished and
+reads it at the next look.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+RECORD_MAX = 16 << 20   # a TFRecord longer than this is not a scalar event: the file is not followed
+STEP_KEYS = ("train/global_step", "global_step")
+LOSS_KEYS = ("train/loss", "loss", "train_loss", "loss/train", "train/train_loss", "training_loss")
+EPOCH_KEYS = ("train/epoch", "epoch")
+LR_KEYS = ("train/learning_rate", "learning_rate", "lr", "train/lr")
+MLFLOW_STATUS = {"1": "RUNNING", "2": "SCHEDULED", "3": "FINISHED", "4": "FAILED", "5": "KILLED",
+                 "RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "KILLED": "KILLED"}
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    t: float          # wall time the writer gave it
+    key: str
+    value: float
+
+
+class Garbage(ValueError):
+    """The bytes are not what the file's name says: the file is left alone from here on."""
+
+
+# --- TFRecord and protobuf ---------------------------------------------------------------------------
+def tf_records(buf: bytes | memoryview) -> tuple[list[bytes], int]:
+    """The whole records at the start of `buf`, and how many bytes they took."""
+    out, pos, n = [], 0, len(buf)
+    while n - pos >= 12:
+        (length,) = struct.unpack_from("<Q", buf, pos)
+        if length > RECORD_MAX:
+            raise Garbage(f"a record of {length} bytes")
+        end = pos + 12 + length + 4
+        if end > n:
+            break
+        out.append(bytes(buf[pos + 12: pos + 12 + length]))
+        pos = end
+    return out, pos
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    shift = out = 0
+    while True:
+        if i >= len(b) or shift > 63:
+            raise Garbage("a varint runs off the end")
+        c = b[i]
+        i += 1
+        out |= (c & 0x7F) << shift
+        if c < 0x80:
+            return out, i
+        shift += 7
+
+
+def _fields(b: bytes) -> Iterator[tuple[int, int, object]]:
+    """(field number, wire type, value) of one protobuf message: ints, 8/4-byte raw, or bytes."""
+    i = 0
+    while i < len(b):
+        key, i = _varint(b, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(b, i)
+        elif wt == 1:
+            if i + 8 > len(b):
+                raise Garbage("a 64-bit field runs off the end")
+            v, i = b[i:i + 8], i + 8
+        elif wt == 2:
+            n, i = _varint(b, i)
+            if i + n > len(b):
+                raise Garbage("a field runs off the end")
+            v, i = b[i:i + n], i + n
+        elif wt == 5:
+            if i + 4 > len(b):
+                raise Garbage("a 32-bit field runs off the end")
+            v, i = b[i:i + 4], i + 4
+        else:
+            raise Garbage(f"wire type {wt}")
+        yield num, wt, v
+
+
+def _tensor_value(b: bytes) -> float | None:
+    """A scalar TensorProto (dtype float or double): float_val, double_val, or tensor_content."""
+    dtype = 0
+    content = b""
+    floats: list[float] = []
+    for num, wt, v in _fields(b):
+        if num == 1 and wt == 0:
+            dtype = int(v)  # type: ignore[arg-type]
+        elif num == 4 and wt == 2:
+            content = v  # type: ignore[assignment]
+        elif num == 5:  # float_val, packed or not
+            raw = v if isinstance(v, bytes) else b""
+            floats += list(struct.unpack(f"<{len(raw) // 4}f", raw[: len(raw) // 4 * 4]))
+        elif num == 6:  # double_val
+            raw = v if isinstance(v, bytes) else b""
+            floats += list(struct.unpack(f"<{len(raw) // 8}d", raw[: len(raw) // 8 * 8]))
+    if floats:
+        return floats[0]
+    if content and dtype == 1 and len(content) >= 4:
+        return struct.unpack_from("<f", content)[0]
+    if content and dtype == 2 and len(content) >= 8:
+        return struct.unpack_from("<d", content)[0]
+    return None
+
+
+def tf_scalars(event: bytes) -> list[Point]:
+    """The scalars of one Event record (none for the file-version and graph records)."""
+    wall, step, summary = 0.0, 0, b""
+    for num, wt, v in _fields(event):
+        if num == 1 and wt == 1:
+            (wall,) = struct.unpack("<d", v)  # type: ignore[arg-type]
+        elif num == 2 and wt == 0:
+            step = int(v)  # type: ignore[arg-type]
+            step = step - (1 << 64) if step >= 1 << 63 else step
+        elif num == 5 and wt == 2:
+            summary = v  # type: ignore[assignment]
+    out = []
+    for num, wt, v in _fields(summary):
+        if num != 1 or wt != 2:
+            continue
+        tag, value = "", None
+        for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+            if n2 == 1 and w2 == 2:
+                tag = bytes(v2).decode("utf-8", "replace")  # type: ignore[arg-type]
+            elif n2 == 2 and w2 == 5:
+                (value,) = struct.unpack("<f", v2)  # type: ignore[arg-type]
+            elif n2 == 8 and w2 == 2 and value is None:
+                value = _tensor_value(v2)  # type: ignore[arg-type]
+        if tag and value is not None and math.isfinite(value) and step >= 0:
+            out.append(Point(step, wall, tag, float(value)))
+    return out
+
+
+# --- MLflow file store ------------------------------------------------------------------------------
+def mlflow_lines(text: str, key: str) -> list[Point]:
+    """The whole lines of one metrics/<key> file ("timestamp_ms value step"); others skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            ts, value = int(parts[0]), float(parts[1])
+            step = int(parts[2]) if len(parts) > 2 else 0
+        except ValueError:
+            continue
+        if math.isfinite(value) and step >= 0:
+            out.append(Point(step, ts / 1000.0, key, value))
+    return out
+
+
+_STATUS = re.compile(r"^status:\s*'?\"?(\w+)", re.M)
+
+
+def mlflow_status(meta_yaml: str) -> str:
+    """RUNNING, FINISHED, FAILED, KILLED (the run's own end state), or ""."""
+    m = _STATUS.search(meta_yaml)
+    return MLFLOW_STATUS.get(m.group(1), "") if m else ""
+
+
+# --- one observation per step -----------------------------------------------------------------------
+def kind(key: str) -> str:
+    """What a tracker's key means here: step, loss, epoch, learning_rate, or "" (not followed)."""
+    k = key.strip().lower()
+    if k in STEP_KEYS:
+        return "step"
+    if k in LOSS_KEYS:
+        return "loss"
+    if k in EPOCH_KEYS:
+        return "epoch"
+    if k in LR_KEYS:
+        return "learning_rate"
+    return ""
