@@ -230,3 +230,12 @@ def test_the_tracker_reader_costs_little(tmp_path):
         assert [o.step for o, _ in got.obs] == [s]
     assert t.status()["files"][0]["read_bytes"] == ev.stat().st_size
     assert sys.getsizeof(t._files) < 10_000
+
+
+def test_the_finish_mail_names_the_source_and_the_trackers_end_state():
+    from supervisor.notify.mails import training as run_words
+
+    p = run_words.LastProgress(60, 60, 0.47, 4.32, None, "USD", "mlflow", ("MLflow run /w/out/mlruns/0/abc: FINISHED",))
+    text = run_words._progress_text(p)
+    assert "Last progress: step 60/60, epoch 0.47, loss 4.32 (from mlflow)" in text
+    assert "Tracker: MLflow run /w/out/mlruns/0/abc: FINISHED" in text

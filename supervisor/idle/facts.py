@@ -162,7 +162,8 @@ def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastPr
     except Exception:  # noqa: BLE001
         log.exception("progress_for_mail_failed")
     return run_words.LastProgress(p.get("step"), p.get("max_steps"), p.get("epoch"), p.get("loss"),
-                                  c.get("spent"), c.get("currency") or currency)
+                                  c.get("spent"), c.get("currency") or currency, p.get("source") or "",
+                                  tuple(p.get("tracker_end") or ()))
 
 
 def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Thresholds, conf: GuardConfig,

@@ -83,6 +83,7 @@ class ProgressTracker:
             if self.run.run_id == run_id and self.run.started_at is not None:
                 return
             self.run = pr.Run(run_id=run_id, started_at=started_at, from_step=from_step or None)
+            self.tracker_end = {}
             log.info("progress_run_started", run_id=run_id, started_at=started_at, from_step=from_step or None)
             self._save(force=True)
         reset_peak = getattr(self.gpu, "reset_peak", None)
@@ -205,7 +206,8 @@ class ProgressTracker:
                 out = pr.snapshot(self.run, self._figures(now))
                 v = self._stall_view(now)
             out.update(since_step_s=None if v.since_step_s is None else round(v.since_step_s, 1),
-                       stall_after_s=v.threshold_s, stalled=v.stall is not None)
+                       stall_after_s=v.threshold_s, stalled=v.stall is not None,
+                       tracker_end=[f"MLflow run {d}: {st}" for d, st in sorted(self.tracker_end.items())][:4])
             return out
         except Exception:  # noqa: BLE001
             self._error("progress_snapshot_failed")

@@ -8,9 +8,11 @@ sleeping job. After a warm-up both are measured over the same window: CPU % of o
 process and the children it waited for), RSS at the end and its peak, context switches per second
 (wakeups). Rounds rotate which starts first; each prints its ratios, then the medians.
 
-    python tests/bench/bench_daemon_idle.py [--quick] [--rounds 3] [--seconds 120] [--gpus 8] [--poll 1]
+    python tests/bench/bench_daemon_idle.py [--quick] [--rounds 3] [--seconds 120] [--gpus 8] [--poll 1] [--sources]
 
-Goals (issue 16): at most 0.2 % of one core and 40 MiB RSS for ours.
+Goals (issue 16): at most 0.2 % of one core and 40 MiB RSS for ours. With --sources (issue 40) the
+training writes four progress sources once a second (a TSUP log line, a TensorBoard event, an MLflow
+metric line, trainer_state.json) and the daemon reads them all: the same goal holds.
 """
 
 from __future__ import annotations
@@ -85,7 +87,31 @@ class Sample:
                 "threads": self.p.num_threads()}
 
 
-def start_ours(tmp: Path, gpus: int, poll: float) -> subprocess.Popen:
+WRITER = """
+import json, os, struct, sys, time
+sys.path.insert(0, {repo!r})
+from tests.test_progress_sources import event, record
+out = {out!r}
+os.makedirs(out + "/runs/a", exist_ok=True)
+os.makedirs(out + "/mlruns/0/r1/metrics/train", exist_ok=True)
+open(out + "/mlruns/0/r1/meta.yaml", "w").write("status: 1\\n")
+step = 0
+while True:
+    step += 1
+    t = time.time()
+    print("TSUP " + json.dumps({{"step": step, "max_steps": 100000, "time": t}}), flush=True)
+    with open(out + "/runs/a/events.out.tfevents.1.bench", "ab") as f:
+        f.write(record(event(step, t, "train/loss", 1.0 / step)))
+    with open(out + "/mlruns/0/r1/metrics/train/loss", "a") as f:
+        f.write("%d %f %d\\n" % (t * 1000, 1.0 / step, step))
+    with open(out + "/trainer_state.json.tmp", "w") as f:
+        json.dump({{"global_step": step, "max_steps": 100000, "log_history": []}}, f)
+    os.replace(out + "/trainer_state.json.tmp", out + "/trainer_state.json")
+    time.sleep(1.0)
+"""
+
+
+def start_ours(tmp: Path, gpus: int, poll: float, sources: bool = False) -> subprocess.Popen:
     lib = tmp / "libnvidia-ml.so.1"
     if not lib.exists():
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(lib),
@@ -96,9 +122,13 @@ def start_ours(tmp: Path, gpus: int, poll: float) -> subprocess.Popen:
     shutil.rmtree(d, ignore_errors=True)
     (d / "out").mkdir(parents=True)
     (d / "remote").mkdir()
+    command = "sleep 100000"
+    if sources:
+        (d / "writer.py").write_text(WRITER.format(repo=str(REPO), out=str(d / "out")))
+        command = f"{sys.executable} {d / 'writer.py'}"
     cfg = {
         "state_dir": str(d / "state"), "socket": str(d / "ctl.sock"),
-        "training": {"command": "sleep 100000", "workdir": str(d), "log": str(d / "train.log"),
+        "training": {"command": command, "workdir": str(d), "log": str(d / "train.log"),
                      "autostart": True, "on_finish": "none"},
         "gpu": {"nvml_library": str(lib), "poll_interval": f"{poll}s"},
         "sync": {"target": str(d / "remote"), "watch": [str(d / "out")]},
@@ -163,6 +193,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring (imports, first scan)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--poll", type=float, default=1.0, help="GPU poll interval in seconds")
+    ap.add_argument("--sources", action="store_true", help="the training writes four progress sources a second")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (60.0 if args.quick else 120.0)
@@ -181,7 +212,8 @@ def main() -> int:
             procs: dict[str, subprocess.Popen] = {}
             try:
                 for n in order:
-                    procs[n] = start_ours(tmp, args.gpus, args.poll) if n == "ours" else start_supervisord(tmp, home)
+                    procs[n] = (start_ours(tmp, args.gpus, args.poll, args.sources) if n == "ours"
+                                else start_supervisord(tmp, home))
                 time.sleep(args.warmup)
                 for n, p in procs.items():
                     if p.poll() is not None:

@@ -34,6 +34,8 @@ class LastProgress:
     loss: float | None = None
     spent: float | None = None
     currency: str = ""
+    source: str = ""                        # where the step was read (log, tensorboard, mlflow, ...)
+    tracker_end: tuple[str, ...] = ()       # the trackers' own end states ("MLflow run .../abc: FINISHED")
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,10 @@ def _progress_text(p: LastProgress | None) -> str:
         bits.append(f"epoch {p.epoch:.2f}")
     if p.loss is not None:
         bits.append(f"loss {p.loss:.4g}")
-    out = f"Last progress: {', '.join(bits)}\n" if bits else ""
+    src = f" (from {p.source})" if p.source and p.source not in ("tsup", "tqdm", "log") else ""
+    out = f"Last progress: {', '.join(bits)}{src}\n" if bits else ""
+    for t in p.tracker_end:
+        out += f"Tracker: {t}\n"
     if p.spent is not None:
         out += f"Cost so far: {p.spent:.2f} {p.currency}\n"
     return out
