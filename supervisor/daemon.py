@@ -476,7 +476,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
     Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
     Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
-    Duty("waste", lambda c: max(1.0, c.gpu.poll_interval), lambda d: d.waste.poll()),  # GPU memory held for nothing
+    Duty("waste", lambda c: max(5.0, c.gpu.poll_interval), lambda d: d.waste.poll()),  # GPU memory held for nothing
     Duty("disk", lambda c: 10.0, lambda d: d.disk.poll()),  # before the host check: it learns what we cover
     Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
     Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),

@@ -131,10 +131,22 @@ def test_sources_are_checked_by_name():
     from_dict({"progress": {"sources": ["log", "tensorboard", "mlflow", "trainer_state"]}})
     with pytest.raises(ConfigError) as e:
         from_dict({"progress": {"sources": ["wandb", "comet"]}})
+    from_dict({"progress": {"sources": ["trackio"]}})
     assert e.value.problems[0].startswith('progress.sources[0]: "wandb" is not a source (not read yet')
     assert e.value.problems[1].startswith('progress.sources[1]: "comet" is not a source; expected auto')
     t = TrackerFiles(["log"])
     assert not t.wanted
+
+
+def test_trackio_rows_and_what_is_skipped():
+    rows = [(1, 1, "2026-12-05T21:47:15.697073+00:00", b'{"train/loss": 1.0, "epoch": 0.2, "note": "x"}'),
+            (2, 2, "not a time", b"{}"), (3, 3, "2026-12-05T21:47:16+00:00", b"[1]"),
+            (7, 4, "2026-12-05T21:47:17+00:00", '{"train/loss": NaN, "lr": 0.1}')]
+    import datetime as dt
+
+    pts, last = tf.trackio_rows(rows, lambda ts: dt.datetime.fromisoformat(ts).timestamp())
+    assert last == 7
+    assert [(p.step, p.key, p.value) for p in pts] == [(1, "train/loss", 1.0), (1, "epoch", 0.2), (4, "lr", 0.1)]
 
 
 # --- the real writers ------------------------------------------------------------------------------
@@ -165,6 +177,33 @@ def test_what_tensorboardx_and_mlflow_write_is_read(tmp_path):
     assert tb[-1] == (30, 0.1, 1.0) and len(tb) == 30
     assert ml[-1] == (30, 0.1) and len(ml) == 30
     assert list(got.ended.values()) == ["FINISHED"]
+
+
+@needs_hf
+def test_what_a_real_trackio_run_writes_is_read_as_it_grows(tmp_path):
+    store = tmp_path / "trackio"
+
+    def log(first: int, last: int, finish: bool) -> None:
+        script = textwrap.dedent(f"""
+            import trackio
+            trackio.init(project="p1", name="run-a", resume="allow")
+            for s in range({first}, {last} + 1):
+                trackio.log({{"train/loss": 3.0 / s, "train/epoch": s / 40}}, step=s)
+            trackio.finish()
+        """)
+        r = subprocess.run([HF_PYTHON, "-c", script], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "TRACKIO_DIR": str(store)})
+        assert r.returncode == 0, r.stderr[-2000:]
+
+    log(1, 20, False)
+    t = TrackerFiles(["trackio"])
+    got = t.poll([], None, trackio_dirs=[str(store)])
+    assert [o.step for o, _ in got.obs] == list(range(1, 21))
+    assert round(got.obs[-1][0].loss, 4) == 0.15 and got.obs[-1][0].source == "trackio"
+    log(21, 40, True)
+    got = t.poll([], None, trackio_dirs=[str(store)])
+    assert [o.step for o, _ in got.obs] == list(range(21, 41))  # only what is new
+    assert got.obs[-1][0].epoch == 1.0
 
 
 @needs_hf

@@ -116,10 +116,10 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
     cluster_checks(cfg, problems)
-    known = ("auto", "log", "trainer_state", "tensorboard", "mlflow")
+    known = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio")
     for i, src in enumerate(cfg.progress.sources):
         if src not in known:
-            later = " (not read yet: its files need its own SDK's format)" if src in ("trackio", "wandb") else ""
+            later = " (not read yet: W&B's offline files need its SDK's record format)" if src == "wandb" else ""
             problems.append(f"progress.sources[{i}]: {show_value(src)} is not a source{later}; "
                             f"expected {', '.join(known)}")
     if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):

@@ -80,10 +80,12 @@ class DiskWatch:
         """Follow the saves as they happen (the daemon's duty still polls every 10 s)."""
         if not self.saves_in or self._thread is not None:
             return
-        from supervisor.sync.watch import FolderWatcher
+        listen = getattr(self.sync, "fs_events", None)
+        if not (callable(listen) and listen(self._on_event)):  # the sync engine's watcher, when it has one
+            from supervisor.sync.watch import FolderWatcher
 
-        self._events = FolderWatcher(self._on_event)
-        self._events.ensure(self.saves_in)
+            self._events = FolderWatcher(self._on_event)
+            self._events.ensure(self.saves_in)
         self._thread = threading.Thread(target=self._follow, name="disk-events", daemon=True)
         self._thread.start()
 

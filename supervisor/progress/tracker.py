@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import pwd
 import threading
 from typing import Any
 
@@ -180,7 +181,7 @@ class ProgressTracker:
                 if not self.run.live or not self.trackers.wanted:
                     return
                 started = self.run.started_at
-            found = self.trackers.poll(dirs, started, rediscover)
+            found = self.trackers.poll(dirs, started, rediscover, self._trackio_dirs())
             now = self.ctx.clock.time()
             with self._lock:
                 if self.run.started_at != started or started is None:
@@ -194,6 +195,23 @@ class ProgressTracker:
                     self._save()
         except Exception:  # noqa: BLE001
             self._error("progress_trackers_failed")
+
+    def _trackio_dirs(self) -> list[str]:
+        """Where Trackio keeps its databases for the job: TRACKIO_DIR, else HF_HOME/trackio, else the
+        training user's ~/.cache/huggingface/trackio."""
+        env = self.ctx.config.training.env or {}
+        out = [env["TRACKIO_DIR"]] if env.get("TRACKIO_DIR") else []
+        if env.get("HF_HOME"):
+            out.append(os.path.join(env["HF_HOME"], "trackio"))
+        user = self.ctx.config.training.user
+        try:
+            home = pwd.getpwnam(user).pw_dir if user and not user.isdigit() else \
+                pwd.getpwuid(int(user) if user else os.geteuid()).pw_dir
+        except (KeyError, ValueError):
+            home = ""
+        if home:
+            out.append(os.path.join(home, ".cache", "huggingface", "trackio"))
+        return out
 
     # --- figures ------------------------------------------------------------------------------------
     def _figures(self, now: float) -> pr.Figures:

@@ -9,6 +9,7 @@ training user's). A file whose bytes are not its format's is left alone from the
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import stat
 import threading
@@ -23,7 +24,8 @@ from supervisor.progress.parse import Observation
 
 log = structlog.get_logger("progress")
 
-SOURCES = ("log", "trainer_state", "tensorboard", "mlflow")
+SOURCES = ("log", "trainer_state", "tensorboard", "mlflow", "trackio")
+TRACKIO_ROWS = 5000        # rows read a look at most (the next look goes on from there)
 REDISCOVER_S = 60.0        # a new file (a second run folder) is found this late at most ...
 REDISCOVER_NONE_S = 30.0   # ... and while none was found yet, this late (a trainer makes its first at start)
 WALK_ENTRIES = 20000
@@ -58,6 +60,7 @@ class TrackerFiles:
         wanted = set(sources)
         self.tensorboard = "auto" in wanted or "tensorboard" in wanted
         self.mlflow = "auto" in wanted or "mlflow" in wanted
+        self.trackio = "auto" in wanted or "trackio" in wanted
         self._files: dict[str, _File] = {}
         self._found_at = float("-inf")
         self._lock = threading.Lock()
@@ -65,10 +68,12 @@ class TrackerFiles:
 
     @property
     def wanted(self) -> bool:
-        return self.tensorboard or self.mlflow
+        return self.tensorboard or self.mlflow or self.trackio
 
-    def poll(self, dirs: list[str], since: float | None, rediscover: bool = False) -> Found:
-        """New observations from every tracker file, each written at or after `since` (the run's start)."""
+    def poll(self, dirs: list[str], since: float | None, rediscover: bool = False,
+             trackio_dirs: list[str] | None = None) -> Found:
+        """New observations from every tracker file, each written at or after `since` (the run's start).
+        `trackio_dirs`: where Trackio keeps its databases (TRACKIO_DIR, HF_HOME/trackio of the job)."""
         if not self.wanted:
             return Found()
         with self._lock:
@@ -76,6 +81,8 @@ class TrackerFiles:
             if rediscover or now - self._found_at >= (REDISCOVER_S if self._files else REDISCOVER_NONE_S):
                 self._found_at = now
                 self._discover(dirs, since)
+                if self.trackio:
+                    self._discover_trackio(trackio_dirs or [], since)
             out = Found()
             for f in list(self._files.values()):
                 if not f.dead:
@@ -109,6 +116,22 @@ class TrackerFiles:
                     except OSError:
                         continue
 
+    def _discover_trackio(self, dirs: list[str], since: float | None) -> None:
+        for d in dict.fromkeys(dirs):
+            try:
+                it = os.scandir(d)
+            except OSError:
+                continue
+            with it:
+                for e in it:
+                    try:
+                        if (e.name.endswith(".db") and e.is_file(follow_symlinks=False) and e.path not in self._files
+                                and len(self._files) < FILES_MAX
+                                and (since is None or e.stat(follow_symlinks=False).st_mtime >= since - 60)):
+                            self._files[e.path] = _File(e.path, "trackio")
+                    except OSError:
+                        continue
+
     def _kind(self, path: str) -> tuple[str, str]:
         name = os.path.basename(path)
         if self.tensorboard and name.startswith(TF_PREFIX):
@@ -123,6 +146,9 @@ class TrackerFiles:
 
     # --- reading ---------------------------------------------------------------------------------
     def _read(self, f: _File, out: Found) -> None:
+        if f.source == "trackio":
+            self._trackio(f, out)
+            return
         try:
             fd = open_regular(f.path)
         except OSError:
@@ -178,6 +204,39 @@ class TrackerFiles:
             by_step.setdefault(p.step, {})[k] = p.value
             at[p.step] = max(at.get(p.step, 0.0), p.t)
         self._emit("mlflow", by_step, at, out)
+
+    def _trackio(self, f: _File, out: Found) -> None:
+        """Rows past the last id read, from the database opened read-only: never a link (nofollow),
+        never a write or a lock a writer waits on (Trackio keeps it in WAL mode: a reader takes none)."""
+        import sqlite3
+        from urllib.parse import quote
+
+        try:
+            st = os.lstat(f.path)
+            if not stat.S_ISREG(st.st_mode):
+                return
+            con = sqlite3.connect(f"file:{quote(f.path)}?mode=ro&nofollow=1", uri=True, timeout=0.5,
+                                  check_same_thread=False)
+        except (OSError, sqlite3.Error):
+            return
+        try:
+            rows = con.execute(tf.TRACKIO_QUERY, (f.offset, TRACKIO_ROWS)).fetchall()
+        except sqlite3.DatabaseError as e:
+            if "no such table" in str(e):
+                f.dead = "not a Trackio database (no metrics table)"
+            return
+        finally:
+            con.close()
+        points, last = tf.trackio_rows(rows, lambda ts: dt.datetime.fromisoformat(ts).timestamp())
+        f.offset = max(f.offset, last)
+        by_step: dict[int, dict[str, float]] = {}
+        at: dict[int, float] = {}
+        for p in points:
+            k = tf.kind(p.key)
+            if k:
+                by_step.setdefault(p.step, {})[k] = p.value
+                at[p.step] = max(at.get(p.step, 0.0), p.t)
+        self._emit("trackio", by_step, at, out)
 
     def _mlflow_status(self, run_dir: str, out: Found) -> None:
         try:

@@ -7,6 +7,8 @@
   tensor). The wire format is read by hand: two messages, a few fields, no protobuf dependency.
 - The MLflow file store (`mlruns/<experiment>/<run>/metrics/<key>`): one "timestamp_ms value step"
   line per logged value; `meta.yaml` beside it holds the run's status.
+- Trackio's SQLite database (`<TRACKIO_DIR or HF_HOME/trackio>/<project>.db`): its `metrics` table,
+  one row per `trackio.log()` (an autoincrement id, an ISO timestamp, the step, the values as JSON).
 
 Records are read only when whole: a reader stops before a record the writer has not finished and
 reads it at the next look.
@@ -14,10 +16,11 @@ reads it at the next look.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 RECORD_MAX = 16 << 20   # a TFRecord longer than this is not a scalar event: the file is not followed
@@ -174,6 +177,30 @@ def mlflow_status(meta_yaml: str) -> str:
     """RUNNING, FINISHED, FAILED, KILLED (the run's own end state), or ""."""
     m = _STATUS.search(meta_yaml)
     return MLFLOW_STATUS.get(m.group(1), "") if m else ""
+
+
+# --- Trackio ---------------------------------------------------------------------------------------
+TRACKIO_QUERY = "SELECT id, step, timestamp, metrics FROM metrics WHERE id > ? ORDER BY id LIMIT ?"
+
+
+def trackio_rows(rows: list[tuple], when: Callable[[str], float]) -> tuple[list[Point], int]:
+    """The scalars of rows (id, step, ISO timestamp, metrics JSON) and the highest id seen;
+    `when` reads a timestamp (ValueError when it is none)."""
+    out, last = [], 0
+    for row in rows:
+        try:
+            rid, step, ts, metrics = row
+            last = max(last, int(rid))
+            t = when(str(ts))
+            d = json.loads(metrics)
+        except (ValueError, TypeError):
+            continue
+        if not isinstance(d, dict) or not isinstance(step, int) or step < 0:
+            continue
+        for k, v in d.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                out.append(Point(step, t, str(k), float(v)))
+    return out, last
 
 
 # --- one observation per step -----------------------------------------------------------------------

@@ -6,6 +6,7 @@ engine's lock); the decisions themselves are final.py's and scan.py's, pure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from supervisor.durations import format_duration
@@ -30,6 +31,14 @@ class IdleJob:
 
 
 class Answers:
+    def fs_events(self, fn: Callable[[str], None]) -> bool:
+        """Tell `fn` of every change under the watched folders, from this engine's own watcher
+        (the disk wing needs no second one); False when the engine watches nothing."""
+        if self._watcher is None:
+            return False
+        self._watcher.also(fn)
+        return True
+
     def unit_formats(self, limit: int = 20) -> list[dict]:
         """Every unit here, newest first: the trainer's format it is judged by, complete or what it
         waits for (status --json sync.units)."""

@@ -17,6 +17,7 @@ log = get_logger("sync.watch")
 class FolderWatcher:
     def __init__(self, on_change: Callable[[str], None]):
         self.on_change = on_change
+        self._also: list[Callable[[str], None]] = []  # other wings told of the same events (disk)
         self._observer = None
         self._watches: dict[str, object] = {}
         self._failed: set[str] = set()
@@ -26,6 +27,18 @@ class FolderWatcher:
         self._was_missing: set[str] = set()  # roots seen missing: news when they are watched at last
         self._lock = threading.Lock()
 
+    def also(self, fn: Callable[[str], None]) -> None:
+        """Tell `fn` of every change too: one inotify watcher serves the sync and the disk wing."""
+        self._also.append(fn)
+
+    def _tell(self, path: str) -> None:
+        self.on_change(path)
+        for fn in self._also:
+            try:
+                fn(path)
+            except Exception:  # noqa: BLE001 - one listener's bug must not starve the others
+                log.exception("watch_listener_failed")
+
     def ensure(self, roots: list[str]) -> None:
         """Watch every root that exists now, and the way to those that do not (cheap to call on
         every rescan)."""
@@ -34,7 +47,7 @@ class FolderWatcher:
             for root in appeared:
                 if root in self._was_missing:
                     self._was_missing.discard(root)
-                    self.on_change(root)  # made while we looked away: whatever is in it is news
+                    self._tell(root)  # made while we looked away: whatever is in it is news
             if not any(os.path.isdir(r) for r in waiting):
                 return
 
@@ -55,7 +68,7 @@ class FolderWatcher:
                     continue
                 try:
                     obs = self._get_observer()
-                    self._watches[root] = obs.schedule(_Handler(self.on_change), root, recursive=True)
+                    self._watches[root] = obs.schedule(_Handler(self._tell), root, recursive=True)
                     log.info("sync_watching", folder=root)
                     appeared.append(root)
                 except (OSError, RuntimeError) as e:
