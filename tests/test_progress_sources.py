@@ -114,7 +114,7 @@ def test_files_are_read_incrementally_never_from_the_start_again(tmp_path):
         f.write("10000 1.0 3\n")
     got = t.poll([str(tmp_path / "out")], None)
     assert [(o.step, o.loss) for o, _ in got.obs] == [(3, 1.0)]
-    assert list(got.ended.values()) == ["FINISHED"]
+    assert [v.rsplit(": ", 1)[1] for v in got.ended.values()] == ["FINISHED"]
 
 
 def test_a_fifo_or_a_link_named_like_an_event_file_holds_nothing_up(tmp_path):
@@ -131,9 +131,9 @@ def test_sources_are_checked_by_name():
     from_dict({"progress": {"sources": ["log", "tensorboard", "mlflow", "trainer_state"]}})
     with pytest.raises(ConfigError) as e:
         from_dict({"progress": {"sources": ["wandb", "comet"]}})
-    from_dict({"progress": {"sources": ["trackio"]}})
-    assert e.value.problems[0].startswith('progress.sources[0]: "wandb" is not a source (not read yet')
-    assert e.value.problems[1].startswith('progress.sources[1]: "comet" is not a source; expected auto')
+    from_dict({"progress": {"sources": ["trackio", "wandb"]}})
+    assert e.value.problems == ['progress.sources[1]: "comet" is not a source; expected auto, log, trainer_state, '
+                                'tensorboard, mlflow, trackio, wandb']
     t = TrackerFiles(["log"])
     assert not t.wanted
 
@@ -147,6 +147,57 @@ def test_trackio_rows_and_what_is_skipped():
     pts, last = tf.trackio_rows(rows, lambda ts: dt.datetime.fromisoformat(ts).timestamp())
     assert last == 7
     assert [(p.step, p.key, p.value) for p in pts] == [(1, "train/loss", 1.0), (1, "epoch", 0.2), (4, "lr", 0.1)]
+
+
+def wandb_file(records: list[bytes], block: int = 32768) -> bytes:
+    """A W&B datastore as its writer lays it out: the header, then chunks that never cross a block."""
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    for rec in records:
+        first = True
+        while True:
+            left = block - len(out) % block
+            if left < 7:
+                out += b"\0" * left
+                continue
+            room = left - 7
+            part, rec = rec[:room], rec[room:]
+            typ = (1 if not rec else 2) if first else (4 if not rec else 3)
+            out += struct.pack("<IHB", 0, len(part), typ) + part
+            first = False
+            if not rec:
+                break
+    return bytes(out)
+
+
+def wandb_history(step: int, t: float, items: dict[str, float]) -> bytes:
+    hist = b""
+    for k, v in items.items():
+        item = _field(1, 2, _varint(len(k)) + k.encode()) + _field(6, 1, struct.pack("<d", v))
+        hist += _field(1, 2, _varint(len(item)) + item)
+    ts = json.dumps(t).encode()
+    item = _field(1, 2, _varint(10) + b"_timestamp") + _field(16, 2, _varint(len(ts)) + ts)
+    hist += _field(1, 2, _varint(len(item)) + item)
+    st = _field(1, 0, _varint(step))
+    hist += _field(2, 2, _varint(len(st)) + st)
+    return _field(1, 0, _varint(step)) + _field(2, 2, _varint(len(hist)) + hist)
+
+
+def test_wandb_records_across_blocks_and_reads_that_stop_anywhere():
+    big = {f"k{i}": float(i) for i in range(3000)}  # one record of ~60 KiB: first, middle, last chunks
+    recs = [wandb_history(1, 10.0, {"train/loss": 2.0}), wandb_history(2, 11.0, big),
+            wandb_history(3, 12.0, {"train/loss": 1.0})]
+    data = wandb_file(recs)
+    got, pos, pending = [], 0, b""
+    for cut in range(4096, len(data) + 4096, 4096):  # the file as a reader sees it while it grows
+        rs, used, pending = tf.wandb_chunks(data[pos:cut], pos, pending)
+        got += rs
+        pos += used
+    assert got == recs and pending == b""
+    pts = [tf.wandb_record(r)[0] for r in got]
+    assert [(p.step, p.key, p.value, p.t) for p in pts[0]] == [(1, "train/loss", 2.0, 10.0)]
+    assert len(pts[1]) == 3000 and pts[2][0].value == 1.0
+    with pytest.raises(tf.Garbage):
+        tf.wandb_chunks(b"NOTWANDB" + data[8:], 0, b"")
 
 
 # --- the real writers ------------------------------------------------------------------------------
@@ -176,7 +227,7 @@ def test_what_tensorboardx_and_mlflow_write_is_read(tmp_path):
     ml = [(o.step, round(o.loss, 4)) for o, _ in got.obs if o.source == "mlflow"]
     assert tb[-1] == (30, 0.1, 1.0) and len(tb) == 30
     assert ml[-1] == (30, 0.1) and len(ml) == 30
-    assert list(got.ended.values()) == ["FINISHED"]
+    assert [v.rsplit(": ", 1)[1] for v in got.ended.values()] == ["FINISHED"]
 
 
 @needs_hf
@@ -204,6 +255,24 @@ def test_what_a_real_trackio_run_writes_is_read_as_it_grows(tmp_path):
     got = t.poll([], None, trackio_dirs=[str(store)])
     assert [o.step for o, _ in got.obs] == list(range(21, 41))  # only what is new
     assert got.obs[-1][0].epoch == 1.0
+
+
+@needs_hf
+def test_what_a_real_wandb_offline_run_writes_is_read(tmp_path):
+    script = textwrap.dedent("""
+        import wandb
+        run = wandb.init(project="p", mode="offline")
+        for s in range(1, 31):
+            wandb.log({"train/loss": 3.0 / s, "train/epoch": s / 30}, step=s)
+        run.finish()
+    """)
+    r = subprocess.run([HF_PYTHON, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = TrackerFiles(["wandb"]).poll([str(tmp_path)], None)
+    steps = [(o.step, round(o.loss, 4), round(o.epoch, 3)) for o, _ in got.obs]
+    assert steps[-1] == (30, 0.1, 1.0) and len(steps) == 30
+    assert [v.rsplit(": ", 1)[1] for v in got.ended.values()] == ["exit code 0"]
 
 
 @needs_hf

@@ -116,12 +116,10 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
     cluster_checks(cfg, problems)
-    known = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio")
+    known = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
     for i, src in enumerate(cfg.progress.sources):
         if src not in known:
-            later = " (not read yet: W&B's offline files need its SDK's record format)" if src == "wandb" else ""
-            problems.append(f"progress.sources[{i}]: {show_value(src)} is not a source{later}; "
-                            f"expected {', '.join(known)}")
+            problems.append(f"progress.sources[{i}]: {show_value(src)} is not a source; expected {', '.join(known)}")
     if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):
         problems.append('disk.prune: "synced" needs sync.target and sync.watch (only what the target '
                         'verifiably holds is ever deleted)')

@@ -225,7 +225,7 @@ class ProgressTracker:
                 v = self._stall_view(now)
             out.update(since_step_s=None if v.since_step_s is None else round(v.since_step_s, 1),
                        stall_after_s=v.threshold_s, stalled=v.stall is not None,
-                       tracker_end=[f"MLflow run {d}: {st}" for d, st in sorted(self.tracker_end.items())][:4])
+                       tracker_end=[t for _, t in sorted(self.tracker_end.items())][:4])
             return out
         except Exception:  # noqa: BLE001
             self._error("progress_snapshot_failed")

@@ -24,7 +24,7 @@ from supervisor.progress.parse import Observation
 
 log = structlog.get_logger("progress")
 
-SOURCES = ("log", "trainer_state", "tensorboard", "mlflow", "trackio")
+SOURCES = ("log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
 TRACKIO_ROWS = 5000        # rows read a look at most (the next look goes on from there)
 REDISCOVER_S = 60.0        # a new file (a second run folder) is found this late at most ...
 REDISCOVER_NONE_S = 30.0   # ... and while none was found yet, this late (a trainer makes its first at start)
@@ -33,7 +33,7 @@ DEPTH = 6
 READ_MAX = 4 << 20
 FILES_MAX = 64
 TF_PREFIX = "events.out.tfevents."
-SKIP_DIRS = {".git", "__pycache__", ".cache", "node_modules", ".venv", "wandb"}
+SKIP_DIRS = {".git", "__pycache__", ".cache", "node_modules", ".venv", "media", "artifacts"}
 
 
 @dataclass
@@ -43,7 +43,7 @@ class _File:
     key: str = ""         # mlflow: the metric's key
     ino: int = 0
     offset: int = 0
-    tail: bytes = b""
+    tail: bytes = b""     # tensorboard, mlflow: bytes after the last whole record; wandb: a record begun
     dead: str = ""        # why it is no longer read
 
 
@@ -52,7 +52,7 @@ class Found:
     """What one look brought: observations (with the writer's time) and the trackers' end states."""
 
     obs: list[tuple[Observation, float]] = field(default_factory=list)
-    ended: dict[str, str] = field(default_factory=dict)   # mlflow run folder -> FINISHED | FAILED | KILLED
+    ended: dict[str, str] = field(default_factory=dict)   # run folder -> "MLflow run ...: FINISHED", "W&B run ...: exit code 0"
 
 
 class TrackerFiles:
@@ -61,6 +61,7 @@ class TrackerFiles:
         self.tensorboard = "auto" in wanted or "tensorboard" in wanted
         self.mlflow = "auto" in wanted or "mlflow" in wanted
         self.trackio = "auto" in wanted or "trackio" in wanted
+        self.wandb = "auto" in wanted or "wandb" in wanted
         self._files: dict[str, _File] = {}
         self._found_at = float("-inf")
         self._lock = threading.Lock()
@@ -68,7 +69,7 @@ class TrackerFiles:
 
     @property
     def wanted(self) -> bool:
-        return self.tensorboard or self.mlflow or self.trackio
+        return self.tensorboard or self.mlflow or self.trackio or self.wandb
 
     def poll(self, dirs: list[str], since: float | None, rediscover: bool = False,
              trackio_dirs: list[str] | None = None) -> Found:
@@ -136,6 +137,8 @@ class TrackerFiles:
         name = os.path.basename(path)
         if self.tensorboard and name.startswith(TF_PREFIX):
             return "tensorboard", ""
+        if self.wandb and name.startswith("run-") and name.endswith(".wandb"):
+            return "wandb", ""
         if self.mlflow:
             parts = path.split(os.sep)
             # mlruns/<experiment>/<run>/metrics/<key, nested folders for a key with '/'>
@@ -167,6 +170,8 @@ class TrackerFiles:
         try:
             if f.source == "tensorboard":
                 self._tensorboard(f, data, out)
+            elif f.source == "wandb":
+                self._wandb(f, data, out)
             else:
                 self._mlflow(f, data, out)
         except tf.Garbage as e:
@@ -187,6 +192,24 @@ class TrackerFiles:
                     by_step.setdefault(p.step, {})[k] = p.value
                     at[p.step] = max(at.get(p.step, 0.0), p.t)
         self._emit("tensorboard", by_step, at, out)
+
+    def _wandb(self, f: _File, data: bytes, out: Found) -> None:
+        """Whole chunks from the offset on; a chunk not whole yet is read again next time (from
+        where it starts, never the file's start)."""
+        records, used, f.tail = tf.wandb_chunks(data, f.offset, f.tail)
+        f.offset += used
+        by_step: dict[int, dict[str, float]] = {}
+        at: dict[int, float] = {}
+        for rec in records:
+            points, code = tf.wandb_record(rec)
+            if code is not None:
+                out.ended[os.path.dirname(f.path)] = f"W&B run {os.path.dirname(f.path)}: exit code {code}"
+            for p in points:
+                k = tf.kind(p.key)
+                if k:
+                    by_step.setdefault(p.step, {})[k] = p.value
+                    at[p.step] = max(at.get(p.step, 0.0), p.t)
+        self._emit("wandb", by_step, at, out)
 
     def _mlflow(self, f: _File, data: bytes, out: Found) -> None:
         buf = f.tail + data
@@ -251,7 +274,7 @@ class TrackerFiles:
             os.close(fd)
         status = tf.mlflow_status(text)
         if status in ("FINISHED", "FAILED", "KILLED"):
-            out.ended[run_dir] = status
+            out.ended[run_dir] = f"MLflow run {run_dir}: {status}"
 
     def _emit(self, source: str, by_step: dict[int, dict[str, float]], at: dict[int, float], out: Found) -> None:
         for step in sorted(by_step):

@@ -9,6 +9,11 @@
   line per logged value; `meta.yaml` beside it holds the run's status.
 - Trackio's SQLite database (`<TRACKIO_DIR or HF_HOME/trackio>/<project>.db`): its `metrics` table,
   one row per `trackio.log()` (an autoincrement id, an ISO timestamp, the step, the values as JSON).
+- W&B offline runs (`wandb/offline-run-*/run-*.wandb`): a 7-byte header (":W&B", 0xBEE1, version)
+  then LevelDB-log chunks in 32 KiB blocks (u32 CRC, u16 length, u8 type: full, first, middle, last),
+  each record a `Record` protobuf: `history` (field 2: items of key, nested keys, and a number,
+  an integer or value_json; and the step) and `exit` (field 18: the exit code). Field numbers as
+  wandb's own descriptors give them (wandb_internal.proto).
 
 Records are read only when whole: a reader stops before a record the writer has not finished and
 reads it at the next look.
@@ -201,6 +206,106 @@ def trackio_rows(rows: list[tuple], when: Callable[[str], float]) -> tuple[list[
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
                 out.append(Point(step, t, str(k), float(v)))
     return out, last
+
+
+# --- W&B offline ------------------------------------------------------------------------------------
+WANDB_HEADER = 7
+WANDB_MAGIC = b":W&B"
+WANDB_BLOCK = 32768
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def wandb_chunks(buf: bytes, base: int, pending: bytes) -> tuple[list[bytes], int, bytes]:
+    """The whole records in `buf` (which starts at file offset `base`), the bytes they took, and a
+    record begun but not yet ended (handed back in with the next read)."""
+    out: list[bytes] = []
+    i = 0
+    if base == 0:
+        if len(buf) < WANDB_HEADER:
+            return out, 0, pending
+        if buf[:4] != WANDB_MAGIC:
+            raise Garbage("no :W&B header")
+        i = WANDB_HEADER
+    while True:
+        left = WANDB_BLOCK - (base + i) % WANDB_BLOCK
+        if left < 7:  # a block's tail too short for a header: padding
+            if len(buf) - i < left:
+                break
+            i += left
+            continue
+        if len(buf) - i < 7:
+            break
+        _crc, length, typ = struct.unpack_from("<IHB", buf, i)
+        if typ == 0 and length == 0:  # zeroed space a writer reserved: the end for now
+            break
+        if length > left - 7 or typ not in (FULL, FIRST, MIDDLE, LAST):
+            raise Garbage(f"a chunk of {length} bytes, type {typ}")
+        if len(buf) - i < 7 + length:
+            break
+        data = bytes(buf[i + 7: i + 7 + length])
+        i += 7 + length
+        if typ == FULL:
+            out.append(data)
+            pending = b""
+        elif typ == FIRST:
+            pending = data
+        elif typ == MIDDLE:
+            pending += data
+        else:
+            out.append(pending + data)
+            pending = b""
+    return out, i, pending
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def wandb_record(rec: bytes) -> tuple[list[Point], int | None]:
+    """A history record's scalars (at its step, its `_timestamp` as time), or an exit record's code."""
+    history = b""
+    for num, wt, v in _fields(rec):
+        if num == 2 and wt == 2:
+            history = v  # type: ignore[assignment]
+        elif num == 18 and wt == 2:
+            code = 0
+            for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+                if n2 == 1 and w2 == 0:
+                    code = int(v2)  # type: ignore[arg-type]
+                    code = code - (1 << 64) if code >= 1 << 63 else code
+            return [], code
+    if not history:
+        return [], None
+    step, t = 0, 0.0
+    values: dict[str, float] = {}
+    for num, wt, v in _fields(history):
+        if num == 2 and wt == 2:
+            for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+                if n2 == 1 and w2 == 0:
+                    step = int(v2)  # type: ignore[arg-type]
+        elif num == 1 and wt == 2:
+            key, nested, value = "", [], None
+            for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+                if n2 == 1 and w2 == 2:
+                    key = bytes(v2).decode("utf-8", "replace")  # type: ignore[arg-type]
+                elif n2 == 2 and w2 == 2:
+                    nested.append(bytes(v2).decode("utf-8", "replace"))  # type: ignore[arg-type]
+                elif n2 == 6 and w2 == 1:
+                    (value,) = struct.unpack("<d", v2)  # type: ignore[arg-type]
+                elif n2 == 5 and w2 == 0:
+                    value = float(_zigzag(int(v2)))  # type: ignore[arg-type]
+                elif n2 == 16 and w2 == 2:
+                    try:
+                        j = json.loads(bytes(v2))  # type: ignore[arg-type]
+                    except ValueError:
+                        continue
+                    if isinstance(j, int | float) and not isinstance(j, bool):
+                        value = float(j)
+            name = "/".join(nested) if nested else key
+            if name and value is not None and math.isfinite(value):
+                values[name] = value
+    t = values.pop("_timestamp", 0.0)
+    return [Point(step, t, k, v) for k, v in values.items() if not k.startswith("_")], None
 
 
 # --- one observation per step -----------------------------------------------------------------------
