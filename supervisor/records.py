@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 import types
 import typing
-from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -93,13 +91,3 @@ def load(cls: type[T], d: Any, what: str, *, skip: tuple[str, ...] = ()) -> T:
             raise ValueError(f"{what}: {f.name} should be {_describe(hints[f.name])}, got {d[f.name]!r:.60}")
         kwargs[f.name] = value
     return cls(**kwargs)
-
-
-def load_file(cls: type[T], path: str | Path, what: str) -> T:
-    """`load` of a JSON file: ValueError naming `what` when it is not JSON or not the record, OSError
-    when it cannot be read."""
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{what}: not JSON ({e})") from None
-    return load(cls, raw, what)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from supervisor import records
-from supervisor.config import IdleConfig
+from supervisor.config.schema import IdleConfig
 from supervisor.states import IdleState, stop_rule
 from supervisor.stop import sequence as stops
 from supervisor.stop.sequence import Standing

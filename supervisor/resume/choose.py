@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from supervisor.sync.manifest import ManifestFile, digest, parse_doc
+from supervisor.sync.manifest_doc import ManifestFile, digest, parse_doc
 from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
 from supervisor.training.checkpoints import checkpoint_step

@@ -6,8 +6,9 @@ complete (`policy`, `complete`, `scan`, `scanner`), the persisted record of what
 `sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
 `python -m supervisor.sync` is the one-shot CLI.
 
-Pure: `complete`, `backoff`, `retention`, `final`, `names`, `parts`. Shell: everything else.
+Pure: `complete`, `backoff`, `retention`, `names`, `parts`, `manifest_doc`, `policy`. Shell: everything
+else (`final` too: it reads the ledger and the target's answers while it decides).
 May import: the core, notify, training. Imported by: the daemon, resume, cluster.
 """
 
-PURE = ("complete", "backoff", "retention", "final", "names", "parts")
+PURE = ("complete", "backoff", "retention", "names", "parts", "manifest_doc", "policy")

@@ -11,104 +11,22 @@ of a folder even when one fails its format check (the machine's disk may be the 
 a folder's manifest says `"complete": false` and names those files under `"damaged"`, with the
 reason under `"partial"`: its bytes are on the target exactly as they were on the machine, but it
 is not a checkpoint to resume from blindly.
+
+The document itself (build, parse, digest) is manifest_doc.py, pure; this module checks a folder
+against it and is the command line above.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import json
 import os
-import re
 import sys
-from dataclasses import dataclass
 
 from supervisor.fileopen import open_regular
-from supervisor.sync.names import BadName, check_tree, remote_path, shown
+from supervisor.sync.manifest_doc import FORMAT, ManifestFile, build, digest, parse, parse_doc
 from supervisor.sync.policy import MANIFEST_NAME
 
-FORMAT = "train-supervisor-manifest/1"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str      # relative to the folder, POSIX
-    size: int
-    sha256: str
-
-
-def digest(files: list[ManifestFile]) -> str:
-    """A fingerprint of the content list alone (not of the timestamp), to tell whether a folder's
-    manifest on the target still describes it."""
-    h = hashlib.sha256()
-    for f in sorted(files, key=lambda f: f.path):
-        h.update(f"{f.path}\0{f.size}\0{f.sha256}\n".encode())
-    return h.hexdigest()
-
-
-def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "",
-          damaged: tuple[str, ...] = (), partial: str = "") -> bytes:
-    """The manifest of a folder; with `damaged` (files that failed their format check) or a
-    `partial` reason it says the folder is not complete."""
-    fs = sorted(files, key=lambda f: f.path)
-    doc: dict = {
-        "format": FORMAT,
-        "complete": not damaged and not partial,
-        "unit": unit,
-        "created_at": dt.datetime.fromtimestamp(created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "host": host,
-        "source": source,
-        "file_count": len(fs),
-        "total_bytes": sum(f.size for f in fs),
-        "digest": digest(fs),
-        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in fs],
-    }
-    if damaged or partial:
-        doc["partial"] = partial or "damaged files"
-        doc["damaged"] = sorted(damaged)
-    return (json.dumps(doc, indent=1) + "\n").encode()
-
-
-def parse(data: bytes) -> list[ManifestFile]:
-    """The files a manifest lists; ValueError naming what is wrong."""
-    return parse_doc(data)[1]
-
-
-def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
-    """The manifest's document and its files; ValueError naming what is wrong."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"manifest is not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError("not a train-supervisor manifest")
-    out = []
-    files = doc.get("files") or []
-    if not isinstance(files, list):
-        raise ValueError("manifest 'files' is not a list")
-    for i, f in enumerate(files):
-        try:
-            path, size, sha = f["path"], f["size"], f["sha256"]
-        except (KeyError, TypeError):
-            raise ValueError(f"manifest entry {i} is malformed") from None
-        # the target's words, not ours: checked before anything joins them to a folder here
-        try:
-            rel = remote_path(path, f"manifest entry {i}: the path")
-        except BadName as e:
-            raise ValueError(str(e)) from None
-        if type(size) is not int or size < 0:
-            raise ValueError(f"manifest entry {i} ({shown(path)}): size {shown(size)} is not a byte count")
-        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-            raise ValueError(f"manifest entry {i} ({shown(path)}): sha256 {shown(sha)} is not 64 hex digits")
-        out.append(ManifestFile(rel, size, sha))
-    clash = check_tree([f.path for f in out])  # type: ignore[misc]
-    if clash:
-        raise ValueError(f"manifest {clash}")
-    if doc.get("digest") and doc["digest"] != digest(out):
-        raise ValueError("manifest digest does not match its file list")
-    return doc, out
-
+__all__ = ["FORMAT", "ManifestFile", "build", "check_folder", "digest", "parse", "parse_doc"]
 
 def check_folder(folder: str) -> list[str]:
     """Problems found comparing a local copy of a folder with its manifest; [] when it matches."""

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 
 from supervisor.config.cluster import PART_PREFIX
-from supervisor.sync.manifest import digest, parse_doc
+from supervisor.sync.manifest_doc import digest, parse_doc
 from supervisor.sync.policy import MANIFEST_NAME
 
 RECORDS = "_cluster"

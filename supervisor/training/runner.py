@@ -71,7 +71,7 @@ class RunSpec:
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
         """ValueError (naming the field) or OSError when the file is not a spec this code wrote."""
-        return records.load_file(cls, path, "spec.json")
+        return _load_file(cls, path, "spec.json")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -88,7 +88,7 @@ class ExitRecord:
 
     @classmethod
     def read(cls, path: str | Path) -> ExitRecord:
-        return records.load_file(cls, path, "exit.json")
+        return _load_file(cls, path, "exit.json")
 
 
 def banner(run_id: int, started: float, command: str) -> str:
@@ -255,6 +255,16 @@ def _p(spec: RunSpec, name: str) -> Path:
 def _record(spec: RunSpec, code: int, sig: str | None) -> None:
     data = ExitRecord(exit_code=code, signal=sig, ended_at=time.time(), run_id=spec.run_id)
     atomic_write(_p(spec, "exit.json"), json.dumps(asdict(data)).encode())
+
+
+def _load_file(cls, path, what: str):
+    """records.load of a JSON file: ValueError naming `what` when it is not JSON or not the
+    record, OSError when it cannot be read."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{what}: not JSON ({e})") from None
+    return records.load(cls, raw, what)
 
 
 if __name__ == "__main__":
