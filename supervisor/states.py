@@ -128,6 +128,9 @@ STOP_RULES: dict[StopReason, StopRule] = {
     R.MANUAL: StopRule("none", False, False, 6, False, "a stop was asked for"),
 }
 
+# The caps' kinds (supervisor.money): each a word a stop is asked with, and how budget.json names it.
+CAP_KINDS = ("max_cost", "deadline", "max_runtime")
+
 # The words the wings ask with (a cap's kind, a health verdict), kept in stop.json and idle.json:
 # each is one reason of the table.
 # "" is a stop record of an older daemon that named no reason: it was an idle stop.

@@ -25,6 +25,7 @@ pytest_plugins = [
     "tests.fixtures.smtp_tls",
     "tests.fixtures.idle",
     "tests.fixtures.http_receiver",
+    "tests.fixtures.inproc",
 ]
 
 # (test id, what was still running) for the summary; a runner ignores SIGHUP and SIGTERM by design,

@@ -10,8 +10,8 @@ import os
 
 from supervisor.sync.credentials import CredentialWatch, parse_env_file, read_env_file
 from tests.fixtures.hf_writer import HFWriter
+from tests.fixtures.inproc import wait_mail
 from tests.fixtures.s3 import ACCESS_KEY, SECRET_KEY
-from tests.test_idle_e2e import wait_mail
 from tests.waiting import wait_until
 
 

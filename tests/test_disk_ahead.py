@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hf_writer import safetensors_bytes
+from tests.fixtures.inproc import wait_mail
 from tests.fixtures.tmpfs import small_tmpfs
-from tests.test_first_hour import base_config, wait_mail
+from tests.test_first_hour import base_config
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024**2

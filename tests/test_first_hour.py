@@ -14,21 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hf_writer import HFWriter
+from tests.fixtures.inproc import wait_mail
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 
 REPO = str(Path(__file__).resolve().parents[1])
-
-
-def wait_mail(smtp, text: str, timeout: float = 30) -> tuple[str, str]:
-    def find():
-        for m in list(smtp.messages):
-            subject = str(m["Subject"]).replace("\r\n", "")
-            if text in subject:
-                return subject, m.get_payload(decode=True).decode("utf-8", "replace")
-        return None
-    return wait_until(find, timeout, interval=0.1, what=f"a mail with {text!r}; got {smtp.subjects()}")
 
 
 def writer_script(tmp_path: Path, body: str) -> Path:

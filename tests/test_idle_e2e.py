@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hf_writer import HFWriter
+from tests.fixtures.inproc import wait_mail
 from tests.fixtures.nvml import gpu
 from tests.test_activity import attach
 from tests.waiting import wait_until
@@ -51,16 +52,6 @@ def idle_of(d) -> dict:
 def wait_idle(d, pred, timeout: float = 30, what: str = "") -> dict:
     return wait_until(lambda: (lambda i: i if pred(i) else None)(idle_of(d)), timeout, interval=0.1,
                       what=what or "idle state")
-
-
-def wait_mail(smtp, text: str, timeout: float = 20) -> tuple[str, str]:
-    def find():
-        for m in list(smtp.messages):
-            subject = str(m["Subject"]).replace("\r\n", "")
-            if text in subject:
-                return subject, m.get_payload(decode=True).decode("utf-8", "replace")
-        return None
-    return wait_until(find, timeout, interval=0.1, what=f"a mail with {text!r}; got {smtp.subjects()}")
 
 
 def count_mails(smtp, text: str) -> int:

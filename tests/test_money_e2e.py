@@ -18,8 +18,9 @@ import pytest
 
 from supervisor.clock import FakeClock
 from supervisor.config import from_dict
-from supervisor.daemon import DUTIES, Daemon
+from supervisor.daemon import Daemon
 from supervisor.interfaces import FinalSyncResult, RequestError
+from tests.fixtures.inproc import mails, run
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow,
@@ -66,27 +67,6 @@ class BillingClock(FakeClock):
 
     def boot(self) -> tuple[str, float]:
         return ("money-boot", self.monotonic() - self._mono0)
-
-
-def run(d: Daemon, *names: str) -> None:
-    for duty in DUTIES:
-        if duty.name in names:
-            duty.run(d)
-
-
-@pytest.fixture
-def daemon():
-    made: list[Daemon] = []
-
-    def make(cfg, clock) -> Daemon:
-        d = Daemon(cfg, clock=clock)
-        d.start(schedule=False)
-        made.append(d)
-        return d
-    yield make
-    for d in made:
-        d.shutdown()
-        os.system(f"tmux -S {d.cfg.state_dir}/tmux.sock kill-server >/dev/null 2>&1")
 
 
 def config(tmp_path: Path, smtp, budget: dict, max_steps: int = 300, **extra) -> dict:
@@ -143,15 +123,6 @@ def stop_done(d: Daemon, feeder: Feeder, tick: float = 1.0, timeout: float = 60)
         return d.guard.status()["idle"]["state"] == "STOPPED"
     wait_until(done, timeout, interval=0.05, what="the stop action ran")
     return d.guard.status()["stop"]
-
-
-def mails(smtp, text: str) -> list[tuple[str, str]]:
-    out = []
-    for m in list(smtp.messages):
-        subject = str(m["Subject"]).replace("\r\n", "")
-        if text in subject:
-            out.append((subject, m.get_payload(decode=True).decode("utf-8", "replace")))
-    return out
 
 
 def test_max_cost_the_eta_exceeds_warns_with_the_projection_saves_first_and_stops_with_money_left(

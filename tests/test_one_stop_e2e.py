@@ -10,8 +10,9 @@ import shutil
 import pytest
 
 from tests.fixtures.hf_writer import HFWriter
+from tests.fixtures.inproc import wait_mail
 from tests.fixtures.nvml import HEALTHY, gpu
-from tests.test_idle_e2e import config, lines, wait_idle, wait_mail
+from tests.test_idle_e2e import config, lines, wait_idle
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

@@ -15,11 +15,9 @@ import pytest
 
 from supervisor.config import from_dict
 from supervisor.money import runmoney as rm
-from tests import test_money_e2e
-from tests.test_money_e2e import PRICE, BillingClock, Feeder, config, mails, run, start, stop_done
+from tests.fixtures.inproc import mails, run
+from tests.test_money_e2e import PRICE, BillingClock, Feeder, config, start, stop_done
 from tests.waiting import wait_until
-
-daemon = test_money_e2e.daemon  # the harness's fixture: a real Daemon on a fake billing clock
 
 
 def boot(host: str, secs: float, price: float | None = 10.0, rank: int = 0, since: float = 1e9) -> rm.Boot:

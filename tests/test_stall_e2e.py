@@ -7,23 +7,21 @@ The trainer prints steps, then hangs in `wait_for_the_collective` until the test
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from supervisor.clock import FakeClock
 from supervisor.config import from_dict
-from supervisor.daemon import DUTIES, Daemon
+from supervisor.daemon import Daemon
 from supervisor.fleet.metrics import exposition
 from supervisor.progress import stacks
 from supervisor.render import progress_line
+from tests.fixtures.inproc import find_mail, run
 from tests.fixtures.nvml import GIB, H100_TOTAL, gpu
 from tests.waiting import wait_until
 
@@ -86,12 +84,6 @@ def ptrace_problem() -> str:
     return "" if "Thread" in text else f"py-spy cannot read a process here (ptrace: SYS_PTRACE): {text[:200]}"
 
 
-def run(d: Daemon, *names: str) -> None:
-    for duty in DUTIES:
-        if duty.name in names:
-            duty.run(d)
-
-
 def rounds_until(d: Daemon, pred, limit: int, what: str) -> float:
     """Fake seconds passed, ROUND by ROUND with the duties run, until pred() holds."""
     start = d.clock.time()
@@ -105,33 +97,6 @@ def rounds_until(d: Daemon, pred, limit: int, what: str) -> float:
 
 def stalled_alert(d: Daemon) -> dict | None:
     return next((a for a in d.alerts.active() if a["kind"] == "training_stalled"), None)
-
-
-def find_mail(smtp, text: str) -> tuple[str, str] | None:
-    for m in list(smtp.messages):
-        subject = str(m["Subject"]).replace("\r\n", "")
-        if text in subject:
-            return subject, m.get_payload(decode=True).decode("utf-8", "replace")
-    return None
-
-
-@pytest.fixture
-def daemon():
-    made: list[Daemon] = []
-
-    def make(cfg) -> Daemon:
-        d = Daemon(cfg, clock=FakeClock(start=time.time()))
-        d.start(schedule=False)
-        made.append(d)
-        return d
-    yield make
-    for d in made:
-        if d.training.info().state.value in ("STARTING", "RUNNING"):
-            d.training.stop()  # the daemon leaves a training running by design; the test ends its own
-            wait_until(lambda d=d: run(d, "training") or d.training.info().state.value not in
-                       ("STARTING", "RUNNING", "STOPPING"), 60, interval=0.1, what="the trainer ended")
-        d.shutdown()
-        os.system(f"tmux -S {d.cfg.state_dir}/tmux.sock kill-server >/dev/null 2>&1")
 
 
 def config(tmp_path: Path, fake_nvml, smtp, **progress) -> dict:

@@ -7,18 +7,15 @@ interrupt it, wait for its process to end, sync what it saved, and only then run
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from supervisor.clock import FakeClock
 from supervisor.config import from_dict
-from supervisor.daemon import DUTIES, Daemon
+from tests.fixtures.inproc import run
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow,
@@ -47,27 +44,6 @@ Path({ready!r}).touch()
 while True:
     time.sleep(3600)  # quiet: no output, no GPU, no CPU
 """
-
-
-def run(d: Daemon, *names: str) -> None:
-    for duty in DUTIES:
-        if duty.name in names:
-            duty.run(d)
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    made: list[Daemon] = []
-
-    def make(cfg) -> Daemon:
-        d = Daemon(cfg, clock=FakeClock(start=time.time()))
-        d.start(schedule=False)
-        made.append(d)
-        return d
-    yield make
-    for d in made:
-        d.shutdown()
-        os.system(f"tmux -S {d.cfg.state_dir}/tmux.sock kill-server >/dev/null 2>&1")
 
 
 @pytest.mark.parametrize("saves_on", ["SIGINT", "SIGTERM"])

@@ -25,7 +25,7 @@ from typing import Any
 
 from supervisor import records
 from supervisor.config.schema import IdleConfig
-from supervisor.states import IdleState, stop_rule
+from supervisor.states import CAP_KINDS, IdleState, stop_rule
 from supervisor.stop import sequence as stops
 from supervisor.stop.sequence import Standing
 from supervisor.timefmt import hm
@@ -99,7 +99,7 @@ class Thresholds:
 
 # Stops for a cap (supervisor.money): its moment is the money guard's to say (the table's
 # cuts_sync_short reasons, less the preemption that the spot guard times itself).
-CAP_REASONS = frozenset({"max_cost", "deadline", "max_runtime"})
+CAP_REASONS = frozenset(CAP_KINDS)
 
 IDLE_MODE = "idle"
 FINISH_MODE = "finish"  # training ended with on_finish = "stop": a grace period instead of warn + wait

@@ -98,7 +98,7 @@ class MoneyGuard:
         self.state = MoneyState.from_dict(raw.get("state"))
         over = raw.get("overrides") if isinstance(raw.get("overrides"), dict) else {}
         self.overrides: dict[str, float] = {k: float(v) for k, v in over.items()
-                                            if k in ("max_cost", "deadline", "max_runtime")
+                                            if k in plan.KINDS
                                             and isinstance(v, (int, float)) and not isinstance(v, bool)}
         self._ck: tuple[str, float, int] = ("", 0.0, 0)   # newest checkpoint: path, save seconds, bytes
         self._rate: float | None = None

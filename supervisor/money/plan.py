@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-KINDS = ("max_cost", "deadline", "max_runtime")
+from supervisor.states import CAP_KINDS
+
+KINDS = CAP_KINDS
 REWARN_CHANGE = 0.10  # mail the projection again when it moves by more than this fraction
 
 
