@@ -83,10 +83,14 @@ class Daemon:
         self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time)
         channels, self.channel_problems = build_channels(
             cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self._fresh_status()))
-        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels)
+        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels,
+                             on_alert=self._on_alert)
         self.orchestrator: dict | None = None
         self.ctx = Context(cfg, self.clock, self.store, self.alerts)
-        self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end)
+        # the wings built later are reached through these callables, at call time (nothing patched in)
+        self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end,
+                                 before_start=lambda: self.health.check_start(), extra_env=lambda: self.resume.env(),
+                                 gate=lambda start: self.resume.gate(start))
 
         from supervisor.gpu.hostcheck import HostCheck
         from supervisor.gpu.monitor import GpuMonitor
@@ -121,8 +125,13 @@ class Daemon:
         # the run's money across machines (nodes, resumes): a ledger on the target
         self.ledger = RunLedger(cfg, self.run_target, self.clock, hostname) if self.run_target and (
             cfg.cluster.nodes > 1 or cfg.budget.scope == "run") else None
+        from supervisor.hooks.runner import Hooks
+
+        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
+                           facts=lambda: self._hook_facts(hostname))
         self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk,
-                                  run_total=self.ledger.words if self.ledger else None)
+                                  run_total=self.ledger.words if self.ledger else None, hooks=self.hooks,
+                                  cap_moment=lambda: self.money.moment())
         self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
 
         from supervisor.spot.guard import SpotGuard
@@ -137,21 +146,15 @@ class Daemon:
         # GPU health: preflight at start and before every training start (Training's hook), faults live
         self.health = HealthWatch(self.ctx, self.gpu.probe, self.training, rate=self._run_rate,
                                   stop_machine=self.stops.request)
-        self.training.before_start = self.health.check_start
         from supervisor.gpu.wastewatch import WasteWatch
 
         self.waste = WasteWatch(cfg.gpu, self.gpu, self.training, self.alerts, self.clock, stop=self.stops.request,
                                 stop_after=cfg.idle.stop_after_warning)
 
-        from supervisor.hooks.runner import Hooks
         from supervisor.money.guard import MoneyGuard
 
-        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
-                           facts=lambda: self._hook_facts(hostname))
-        self.alerts.on_alert = self._on_alert
         self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.stops.request,
                                 run=self.ledger)
-        self.guard.hooks, self.guard.cap_moment = self.hooks, self.money.moment
 
         self.cluster = None
         if cfg.cluster.nodes > 1 and self.run_target:
@@ -161,10 +164,8 @@ class Daemon:
                                            self.stops, holds=self.sync.held_units)
         from supervisor.resume.gate import ResumeGate
 
-        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname, run_target=self.run_target)
-        self.training.extra_env = self.resume.env
-        self.training.gate = self.resume.gate
-        self.resume.busy = lambda: self.training.state in TRAINING_ALIVE
+        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,
+                                 busy=lambda: self.training.state in TRAINING_ALIVE)
 
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
@@ -230,10 +231,13 @@ class Daemon:
                 "checkpoint": newest.unit if newest else ""}
 
     def _on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
+        hooks = getattr(self, "hooks", None)
+        if hooks is None:
+            return  # an alert raised while the daemon is still being built: no hook is wired yet
         if kind == "preemption":
-            self.hooks.fire("preemption", {"reason": subject, "alert_key": key})
+            hooks.fire("preemption", {"reason": subject, "alert_key": key})
         if not kind.startswith("hook"):
-            self.hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
+            hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
         from supervisor.wiring import status_aside

@@ -32,9 +32,9 @@ class CapStops:
     th: Any
     _lock: Any
     stopper: Any
-    hooks: Any = None                 # supervisor.hooks.runner.Hooks, set by the daemon
+    hooks: Any = None                 # supervisor.hooks.runner.Hooks (IdleGuard's constructor)
     cap_why: str = ""                 # the cap this stop is for, in words (the stopping mail)
-    # seconds left to the cap's moment and its words, or (None, ""): set by the daemon from the money guard
+    # seconds left to the cap's moment and its words, or (None, ""): the money guard's (IdleGuard's constructor)
     cap_moment: Callable[[], tuple[float | None, str]] | None = None
 
     def request_stop(self, word: str, why: str) -> bool:

@@ -64,8 +64,11 @@ class IdleGuard(GuardMails, CapStops):
     def __init__(self, conf: GuardConfig, clock: Clock, store: StateStore, alerts: Alerts,
                  training: TrainingView, gpu: GpuView | None, sync: SyncView, progress: Any = None, *,
                  tmux_socket: str | None = None, runners: dict | None = None, env: dict[str, str] | None = None,
-                 mail_flush_s: float = 30.0, disk: Any = None, run_total: Callable[[], str] | None = None):
+                 mail_flush_s: float = 30.0, disk: Any = None, run_total: Callable[[], str] | None = None,
+                 hooks: Any = None, cap_moment: Callable[[], tuple[float | None, str]] | None = None):
         self.conf = conf
+        self.hooks = hooks                # supervisor.hooks.runner.Hooks: stop and final_sync_done hooks
+        self.cap_moment = cap_moment      # the money guard's: seconds to the cap's moment and its words
         self.disk = disk
         self.run_total = run_total  # the run's money across its machines, for the finish mail
         self.clock, self.store, self.alerts = clock, store, alerts

@@ -91,7 +91,8 @@ class Alerts:
 
     def __init__(self, cfg: AlertsConfig, clock: Clock, state_dir: str | Path | None,
                  mailer: Mailer | None = None, hostname: str = "", *, background: bool = True,
-                 channels: list[Channel] | None = None):
+                 channels: list[Channel] | None = None,
+                 on_alert: Callable[[str, str, str, str], None] | None = None):
         self.cfg = cfg
         self.clock = clock
         self.hostname = hostname
@@ -100,7 +101,7 @@ class Alerts:
             channels = [EmailChannel(mailer)] if mailer is not None else []
         self.channels: dict[str, Channel] = {c.name: c for c in channels}
         # told (key, kind, severity, subject) of each alert raised or event (the [[hooks]] "alert" event)
-        self.on_alert: Callable[[str, str, str, str], None] | None = None
+        self.on_alert = on_alert  # (key, kind, severity, subject) of each alert raised: the daemon's hooks
         self.state = AlertState(channels=list(self.channels))
         self.problems: list[str] = []
         self._lock = threading.Lock()

@@ -42,7 +42,7 @@ class ResumeGate:
     """engine: the sync engine (its ledger, watched roots and target URL); alerts: Alerts or None."""
 
     def __init__(self, cfg: Config, clock: Clock, alerts: Any, engine: Any, hostname: str = "",
-                 retry_base_s: float = RETRY_BASE_S, run_target: str = ""):
+                 retry_base_s: float = RETRY_BASE_S, run_target: str = "", busy: Callable[[], bool] | None = None):
         self.cfg = cfg
         self.run_target = run_target  # a run of several nodes: whole units only (their parts all complete)
         self.clock = clock
@@ -57,7 +57,7 @@ class ResumeGate:
         self._st: dict[str, Any] = {"state": "idle"}
         # the training runs already (set by the daemon): then start() itself refuses, and no restore
         # may write into the folders under it
-        self.busy: Callable[[], bool] = lambda: False
+        self.busy: Callable[[], bool] = busy or (lambda: False)
 
     # --- what the training gets -----------------------------------------------------------------
     def local(self) -> tuple[str, int] | None:

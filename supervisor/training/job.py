@@ -109,7 +109,9 @@ class Training:
 
     def __init__(self, ctx: Context, on_start: Callable[[TrainingInfo], None] | None = None,
                  on_end: Callable[[TrainingInfo], None] | None = None,
-                 before_start: Callable[[], None] | None = None):
+                 before_start: Callable[[], None] | None = None,
+                 extra_env: Callable[[], dict[str, str]] = dict,
+                 gate: Callable[[Callable[[], dict]], dict] | None = None):
         self.ctx = ctx
         # asked before every start (control, autostart, automatic restart); raising TrainingError
         # refuses the start with its message (the GPU health preflight with health.on_bad = "refuse")
@@ -119,11 +121,11 @@ class Training:
         self.tmux = Tmux(self.state_dir / "tmux.sock")
         self.on_start = on_start
         self.on_end = on_end
-        # set by the daemon (the resume wing): env for every start (TRAIN_SUPERVISOR_RESUME_FROM), and
-        # what autostart goes through (a restore from the target before the start)
-        self.extra_env: Callable[[], dict[str, str]] = dict
+        # the resume wing's, handed in by the daemon: env for every start (TRAIN_SUPERVISOR_RESUME_FROM),
+        # and what autostart goes through (a restore from the target before the start)
+        self.extra_env = extra_env
         self.withheld_env: list[str] = []   # names the last start kept from the job (they held our secrets)
-        self.gate: Callable[[Callable[[], dict]], dict] = lambda start: start()
+        self.gate: Callable[[Callable[[], dict]], dict] = gate or (lambda start: start())
         self._lock = threading.RLock()
         self._runner = ExitWatch()  # the runner, asked every second
         self._pids_memo: tuple[int, float, float, frozenset[int]] | None = None
