@@ -305,6 +305,9 @@ def test_damaged_state_without_a_job_starts_a_fresh_run_folder(tmp_path, cleanup
     cleanup.append(t)
     t.start()
     settle(t)
+    # the exit record comes a moment before the runner's tmux pane closes: a session still there
+    # would be adopted as run 1 (a real daemon restart that races the pane's end)
+    wait_until(lambda: not t.tmux.has_session(t.cfg.session), 15, what="the first run's tmux session gone")
     (tmp_path / "state" / "training.json").write_text('{"state": "FINISHED", "run_id": "1"}')
     t2, _, _ = make(tmp_path, command="sleep 60")
     cleanup.append(t2)
