@@ -347,3 +347,17 @@ def test_the_finish_mail_names_the_source_and_the_trackers_end_state():
     text = run_words._progress_text(p)
     assert "Last progress: step 60/60, epoch 0.47, loss 4.32 (from mlflow)" in text
     assert "Tracker: MLflow run /w/out/mlruns/0/abc: FINISHED" in text
+
+
+@pytest.mark.parametrize("source", ["tensorboard", "mlflow", "trackio", "wandb"])
+def test_a_tracker_that_lags_the_log_never_restarts_the_rate(source):
+    """A tracker's flush behind the step the log already gave is that tracker lagging: the rate's
+    series stays (a step going back would otherwise read as a restart of the run)."""
+    from supervisor.progress import record as pr
+    from supervisor.progress.parse import Observation
+
+    run = pr.Run(run_id=1, started_at=0.0)
+    for t, step in ((10.0, 10), (20.0, 20), (30.0, 30)):
+        pr.merge(run, Observation(step=step, source="log"), t)
+    pr.merge(run, Observation(step=15, loss=1.5, source=source), 31.0)
+    assert run.step == 30 and [s.v for s in run.steps.samples] == [10, 20, 30]

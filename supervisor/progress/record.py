@@ -37,7 +37,7 @@ _SERIES = ("steps", "tokens_s", "epochs")
 
 # Sources read from files the training writes, each at its own pace: a step older than the one
 # known is theirs lagging, never a restart of the run.
-FILE_SOURCES = ("trainer_state", "tensorboard", "mlflow")
+FILE_SOURCES = ("trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
 
 
 @dataclass
