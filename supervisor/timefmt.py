@@ -27,6 +27,11 @@ def hm(t: float | None) -> str:
     return _local(t).strftime("%H:%M:%S")
 
 
+def utc_stamp(t: float) -> str:
+    """ISO 8601 in UTC, to the second (what manifests and run records say when they were made)."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def stamp(t: float) -> str:
     """Date and time without the zone, for a column in a list (`supervisorctl alerts`)."""
     return _local(t).strftime("%Y-%m-%d %H:%M:%S")

@@ -30,6 +30,11 @@ HOLDS_MAX = 64        # unit names a heartbeat lists (the newest)
 OK, SILENT, LOST, FINISHED = "ok", "silent", "lost", "finished"
 
 
+def quiet_limit(heartbeat: float) -> float:
+    """Quiet longer than this (two heartbeats missed) and a node is `silent`."""
+    return 2 * heartbeat + 1
+
+
 def beat_key(rank: int) -> str:
     return f"{CLUSTER_FOLDER}/{PART_PREFIX}{rank}.json"
 
@@ -137,7 +142,7 @@ def judge(seen: Mapping[int, Seen], me: Identity, my_host: str, my_training: str
         elif (reads_ok_since is not None and s.failed_since is not None and my_training in ("STARTING", "RUNNING")
               and now - max(s.failed_since, reads_ok_since) >= silent_after):
             out.append(NodeView(rank, b.host, LOST, quiet, "its training failed"))
-        elif quiet >= 2 * heartbeat + 1:
+        elif quiet >= quiet_limit(heartbeat):
             out.append(NodeView(rank, b.host, SILENT, quiet, f"not heard from for {quiet:.0f} s"))
         else:
             out.append(NodeView(rank, b.host, OK, quiet))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from supervisor.cluster import nodes as cn
 from supervisor.config.cluster import for_node
 from supervisor.durations import format_duration
+from supervisor.training.checkpoints import unit_order
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -49,7 +50,7 @@ def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) 
                 continue
             age = max(0.0, now - b.at)
             state = (cn.FINISHED if b.training == "FINISHED" else cn.LOST if age >= c.silent_after
-                     else cn.SILENT if age >= 2 * c.heartbeat + 1 else cn.OK)
+                     else cn.SILENT if age >= cn.quiet_limit(c.heartbeat) else cn.OK)
             out.append({"rank": k, "host": b.host, "state": state, "training": b.training, "age_s": round(age, 1),
                         "last_seen": b.at, "newest_held": b.holds[0] if b.holds else None})
         try:
@@ -57,18 +58,12 @@ def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) 
         except Exception:  # noqa: BLE001 - no record yet (a folder target without _cluster/)
             keys = {}
         whole = sorted((k[: -len(".json")] for k in keys if k.endswith(".json") and not k.startswith(cn.PART_PREFIX)),
-                       key=_step, reverse=True)
+                       key=unit_order, reverse=True)
     finally:
         target.close()
         records.close()
     return {"run_id": c.run_id, "target": run_target, "nodes": out, "whole": whole[:5],
             "silent_after_s": c.silent_after}
-
-
-def _step(unit: str) -> tuple[int, str]:
-    from supervisor.training.checkpoints import checkpoint_step
-
-    return checkpoint_step(unit.rsplit("/", 1)[-1]) or -1, unit
 
 
 def render_cluster(d: dict) -> str:

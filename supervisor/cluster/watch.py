@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,7 @@ import structlog
 from supervisor.cluster import nodes as cn
 from supervisor.config.cluster import Identity
 from supervisor.states import TRAINING_ALIVE
+from supervisor.timefmt import utc_stamp
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -55,7 +55,7 @@ class ClusterWatch:
         self._withdraw = withdraw
         self._lock = threading.Lock()
         self._seq = 0
-        self._boot = f"{_boot_id()}:{os.getpid()}:{int(time.time())}"
+        self._boot = f"{clock.boot()[0]}:{os.getpid()}:{int(clock.time())}"
         self._last_write: float | None = None
         self._seen: dict[int, cn.Seen] = {}
         self._reads_ok_since: float | None = None
@@ -180,7 +180,7 @@ class ClusterWatch:
         from supervisor.sync import parts
         from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
         from supervisor.sync.targets.base import reader
-        from supervisor.training.checkpoints import checkpoint_step
+        from supervisor.training.checkpoints import unit_order
 
         tail = "/" + MANIFEST_NAME
         base = getattr(self._part0, "base", None)
@@ -188,7 +188,7 @@ class ClusterWatch:
             return  # a folder target: nothing of this part uploaded yet
         own = [k[: -len(tail)] for k in reader(self._part0).list_keys()
                if k.endswith(tail) and not k.startswith(PROBE_FOLDER)]
-        own.sort(key=lambda u: (checkpoint_step(u.rsplit("/", 1)[-1]) or -1, u), reverse=True)
+        own.sort(key=unit_order, reverse=True)
         read = reader(self.target).read_file
         todo = [u for u in own if u not in self._recorded][:RECORDS_PENDING]
         self._records_waiting = {u: w for u, w in self._records_waiting.items() if u in todo}
@@ -208,7 +208,7 @@ class ClusterWatch:
                 self._records_waiting[unit] = why
                 continue
             doc = parts.record_doc(unit, self.ident.run_id, {k: d or "none" for k, d in digests.items()},
-                                   _iso(self.clock.time()))
+                                   utc_stamp(self.clock.time()))
             self.target.write_object(parts.record_key(unit), doc)  # type: ignore[attr-defined]
             log.info("cluster_unit_recorded", unit=unit, nodes=self.ident.nodes,
                      without_part=[k for k, d in digests.items() if not d])
@@ -266,16 +266,3 @@ class ClusterWatch:
             if callable(close):
                 close()
 
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()[:36]
-    except OSError:
-        return ""
-
-
-def _iso(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -10,6 +10,7 @@ import shlex
 from supervisor.config.schema import (
     HOOK_EVENTS,
     PREEMPTION_PROVIDERS,
+    PROGRESS_SOURCES,
     TRAINING_SIGNALS,
     Config,
     keyname,
@@ -116,10 +117,10 @@ def cross_checks(cfg: Config, problems: list[str]) -> None:
     if cfg.stop.final_sync and not cfg.sync.target:
         problems.append("sync.target: required when stop.final_sync lists folders")
     cluster_checks(cfg, problems)
-    known = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
     for i, src in enumerate(cfg.progress.sources):
-        if src not in known:
-            problems.append(f"progress.sources[{i}]: {show_value(src)} is not a source; expected {', '.join(known)}")
+        if src not in PROGRESS_SOURCES:
+            problems.append(f"progress.sources[{i}]: {show_value(src)} is not a source; "
+                            f"expected {', '.join(PROGRESS_SOURCES)}")
     if cfg.disk.prune == "synced" and not (cfg.sync.target and cfg.sync.watch):
         problems.append('disk.prune: "synced" needs sync.target and sync.watch (only what the target '
                         'verifiably holds is ever deleted)')

@@ -204,6 +204,8 @@ class ProgressConfig:
 # What a training may be asked to save with; the runner ignores each of these (it must outlive the job).
 TRAINING_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGHUP")
 PREEMPTION_PROVIDERS = ("ec2", "gcp", "azure")
+# Where progress is read (supervisor.progress): "auto" is every one found.
+PROGRESS_SOURCES = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
 
 
 @dataclass

@@ -24,7 +24,6 @@ from supervisor.progress.parse import Observation
 
 log = structlog.get_logger("progress")
 
-SOURCES = ("log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
 TRACKIO_ROWS = 5000        # rows read a look at most (the next look goes on from there)
 REDISCOVER_S = 60.0        # a new file (a second run folder) is found this late at most ...
 REDISCOVER_NONE_S = 30.0   # ... and while none was found yet, this late (a trainer makes its first at start)

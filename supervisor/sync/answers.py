@@ -16,7 +16,7 @@ from supervisor.sync import scan as sc
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import TargetError
 from supervisor.sync.waiter import Ticket
-from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.checkpoints import unit_order
 
 log = get_logger("sync")
 
@@ -44,7 +44,7 @@ class Answers:
         waits for (status --json sync.units)."""
         with self._lock:
             units = [(u.label, u.verdict) for u in self._units.values() if not u.retired]
-        units.sort(key=lambda x: (checkpoint_step(x[0].rsplit("/", 1)[-1]) or -1, x[0]), reverse=True)
+        units.sort(key=lambda x: unit_order(x[0]), reverse=True)
         return [{"unit": k, "format": v.format or "files", "complete": v.complete,
                  "waiting_for": "" if v.complete else (v.waiting_for or v.reason.removeprefix("waiting for "))}
                 for k, v in units[:limit]]
@@ -54,7 +54,7 @@ class Answers:
         says which units this node has a part of)."""
         with self._lock:
             keys = {u.key for u in self._units.values() if u.key}
-        return sorted(keys, key=lambda k: (checkpoint_step(k.rsplit("/", 1)[-1]) or -1, k), reverse=True)[:limit]
+        return sorted(keys, key=unit_order, reverse=True)[:limit]
 
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every

@@ -5,13 +5,13 @@ writes them).
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import re
 from dataclasses import dataclass
 
 from supervisor.sync.names import BadName, check_tree, remote_path, shown
+from supervisor.timefmt import utc_stamp
 
 FORMAT = "train-supervisor-manifest/1"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -42,7 +42,7 @@ def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "
         "format": FORMAT,
         "complete": not damaged and not partial,
         "unit": unit,
-        "created_at": dt.datetime.fromtimestamp(created_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created_at": utc_stamp(created_at),
         "host": host,
         "source": source,
         "file_count": len(fs),
