@@ -123,7 +123,7 @@ class Daemon:
         from supervisor.progress.stallwatch import StallWatch
 
         # the run's money across machines (nodes, resumes): a ledger on the target
-        self.ledger = RunLedger(cfg, self.run_target, self.clock, hostname) if self.run_target and (
+        self.ledger = RunLedger(cfg, self.run_target, self.clock, hostname, self.sync.sibling_target) if self.run_target and (
             cfg.cluster.nodes > 1 or cfg.budget.scope == "run") else None
         from supervisor.hooks.runner import Hooks
 
@@ -161,7 +161,7 @@ class Daemon:
             from supervisor.cluster.watch import ClusterWatch
 
             self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
-                                           self.stops, holds=self.sync.held_units)
+                                           self.stops, holds=self.sync.held_units, target_at=self.sync.sibling_target)
         from supervisor.resume.gate import ResumeGate
 
         self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,

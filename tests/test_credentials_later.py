@@ -135,3 +135,24 @@ def test_the_start_script_gives_each_daemon_the_environment_file_afresh(tmp_path
     seen = dict(line.split("=", 1) for line in (tmp_path / "seen.env").read_text().splitlines() if "=" in line)
     assert seen["AWS_ACCESS_KEY_ID"] == "later" and seen["B"] == "two words"
     assert not (tmp_path / "ran").exists()
+
+
+def test_keys_that_come_later_reach_the_cluster_heartbeats_and_the_run_ledger(tmp_path, make_daemon, s3_server,
+                                                                               s3_prefix, smtp_server):
+    """A node of a run of two, keyless at boot: once the keys are in the environment file, its
+    heartbeat and its money record reach the run's prefix too (their clients share the sync
+    engine's credential sources), not only its checkpoints."""
+    cfg = _config(tmp_path, s3_server, s3_prefix, smtp_server)
+    cfg["cluster"] = {"nodes": 2, "rank": 0, "run_id": "r1", "heartbeat": "1s", "silent_after": "6s"}
+    d = make_daemon(cfg, start=False)
+    _, env_file = _keyless(d, tmp_path)
+    d.start()
+    wait_until(lambda: d.status()["cluster"]["error"], 30, what="the heartbeat refused without keys")
+    env_file.write_text(f"AWS_ACCESS_KEY_ID={ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={SECRET_KEY}\n")
+    os.chmod(env_file, 0o600)
+
+    def reached() -> bool:
+        keys = s3_server.objects(s3_prefix)
+        return "_cluster/node-0.json" in keys and any(k.startswith("_run/ledger/") for k in keys)
+    wait_until(reached, 60, interval=0.5, what=f"the heartbeat and the ledger record; {d.status()['cluster']}")
+    wait_until(lambda: not d.status()["cluster"]["error"], 30, what="the cluster's error cleared")

@@ -74,18 +74,16 @@ class ClusterWatch:
 
     @classmethod
     def of(cls, cfg: Config, run_target: str, training: TrainingView, alerts: Alerts, clock: Clock, hostname: str,
-           stops: StopRunner, holds: Callable[[], list[str]]) -> ClusterWatch:
-        """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts)."""
-        from supervisor.sync.targets import make_target
+           stops: StopRunner, holds: Callable[[], list[str]], target_at: Callable[[str], object]) -> ClusterWatch:
+        """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts);
+        `target_at` builds a target for a place on the store (the sync engine's sibling_target)."""
         from supervisor.syncurl import parse_target
 
-        url = parse_target(run_target)
         c = cfg.cluster
         ident = Identity(c.nodes, c.rank or 0, c.run_id)
-        target = make_target(url, cfg.sync, cfg.state_dir)
-        part0 = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir) if ident.rank == 0 else None
-        return cls(c, ident, target, training, alerts, clock, hostname, stop=stops.request, withdraw=stops.withdraw,
-                   display=url.display(), holds=holds, part0=part0)
+        part0 = target_at(cfg.sync.target) if ident.rank == 0 else None
+        return cls(c, ident, target_at(run_target), training, alerts, clock, hostname, stop=stops.request,
+                   withdraw=stops.withdraw, display=parse_target(run_target).display(), holds=holds, part0=part0)
 
     # --- the duty -------------------------------------------------------------------------------
     def poll(self) -> None:

@@ -8,6 +8,7 @@ machines (`cluster.nodes` > 1) or `budget.scope = "run"` asks for it."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,16 +26,14 @@ RECORDS_MAX = 4096   # boots read back (a run resumed that often is summed over 
 
 
 class RunLedger:
-    def __init__(self, cfg: Config, run_target: str, clock: Clock, hostname: str):
-        from supervisor.sync.targets import make_target
-        from supervisor.syncurl import parse_target
-
+    def __init__(self, cfg: Config, run_target: str, clock: Clock, hostname: str,
+                 target_at: Callable[[str], object]):
         self.cfg = cfg
         self.clock = clock
         self.hostname = hostname
         self.run_id = cfg.cluster.run_id or run_target
         # rooted at the ledger: its listing is the records alone, never the run's checkpoints
-        self.target = make_target(parse_target(f"{run_target.rstrip('/')}/{rm.LEDGER}"), cfg.sync, cfg.state_dir)
+        self.target = target_at(f"{run_target.rstrip('/')}/{rm.LEDGER}")
         self._lock = threading.Lock()
         self._records: list[rm.Boot] = []
         self._read_once = False

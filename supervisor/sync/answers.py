@@ -14,7 +14,7 @@ from supervisor.interfaces import FinalSyncResult
 from supervisor.sync import final
 from supervisor.sync import scan as sc
 from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import TargetError
+from supervisor.sync.targets.base import Target, TargetError
 from supervisor.sync.waiter import Ticket
 from supervisor.training.checkpoints import unit_order
 
@@ -31,6 +31,15 @@ class IdleJob:
 
 
 class Answers:
+    def sibling_target(self, where: str) -> Target:
+        """Another place on the same store (the run's prefix, its ledger) for a wing that keeps a
+        client open: built from this engine's credential sources, so keys written down after the
+        daemon started (the environment file the engine watches) reach it too."""
+        from supervisor.sync.targets import make_target
+        from supervisor.syncurl import parse_target
+
+        return make_target(parse_target(where), self.cfg, self.state_dir, self.access.creds)
+
     def fs_events(self, fn: Callable[[str], None]) -> bool:
         """Tell `fn` of every change under the watched folders, from this engine's own watcher
         (the disk wing needs no second one); False when the engine watches nothing."""
