@@ -361,3 +361,41 @@ def test_a_tracker_that_lags_the_log_never_restarts_the_rate(source):
         pr.merge(run, Observation(step=step, source="log"), t)
     pr.merge(run, Observation(step=15, loss=1.5, source=source), 31.0)
     assert run.step == 30 and [s.v for s in run.steps.samples] == [10, 20, 30]
+
+
+def test_a_fifo_put_in_place_of_a_trackio_database_holds_up_nothing(tmp_path, monkeypatch):
+    """The training user swaps the database for a FIFO between our lstat and SQLite's own open:
+    the look gives up within TRACKIO_WAIT_S and leaves the file alone from then on."""
+    import sqlite3
+    import time
+
+    from supervisor.progress import trackers
+
+    store = tmp_path / "trackio"
+    store.mkdir()
+    db = store / "p1.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY, run_id TEXT, timestamp TEXT, run_name TEXT, "
+                "step INTEGER, metrics TEXT)")
+    con.commit()
+    con.close()
+    t = TrackerFiles(["trackio"])
+    assert t.poll([], None, trackio_dirs=[str(store)]).obs == []  # found, read: no rows yet
+    db.unlink()
+    os.mkfifo(db)
+    real_lstat = os.lstat
+    regular = os.stat(FIXTURES / "ddp_node.py")
+    monkeypatch.setattr(trackers.os, "lstat", lambda p: regular if str(p) == str(db) else real_lstat(p))
+    monkeypatch.setattr(trackers, "TRACKIO_WAIT_S", 0.5)
+    t0 = time.monotonic()
+    try:
+        got = t.poll([], None, trackio_dirs=[str(store)])
+        took = time.monotonic() - t0
+        assert got.obs == [] and took < 3, took
+        assert t.status()["files"][0]["error"].startswith("did not answer within 0.5 s")
+        assert t.poll([], None, trackio_dirs=[str(store)]).obs == []  # not tried again
+    finally:
+        try:
+            os.close(os.open(db, os.O_WRONLY | os.O_NONBLOCK))  # lets the reader left waiting go
+        except OSError:
+            pass

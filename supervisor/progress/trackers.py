@@ -25,6 +25,7 @@ from supervisor.progress.parse import Observation
 log = structlog.get_logger("progress")
 
 TRACKIO_ROWS = 5000        # rows read a look at most (the next look goes on from there)
+TRACKIO_WAIT_S = 5.0       # one look at a Trackio database takes at most this long
 REDISCOVER_S = 60.0        # a new file (a second run folder) is found this late at most ...
 REDISCOVER_NONE_S = 30.0   # ... and while none was found yet, this late (a trainer makes its first at start)
 WALK_ENTRIES = 20000
@@ -229,26 +230,27 @@ class TrackerFiles:
 
     def _trackio(self, f: _File, out: Found) -> None:
         """Rows past the last id read, from the database opened read-only: never a link (nofollow),
-        never a write or a lock a writer waits on (Trackio keeps it in WAL mode: a reader takes none)."""
-        import sqlite3
-        from urllib.parse import quote
-
+        never a write or a lock a writer waits on (Trackio keeps it in WAL mode: a reader takes none).
+        SQLite opens the path itself, so a FIFO put there after the lstat would block its open: the
+        read runs aside and is given up after TRACKIO_WAIT_S (the file is then left alone)."""
         try:
-            st = os.lstat(f.path)
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(os.lstat(f.path).st_mode):
                 return
-            con = sqlite3.connect(f"file:{quote(f.path)}?mode=ro&nofollow=1", uri=True, timeout=0.5,
-                                  check_same_thread=False)
-        except (OSError, sqlite3.Error):
+        except OSError:
             return
-        try:
-            rows = con.execute(tf.TRACKIO_QUERY, (f.offset, TRACKIO_ROWS)).fetchall()
-        except sqlite3.DatabaseError as e:
-            if "no such table" in str(e):
-                f.dead = "not a Trackio database (no metrics table)"
+        box: dict[str, object] = {}
+        reader = threading.Thread(target=_trackio_rows, args=(f.path, f.offset, box), name="trackio-read", daemon=True)
+        reader.start()
+        reader.join(TRACKIO_WAIT_S)
+        if reader.is_alive():
+            f.dead = f"did not answer within {TRACKIO_WAIT_S:g} s (not a database file?)"
+            log.warning("tracker_file_unreadable", path=f.path, source=f.source, error=f.dead)
             return
-        finally:
-            con.close()
+        if box.get("dead"):
+            f.dead = str(box["dead"])
+        rows = box.get("rows")
+        if not isinstance(rows, list):
+            return
         points, last = tf.trackio_rows(rows, lambda ts: dt.datetime.fromisoformat(ts).timestamp())
         f.offset = max(f.offset, last)
         by_step: dict[int, dict[str, float]] = {}
@@ -289,3 +291,23 @@ class TrackerFiles:
         return {"files": [{"path": f.path, "source": f.source, "read_bytes": f.offset, "error": f.dead or None}
                           for f in files[:16]],
                 "newest": {s: {"step": st, "at": t} for s, (st, t) in self.newest.items()}}
+
+
+def _trackio_rows(path: str, after: int, box: dict) -> None:
+    """The rows of Trackio's metrics table past id `after` into box["rows"] (box["dead"]: why the
+    file is not one to read again)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        con = sqlite3.connect(f"file:{quote(path)}?mode=ro&nofollow=1", uri=True, timeout=0.5,
+                              check_same_thread=False)
+    except (OSError, sqlite3.Error):
+        return
+    try:
+        box["rows"] = con.execute(tf.TRACKIO_QUERY, (after, TRACKIO_ROWS)).fetchall()
+    except sqlite3.DatabaseError as e:
+        if "no such table" in str(e):
+            box["dead"] = "not a Trackio database (no metrics table)"
+    finally:
+        con.close()
