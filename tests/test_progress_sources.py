@@ -399,3 +399,17 @@ def test_a_fifo_put_in_place_of_a_trackio_database_holds_up_nothing(tmp_path, mo
             os.close(os.open(db, os.O_WRONLY | os.O_NONBLOCK))  # lets the reader left waiting go
         except OSError:
             pass
+
+
+def test_the_final_trainer_state_of_an_output_dir_one_folder_below_the_watched_one(tmp_path):
+    """sync.watch = /workspace, --output_dir /workspace/run1: save_state()'s trainer_state.json in
+    run1/ is the end too, not only a checkpoint's."""
+    from supervisor.progress.tracker import _newest_state
+
+    run1 = tmp_path / "workspace" / "run1"
+    (run1 / "checkpoint-40").mkdir(parents=True)
+    (run1 / "checkpoint-40" / "trainer_state.json").write_text(json.dumps({"global_step": 40, "max_steps": 60}))
+    os.utime(run1 / "checkpoint-40" / "trainer_state.json", (1e9, 1e9))
+    (run1 / "trainer_state.json").write_text(json.dumps({"global_step": 60, "max_steps": 60}))
+    path, _, _ = _newest_state([str(tmp_path / "workspace")], since=0.0)
+    assert path == str(run1 / "trainer_state.json")

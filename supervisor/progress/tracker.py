@@ -364,11 +364,12 @@ class ProgressTracker:
 def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:
     """(path, mtime_ns, size) of the most recently written checkpoint-N/trainer_state.json, or
     the one trainer.save_state() leaves at the top of output_dir when the run ends (the final step:
-    a run that saved every 40 steps and finished at 200 says 200/200, not 160/200)."""
+    a run that saved every 40 steps and finished at 200 says 200/200, not 160/200), whether
+    output_dir is the watched folder or a folder in it."""
     best: tuple[int, int, str, int] | None = None
     seen: set[str] = set()
     for d in dirs:
-        for ck, n in [(d, -1), *_checkpoint_dirs(d)]:
+        for ck, n in _state_dirs(d):
             p = os.path.join(ck, "trainer_state.json")
             if p in seen:
                 continue
@@ -385,9 +386,11 @@ def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:
     return (best[2], best[0], best[3]) if best else None
 
 
-def _checkpoint_dirs(d: str) -> list[tuple[str, int]]:
-    """(path, step) of each checkpoint-N/ in `d` or one level below."""
-    out: list[tuple[str, int]] = []
+def _state_dirs(d: str) -> list[tuple[str, int]]:
+    """(path, step) of each folder whose trainer_state.json may be the newest: each checkpoint-N/
+    in `d` or one level below, with its step; `d` itself and each other folder in it (an
+    output_dir, where save_state() writes at the end) with -1."""
+    out: list[tuple[str, int]] = [(d, -1)]
     try:
         with os.scandir(d) as it:
             entries = [e for e in it if e.is_dir(follow_symlinks=False)]
@@ -398,6 +401,7 @@ def _checkpoint_dirs(d: str) -> list[tuple[str, int]]:
         if n is not None:
             out.append((e.path, n))
             continue
+        out.append((e.path, -1))
         try:
             with os.scandir(e.path) as it2:
                 out.extend((s.path, k) for s in it2
