@@ -41,6 +41,7 @@ from supervisor.control import (
 from supervisor.interfaces import TrainingInfo
 from supervisor.logging_setup import configure
 from supervisor.malloc import few_arenas, settle_memory
+from supervisor.money.runledger import WRITE_EVERY as LEDGER_EVERY
 from supervisor.notify.alerts import Alerts
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
@@ -491,7 +492,7 @@ DUTIES: tuple[Duty, ...] = (
     Duty("metrics", lambda c: c.gpu.poll_interval if Daemon.metrics_wanted(c) else None, lambda d: d.metrics.poll()),
     Duty("cluster", lambda c: read_every(c.cluster.heartbeat) if c.cluster.nodes > 1 else None,
          lambda d: d.cluster and d.cluster.poll()),  # heartbeats through the target; a lost node stops us
-    Duty("run_ledger", lambda c: 30.0 if c.cluster.nodes > 1 or c.budget.scope == "run" else None,
+    Duty("run_ledger", lambda c: LEDGER_EVERY if c.cluster.nodes > 1 or c.budget.scope == "run" else None,
          lambda d: d.ledger and d.ledger.poll()),  # this boot's money on the target, every boot's read back
     Duty("watchdog", lambda c: watchdog_interval(),
          lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),

@@ -58,7 +58,12 @@ class GuardConfig:
     @property
     def interrupt_patience(self) -> float:
         """How long a stop waits for an interrupted training: SIGINT, SIGTERM, SIGKILL, and a margin."""
-        return 2 * self.stop_grace + 60.0
+        return self.patience(self.stop_grace)
+
+    @staticmethod
+    def patience(grace: float) -> float:
+        """The same wait when each of SIGINT and SIGTERM gets `grace`."""
+        return 2 * grace + 60.0
 
 
 class Jobs:

@@ -256,7 +256,7 @@ class IdleGuard(GuardMails, CapStops):
         return True
 
     def _patience(self) -> float:
-        return self.conf.interrupt_patience if not self._hung() else 2 * min(HUNG_GRACE_S, self.conf.stop_grace) + 60.0
+        return self.conf.patience(min(HUNG_GRACE_S, self.conf.stop_grace) if self._hung() else self.conf.stop_grace)
 
     def _hung(self) -> bool:
         return stop_rule(self.m.stop_reason or "idle").hung

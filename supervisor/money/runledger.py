@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("money")
 
-WRITE_EVERY = 30.0   # seconds: at least once a minute, as the record promises
+WRITE_EVERY = 30.0   # seconds (the daemon's run_ledger duty): at least once a minute, as the record promises
 RECORDS_MAX = 4096   # boots read back (a run resumed that often is summed over its newest records)
 
 

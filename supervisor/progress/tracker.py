@@ -55,6 +55,7 @@ class ProgressTracker:
         self._log_on = "auto" in src or "log" in src
         self._state_on = "auto" in src or "trainer_state" in src
         self.trackers = TrackerFiles(list(src))
+        self._trackio_at = self._trackio_dirs() if self.trackers.trackio else []
         self.tracker_end: dict[str, str] = {}
 
     @property
@@ -174,14 +175,14 @@ class ProgressTracker:
             self._error("progress_scan_failed")
 
     def poll_trackers(self, dirs: list[str], rediscover: bool = False) -> None:
-        """What TensorBoard and MLflow wrote since the last look (progress.sources), merged like a
-        log line, at the writer's own time."""
+        """What the trackers wrote since the last look (progress.sources), merged like a log line,
+        at the writer's own time."""
         try:
             with self._lock:
                 if not self.run.live or not self.trackers.wanted:
                     return
                 started = self.run.started_at
-            found = self.trackers.poll(dirs, started, rediscover, self._trackio_dirs())
+            found = self.trackers.poll(dirs, started, rediscover, self._trackio_at)
             now = self.ctx.clock.time()
             with self._lock:
                 if self.run.started_at != started or started is None:

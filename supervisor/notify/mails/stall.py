@@ -12,7 +12,7 @@ from supervisor.timefmt import hm, when
 LOG_LINES = 20
 SOURCE_WORDS = {"tsup": "the TSUP lines in the log", "tqdm": "the progress bar in the log", "log": "the log",
                 "trainer_state": "trainer_state.json", "tensorboard": "the TensorBoard event files",
-                "mlflow": "the MLflow file store"}
+                "mlflow": "the MLflow file store", "trackio": "Trackio's database", "wandb": "the W&B offline run"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Stalled:
     log_path: str = ""
     log_tail: tuple[str, ...] = ()
     stacks: str = ""
-    source: str = ""                 # where the step was last read (log, trainer_state, tensorboard, mlflow)
+    source: str = ""                 # where the step was last read (a progress source: SOURCE_WORDS)
 
 
 def reason(step: int, since: float, for_s: float) -> str:
