@@ -162,7 +162,8 @@ class Daemon:
             from supervisor.cluster.watch import ClusterWatch
 
             self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
-                                           self.stops, holds=self.sync.held_units, target_at=self.sync.sibling_target)
+                                           self.stops, holds=self.sync.held_units, target_at=self.sync.sibling_target,
+                                           since_step=lambda: self.progress.snapshot(self.clock.time()).get("since_step_s"))
         from supervisor.resume.gate import ResumeGate
 
         self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,

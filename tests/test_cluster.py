@@ -232,6 +232,33 @@ def test_the_duty_alerts_stops_and_withdraws_when_the_node_comes_back(tmp_path):
     w1.close()
 
 
+def test_a_silent_supervisor_while_the_run_still_steps_stops_nothing(tmp_path):
+    """Node 1's daemon is down but its training runs (its collectives answer ours: this run steps):
+    a warning that its supervisor is silent, no stop; once this run stops stepping, the node is lost."""
+    clock = FakeClock()
+    a = Recorder()
+    since = {"s": 1.0}
+    c = ClusterConfig(nodes=2, rank=0, run_id="run-a", heartbeat=1.0, silent_after=5.0)
+    w0 = ClusterWatch(c, Identity(2, 0, "run-a"), LocalTarget(str(tmp_path)), Training(), a, clock, "host-0",
+                      stop=a.stop, withdraw=a.withdraw, since_step=lambda: since["s"])
+    w1 = watch_for(1, tmp_path, clock, Recorder(), Training())
+    for _ in range(3):
+        w1.poll()
+        w0.poll()
+        clock.advance(1.0)
+    for _ in range(8):  # node 1's supervisor falls silent; this run goes on stepping
+        w0.poll()
+        clock.advance(1.0)
+    assert not a.stops and [k for k, _ in a.fired] == ["cluster:silent:1"]
+    assert "still steps" in a.fired[0][1]
+    since["s"] = 30.0  # the run hangs: no step for 30 s
+    w0.poll()
+    assert a.stops and a.stops[0][0] == "node_lost"
+    assert "cluster:silent:1" in a.resolved and a.fired[-1][0] == "cluster:lost:1"
+    w0.close()
+    w1.close()
+
+
 @pytest.mark.parametrize("how", ["alert", "not running"])
 def test_a_lost_node_only_alerts_when_asked_or_when_nothing_runs_here(tmp_path, how):
     clock = FakeClock()
@@ -480,11 +507,16 @@ def test_a_frozen_node_releases_the_survivor_saved_then_stopped_in_time(tmp_path
     assert {"_cluster/node-0.json", "_cluster/node-1.json"} <= set(objs)
     assert not [k for k in objs if not k.startswith(("node-0/", "node-1/", "_cluster/", "_run/ledger/"))], sorted(objs)
 
-    # node 1 frozen whole: its daemon and its training (the job has its own process group in tmux)
-    job = d1.status()["training"]["pid"]
-    frozen = [d1.proc.pid, os.getpgid(job)]
-    os.kill(frozen[0], signal.SIGSTOP)
-    os.killpg(frozen[1], signal.SIGSTOP)
+    # node 1 frozen whole: its daemon and every process of its training (torchrun starts its workers
+    # in sessions of their own, so the job's process group alone would leave the worker training)
+    import psutil
+
+    here = str(tmp_path / "n1")
+    frozen = [d1.proc.pid] + [p.pid for p in psutil.process_iter(["cmdline"])
+                              if any(here in a for a in (p.info["cmdline"] or []))]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    assert len(frozen) >= 3, frozen  # the daemon, torchrun, its worker (and the shell around them)
     last_beat = time.time()
     try:
         wait_until(lambda: (tmp_path / "n0" / "stopped.txt").exists(), 6 + 60,
@@ -502,11 +534,11 @@ def test_a_frozen_node_releases_the_survivor_saved_then_stopped_in_time(tmp_path
         assert saved
         print(f"node 0 stopped {took:.1f} s after node 1's last heartbeat")
     finally:
-        os.kill(frozen[0], signal.SIGCONT)
-        try:
-            os.killpg(frozen[1], signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     d0.cleanup()
     d1.cleanup()
 

@@ -42,7 +42,7 @@ class ClusterWatch:
     def __init__(self, cfg: ClusterConfig, ident: Identity, target: object, training: TrainingView,
                  alerts: Alerts, clock: Clock, hostname: str, *, stop: Callable[[str, str], bool],
                  withdraw: Callable[[str], None], display: str = "", holds: Callable[[], list[str]] | None = None,
-                 part0: object | None = None):
+                 part0: object | None = None, since_step: Callable[[], float | None] | None = None):
         self.cfg = cfg
         self.ident = ident
         self.target = target
@@ -61,10 +61,14 @@ class ClusterWatch:
         self._reads_ok_since: float | None = None
         self._views: list[cn.NodeView] = []
         self._lost: set[int] = set()
+        self._held: set[int] = set()   # lost by their heartbeats, yet this run still steps
         self._asked = False
         self.error = ""
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="cluster-read")
         self._holds = holds or (lambda: [])
+        # seconds since this node's training last stepped (None: not known): a run that still steps
+        # has lost no peer (its collectives would block), whatever a silent supervisor says
+        self._since_step = since_step or (lambda: None)
         # rank 0 writes the run-wide records: its own part's units, each once every node's part is whole
         self._part0 = part0
         self._last_records: float | None = None
@@ -74,7 +78,8 @@ class ClusterWatch:
 
     @classmethod
     def of(cls, cfg: Config, run_target: str, training: TrainingView, alerts: Alerts, clock: Clock, hostname: str,
-           stops: StopRunner, holds: Callable[[], list[str]], target_at: Callable[[str], object]) -> ClusterWatch:
+           stops: StopRunner, holds: Callable[[], list[str]], target_at: Callable[[str], object],
+           since_step: Callable[[], float | None] | None = None) -> ClusterWatch:
         """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts);
         `target_at` builds a target for a place on the store (the sync engine's sibling_target)."""
         from supervisor.syncurl import parse_target
@@ -83,7 +88,8 @@ class ClusterWatch:
         ident = Identity(c.nodes, c.rank or 0, c.run_id)
         part0 = target_at(cfg.sync.target) if ident.rank == 0 else None
         return cls(c, ident, target_at(run_target), training, alerts, clock, hostname, stop=stops.request,
-                   withdraw=stops.withdraw, display=parse_target(run_target).display(), holds=holds, part0=part0)
+                   withdraw=stops.withdraw, display=parse_target(run_target).display(), holds=holds, part0=part0,
+                   since_step=since_step)
 
     # --- the duty -------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -104,9 +110,20 @@ class ClusterWatch:
             self._views = cn.judge(self._seen, self.ident, self.hostname, info.state.value, now,
                                    self._reads_ok_since, self.cfg.heartbeat, self.cfg.silent_after)
             lost = {v.rank: v for v in self._views if v.state == cn.LOST}
+            held: list[cn.NodeView] = []
+            if lost and info.state in TRAINING_ALIVE and self._still_stepping():
+                held = [v for r, v in lost.items() if r not in self._lost]
+                lost = {r: v for r, v in lost.items() if r in self._lost}
+            was_held, self._held = self._held, {v.rank for v in held}
+            quiet_again = [r for r in was_held if r not in self._held]
             back = {v.rank: v for v in self._views if v.rank in self._lost and v.state in (cn.OK, cn.FINISHED)}
             new = [v for r, v in lost.items() if r not in self._lost]
             self._lost = (self._lost | set(lost)) - set(back)
+        for v in held:
+            if v.rank not in was_held:
+                self._on_held(v)
+        for r in quiet_again:
+            self.alerts.resolve(f"cluster:silent:{r}")
         for v in new:
             self._on_lost(v, info.state in TRAINING_ALIVE)
         for v in back.values():
@@ -118,6 +135,16 @@ class ClusterWatch:
                 self._write_records(now)
             except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
                 self._problem(f"cannot write the run-wide records: {e}")
+
+    def _still_stepping(self) -> bool:
+        """Our training stepped within half of silent_after: its collectives answer, so every peer's
+        training is alive, and a silent node is its supervisor (down, restarting), not its run."""
+        try:
+            since = self._since_step()
+        except Exception:  # noqa: BLE001 - no figure: the heartbeats alone decide
+            log.exception("cluster_since_step_failed")
+            return False
+        return since is not None and since < self.cfg.silent_after / 2
 
     def beat_soon(self) -> None:
         """The training ended: the next poll (within seconds) tells the other nodes, so a node whose
@@ -233,6 +260,15 @@ class ClusterWatch:
         if acting:
             self._asked = True
             self._stop("node_lost", f"{who} was lost ({v.why})")
+
+    def _on_held(self, v: cn.NodeView) -> None:
+        who = f"node {v.rank}" + (f" ({v.host})" if v.host else "")
+        log.warning("cluster_node_silent_run_steps", rank=v.rank, host=v.host, why=v.why)
+        self.alerts.fire(f"cluster:silent:{v.rank}", "node_silent", "warning", f"{who}'s supervisor is silent",
+                         f"Run {self.ident.run_id or '(unnamed)'}: {who} is not heard from ({v.why}), yet this run "
+                         "still steps, so its training is alive: its train-supervisor is down or cannot reach the "
+                         "target, and that node's checkpoints may not be leaving it. Nothing is stopped while the "
+                         "run steps; if it stops stepping, the node counts as lost.\n")
 
     def _on_back(self, v: cn.NodeView) -> None:
         log.warning("cluster_node_back", rank=v.rank, host=v.host, state=v.state)
