@@ -389,8 +389,8 @@ def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:
 
 def _state_dirs(d: str) -> list[tuple[str, int]]:
     """(path, step) of each folder whose trainer_state.json may be the newest: each checkpoint-N/
-    in `d` or one level below, with its step; `d` itself and each other folder in it (an
-    output_dir, where save_state() writes at the end) with -1."""
+    in `d` or one level below, with its step; `d` itself and each other folder in it that is no
+    checkpoint of any kind (an output_dir, where save_state() writes at the end) with -1."""
     out: list[tuple[str, int]] = [(d, -1)]
     try:
         with os.scandir(d) as it:
@@ -402,7 +402,8 @@ def _state_dirs(d: str) -> list[tuple[str, int]]:
         if n is not None:
             out.append((e.path, n))
             continue
-        out.append((e.path, -1))
+        if "checkpoint" not in e.name:  # an output_dir; never a checkpoint being written (tmp-checkpoint-300)
+            out.append((e.path, -1))
         try:
             with os.scandir(e.path) as it2:
                 out.extend((s.path, k) for s in it2
