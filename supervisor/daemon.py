@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -26,23 +25,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
-from supervisor.cluster.nodes import read_every
 from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import (
-    ControlServer,
-    Peer,
-    RequestError,
-    bounded_int,
-    keepalive_seconds,
-    run_context,
-    sync_wait,
-)
-from supervisor.interfaces import TrainingInfo
+from supervisor.control import ControlServer, Peer, RequestError
+from supervisor.interfaces import Duty, HasDuties, HasStatus, HasVerbs, TrainingInfo, Verb
 from supervisor.logging_setup import configure
 from supervisor.malloc import few_arenas, settle_memory
-from supervisor.money.runledger import WRITE_EVERY as LEDGER_EVERY
 from supervisor.notify.alerts import Alerts
+from supervisor.requests import run_context
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
 from supervisor.systemd_notify import notify, watchdog_interval
@@ -81,15 +71,18 @@ class Daemon:
         from supervisor.wiring import build_channels
 
         hostname = cfg.hostname or socket.gethostname()
-        self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time)
+        self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time,
+                                   every=cfg.gpu.poll_interval if self.metrics_wanted(cfg) else None)
         channels, self.channel_problems = build_channels(
             cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self._fresh_status()))
         self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels,
                              on_alert=self._on_alert)
-        self.orchestrator: dict | None = None
-        self.ctx = Context(cfg, self.clock, self.store, self.alerts)
+        from supervisor.idle.orchestrator import OrchestratorWatch
+
+        self.orchestrator = OrchestratorWatch(cfg.training.env)
+        self.ctx = Context(self.clock, self.store, self.alerts)
         # the wings built later are reached through these callables, at call time (nothing patched in)
-        self.training = Training(self.ctx, on_start=self._on_training_start, on_end=self._on_training_end,
+        self.training = Training(self.ctx, cfg.training, on_start=self._on_training_start, on_end=self._on_training_end,
                                  before_start=lambda: self.health.check_start(), extra_env=lambda: self.resume.env(),
                                  gate=lambda start: self.resume.gate(start))
 
@@ -97,29 +90,33 @@ class Daemon:
         from supervisor.gpu.monitor import GpuMonitor
         from supervisor.gpu.oom import OomDetector
         from supervisor.progress.tracker import ProgressTracker
-        from supervisor.sync.engine import SyncEngine
+        from supervisor.sync.engine import engine_for
         from supervisor.training.logfollow import LogFollower
         from supervisor.training.ranks import world_size
 
-        self.gpu = GpuMonitor(self.ctx, training=self.training, keep_window_s=cfg.idle.gpu_window)
-        self.sync = SyncEngine.from_config(cfg, self.clock, self.alerts,
+        self.gpu = GpuMonitor(self.ctx, cfg.gpu, training=self.training, keep_window_s=cfg.idle.gpu_window)
+        self.sync = engine_for(cfg, self.clock, self.alerts,
                                            world_size=lambda: world_size(self.training.pids()))
-        self.progress = ProgressTracker(self.ctx, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
-                                        gpu=self.gpu)
+        self.progress = ProgressTracker(self.ctx, cfg.progress, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
+                                        gpu=self.gpu, job_env=cfg.training.env, job_user=cfg.training.user,
+                                        save_dirs=self._checkpoint_dirs())
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
                                     store=self.store, user=cfg.training.user or None,
-                                    since=run_banner(self.training.info().run_id))
+                                    since=run_banner(self.training.info().run_id), clock=self.clock.time)
+        from supervisor.disk.floor import DiskFloor
         from supervisor.disk.watch import DiskWatch
 
-        self.disk = DiskWatch(self.ctx, self.sync, [*cfg.sync.watch, cfg.training.workdir],
-                              quiet=cfg.sync.quiet_period, saves_in=list(cfg.sync.watch))
+        self.disk = DiskWatch(self.ctx, cfg.disk, self.sync, [*cfg.sync.watch, cfg.training.workdir],
+                              quiet=cfg.sync.quiet_period, saves_in=list(cfg.sync.watch),
+                              free_min_pct=cfg.alerts.disk_free_min_pct)
         disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
         # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
-        self.hostcheck = HostCheck(self.ctx, disk_paths, covered=self.disk.covers)
+        self.floor = DiskFloor(self.ctx, cfg.alerts, disk_paths, covered=self.disk.covers)
+        self.hostcheck = HostCheck(self.ctx, cfg.alerts)
 
-        from supervisor.idle.guard import IdleGuard
+        from supervisor.idle.guard import GuardConfig, IdleGuard
         from supervisor.money.runledger import RunLedger
         from supervisor.progress.stallwatch import StallWatch
 
@@ -130,14 +127,14 @@ class Daemon:
 
         self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
                            facts=lambda: self._hook_facts(hostname))
-        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk,
+        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg), self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk,
                                   run_total=self.ledger.words if self.ledger else None, hooks=self.hooks,
                                   cap_moment=lambda: self.money.moment())
-        self.stall = StallWatch(self.ctx, self.training, self.gpu, self.progress)
+        self.stall = StallWatch(self.ctx, cfg.progress, self.training, self.gpu, self.progress)
 
         from supervisor.spot.guard import SpotGuard
 
-        self.spot = SpotGuard(self.ctx, self.sync, self.training, hostname)
+        self.spot = SpotGuard(self.ctx, cfg.preemption, self.sync, self.training, hostname)
 
         from supervisor.gpu.healthwatch import HealthWatch
         from supervisor.stop.runner import StopRunner
@@ -145,16 +142,16 @@ class Daemon:
         # every reason to stop goes through this one door (supervisor.stop)
         self.stops = StopRunner(self.guard.request_stop, self.guard.withdraw_stop)
         # GPU health: preflight at start and before every training start (Training's hook), faults live
-        self.health = HealthWatch(self.ctx, self.gpu.probe, self.training, rate=self._run_rate,
-                                  stop_machine=self.stops.request)
+        self.health = HealthWatch(self.ctx, cfg.health, cfg.training, self.gpu.probe, self.training, rate=self._run_rate,
+                                  stop_machine=self.stops.request, gpu_every=cfg.gpu.poll_interval)
         from supervisor.gpu.wastewatch import WasteWatch
 
         self.waste = WasteWatch(cfg.gpu, self.gpu, self.training, self.alerts, self.clock, stop=self.stops.request,
                                 stop_after=cfg.idle.stop_after_warning)
 
-        from supervisor.money.guard import MoneyGuard
+        from supervisor.money.guard import MoneyConfig, MoneyGuard
 
-        self.money = MoneyGuard(self.ctx, self.progress, self.sync, self.training, stop=self.stops.request,
+        self.money = MoneyGuard(self.ctx, MoneyConfig.of(cfg), self.progress, self.sync, self.training, stop=self.stops.request,
                                 run=self.ledger)
 
         self.cluster = None
@@ -185,23 +182,37 @@ class Daemon:
         """The metrics duty also keeps the snapshot a webhook body is built from."""
         return bool(c.metrics.textfile or c.metrics.listen or c.notify.webhook_url)
 
-    def _metrics_on(self) -> bool:
-        return self.metrics_wanted(self.cfg)
+    def wings(self) -> list[object]:
+        """Every wing, in the order of their status blocks (and of their duties within one instant)."""
+        return [w for w in (self.training, self.follower, self.gpu, self.sync, self.guard, self.alerts, self.progress,
+                            self.metrics, self.orchestrator, self.spot, self.health, self.money, self.hooks,
+                            self.disk, self.floor, self.hostcheck, self.stall, self.resume, self.cluster,
+                            self.ledger, self.waste) if w is not None]
+
+    def duties(self) -> list[Duty]:
+        """The wings' duties, then the daemon's own two. Duties due at one instant run in this order:
+        what senses (training, GPUs, log, progress) before what judges (stall, caps, idle, health), and
+        the alerts last, so an alert raised this instant goes out this instant."""
+        order = (self.training, self.gpu, self.follower, self.progress, self.stall, self.money, self.guard,
+                 self.health, self.waste, self.disk, self.floor, self.hostcheck, self.alerts, self.orchestrator,
+                 self.spot, self.metrics, self.cluster, self.ledger)
+        return [*(d for w in order if isinstance(w, HasDuties) for d in w.duties()),
+                Duty("reserve", 60.0, self.reserve.arm),  # armed again once space was freed
+                Duty("watchdog", watchdog_interval(), lambda: notify("WATCHDOG=1", f"STATUS={self._status_line()}"))]
 
     def _every(self, duty: Duty) -> None:
-        seconds = duty.every(self.cfg)
-        if not seconds:
+        if not duty.every:
             return
 
         def run() -> None:
             try:
-                duty.run(self)
+                duty.run()
             except Exception:  # noqa: BLE001 - one failing duty must never stop the others
                 log.exception("duty_failed", duty=duty.name)
 
         # every duty starts at the same instant, so duties whose periods divide one another fall due
         # together and the scheduler wakes once for all of them (once a second at rest, not 4 times)
-        self.scheduler.add_job(run, "interval", seconds=max(seconds, 0.2), id=duty.name, name=duty.name,
+        self.scheduler.add_job(run, "interval", seconds=max(duty.every, 0.2), id=duty.name, name=duty.name,
                                next_run_time=self._first_run)
 
     def _on_training_start(self, info: TrainingInfo) -> None:
@@ -246,37 +257,17 @@ class Daemon:
 
         return status_aside(self.status, wait) or self.metrics.last_status
 
-    def _scan_orchestrator(self) -> None:
-        from supervisor.idle.orchestrator import scan
-
-        found = scan(self.cfg.training.env)
-        if found and found != self.orchestrator:
-            log.warning("two_stoppers", orchestrator=found["name"], evidence=found["evidence"])
-        self.orchestrator = found
-
-    def _each_second(self) -> None:
-        """The training's state, then the guard's early poll (cheap: it polls only when a threshold is
-        reached or a run started/ended): one scheduler wakeup a second for both."""
-        try:
-            self.training.poll()
-        finally:
-            self.guard.poll_if_due()
-
     def _run_rate(self) -> tuple[int | None, float | None]:
         """The current run and its step rate (the progress tracker's window): the health watch compares
         it with the rate at the run's start."""
         p = self.progress.snapshot(self.clock.time())
         return p.get("run_id"), p.get("steps_per_s")
 
-    def _h_health(self, a: dict) -> dict:
-        self.health.preflight("on request", alert=False)
-        return self.health.status()
-
     def _checkpoint_dirs(self) -> list[str]:
         return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
     def start(self, schedule: bool = True) -> None:
-        """Adopt, start the sync worker and the control socket, and schedule DUTIES (`schedule=False`:
+        """Adopt, start the sync worker and the control socket, and schedule the duties (`schedule=False`:
         a test runs them itself, with a fake clock where hours pass)."""
         before = self.training.info()
         if before.state in TRAINING_ALIVE and before.started_at:
@@ -295,11 +286,11 @@ class Daemon:
         self.health.boot(then=self.training.maybe_autostart if burn_first else None)
         self.control.start()
         c = self.cfg
-        if self._metrics_on():
+        if self.metrics.every:
             self.metrics.start()
         if schedule:
             self._first_run = _soon()
-            for duty in DUTIES:
+            for duty in self.duties():
                 self._every(duty)
             self.scheduler.start()
         if not burn_first:
@@ -353,9 +344,7 @@ class Daemon:
         now = self.clock.time()
         tr = self.training.status()
         tr["progress"] = self.progress.snapshot(now)
-        g = self.gpu.status()
-        guard = self.guard.status()
-        return {
+        out: dict = {
             "version": __version__,
             "now": now,
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
@@ -364,44 +353,29 @@ class Daemon:
                                     *filter(None, [self.reserve.problem()]), *self.channel_problems,
                                     *([self.metrics.error] if self.metrics.error else [])]},
             "training": tr,
-            "gpus": g.get("gpus", []),
-            "gpu_error": g.get("gpu_error"),
-            "sync": self.sync.status(),
-            "idle": guard.get("idle", {}),
-            "stop": guard.get("stop", {}),
-            "alerts": self.alerts.active(),
-            "cost": self.progress.cost(now),
-            "notify": {"channels": self.alerts.channel_status()},
-            "metrics": self.metrics.status(),
-            "orchestrator": self.orchestrator,
-            "preemption": self.spot.status(),
-            "health": self.health.status(),
-            "budget": self.money.status(),
-            "hooks": self.hooks.status(),
-            "disk": self.disk.status(),
-            "resume": self.resume.status(),
-            "cluster": self.cluster.status() if self.cluster else None,
-            "gpu_waste": self.waste.status(),
+            "cluster": None,
         }
+        for w in self.wings():
+            if isinstance(w, HasStatus):
+                out.update(w.status_blocks())
+        return out
 
     # --- control handlers ----------------------------------------------------------------------
-    def _handlers(self) -> dict[str, Callable[[dict], Any]]:
-        return {
+    def _handlers(self) -> dict[str, Verb]:
+        """The daemon's own commands (the training's start and stop cross wings: the resume gate, the
+        GPU preflight), then every wing's."""
+        own: dict[str, Verb] = {
             "ping": lambda a: {"pong": True, "version": __version__},
             "status": lambda a: self.status(),
             "start": lambda a: self._guarded(lambda: self.resume.gate(self.training.start)),
             "stop": lambda a: self._guarded(self.training.stop, starts=False),
             "restart": lambda a: self._guarded(self.training.restart),
             "run": self._h_run,
-            "sync": self._h_sync,
-            "keepalive": self._h_keepalive,
-            "health": self._h_health,
-            "budget": lambda a: self.money.change(a),  # root only: not in MEMBER_COMMANDS
-            "prune": self._h_prune,
-            "resume": self.resume.request,  # root only: restores files under the watch folders
-            "alerts": lambda a: {"active": self.alerts.active(),
-                                 "recent": self.alerts.recent(bounded_int(a.get("n", 50), "n", 1, 1000))},
         }
+        for w in self.wings():
+            if isinstance(w, HasVerbs):
+                own.update(w.verbs())
+        return own
 
     @staticmethod
     def _guarded(fn: Callable[[], Any], starts: bool = True) -> Any:
@@ -438,66 +412,7 @@ class Daemon:
 
     _h_run.wants_peer = True  # type: ignore[attr-defined]
 
-    def _h_sync(self, a: dict) -> Any:
-        timeout = sync_wait(a)  # checked before anything moves
-        self.sync.reload_credentials()  # keys fixed meanwhile are used by this very sync
-        self.sync.request_sync()
-        if timeout is None:
-            return {"requested": True, "sync": self.sync.status()}
-        r = self.sync.wait_idle(timeout)
-        return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes, "uploaded_files": r.uploaded_files,
-                "error": r.error, "unsynced": r.unsynced[:50], "unsynced_units": r.unsynced_units[:50]}
 
-    def _h_prune(self, a: dict) -> Any:
-        dry = a.get("dry_run", False)
-        if not isinstance(dry, bool):
-            raise RequestError('"dry_run" must be true or false')
-        return self.disk.prune_now(dry_run=dry)
-
-    def _h_keepalive(self, a: dict) -> Any:
-        secs = keepalive_seconds(a)
-        return self.guard.cancel_keepalive() if secs is None else self.guard.keepalive(secs)
-
-
-@dataclass(frozen=True)
-class Duty:
-    """A periodic duty: its name (the scheduler's job id, `duty=` in the log), how often (seconds from
-    the config; 0 or None = not scheduled) and what it does. Each runs isolated: one that raises is
-    logged and tried again at its next turn, never taking the others down."""
-
-    name: str
-    every: Callable[[Config], float | None]
-    run: Callable[[Daemon], object]
-
-
-# Every periodic duty of the daemon, in one place (as SkyPilot's skylet declares its EVENTS).
-DUTIES: tuple[Duty, ...] = (
-    Duty("training", lambda c: 1.0, lambda d: d._each_second()),
-    Duty("gpu", lambda c: c.gpu.poll_interval, lambda d: d.gpu.poll()),
-    Duty("log", lambda c: 2.0, lambda d: d.follower.poll(d.clock.time())),
-    Duty("progress", lambda c: 30.0, lambda d: d.progress.scan_checkpoints(d._checkpoint_dirs())),
-    Duty("trackers", lambda c: 10.0, lambda d: d.progress.poll_trackers(d._checkpoint_dirs())),  # TensorBoard, MLflow
-    Duty("estimate", lambda c: 60.0, lambda d: d.progress.maybe_early_estimate(d.clock.time())),
-    Duty("stall", lambda c: 30.0, lambda d: d.stall.poll()),  # a hung run: its step stands still
-    Duty("budget", lambda c: 10.0, lambda d: d.money.poll()),  # caps that save first (supervisor.money)
-    Duty("idle", lambda c: c.idle.poll_interval, lambda d: d.guard.poll()),
-    Duty("health", lambda c: max(1.0, min(60.0, 3 * c.gpu.poll_interval)), lambda d: d.health.poll()),
-    Duty("waste", lambda c: max(5.0, c.gpu.poll_interval), lambda d: d.waste.poll()),  # GPU memory held for nothing
-    Duty("disk", lambda c: 10.0, lambda d: d.disk.poll()),  # before the host check: it learns what we cover
-    Duty("host", lambda c: 15.0, lambda d: d.hostcheck.poll()),  # host RAM exhaustion is followed fast by the OOM killer
-    Duty("alerts", lambda c: 5.0, lambda d: d.alerts.tick()),
-    Duty("reserve", lambda c: 60.0, lambda d: d.reserve.arm()),  # again once space was freed
-    Duty("orchestrator", lambda c: 600.0, lambda d: d._scan_orchestrator()),
-    Duty("preemption", lambda c: None if c.preemption.watch == ["none"] else c.preemption.poll_interval,
-         lambda d: d.spot.poll()),
-    Duty("metrics", lambda c: c.gpu.poll_interval if Daemon.metrics_wanted(c) else None, lambda d: d.metrics.poll()),
-    Duty("cluster", lambda c: read_every(c.cluster.heartbeat) if c.cluster.nodes > 1 else None,
-         lambda d: d.cluster and d.cluster.poll()),  # heartbeats through the target; a lost node stops us
-    Duty("run_ledger", lambda c: LEDGER_EVERY if c.cluster.nodes > 1 or c.budget.scope == "run" else None,
-         lambda d: d.ledger and d.ledger.poll()),  # this boot's money on the target, every boot's read back
-    Duty("watchdog", lambda c: watchdog_interval(),
-         lambda d: notify("WATCHDOG=1", f"STATUS={d._status_line()}")),
-)
 
 
 def _run_until(stop: threading.Event, start: Callable[[], object]) -> None:

@@ -3,8 +3,9 @@ the daemon wires the real objects together. Plain data crosses them, never live 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from supervisor.states import TrainingState
 
@@ -98,3 +99,39 @@ class LineListener(Protocol):
 class RequestError(Exception):
     """A control-socket request that is understood but cannot be done; its message goes back to the
     client. Here, not in control.py, so a wing that answers a request never imports the server."""
+
+
+# --- what a wing exports for the daemon to list (as SkyPilot's skylet declares its EVENTS) ------------
+
+Verb = Callable[[dict], Any]
+"""A control-socket command: the request's arguments in, the JSON answer out (RequestError: refused)."""
+
+
+@dataclass(frozen=True)
+class Duty:
+    """A periodic duty: its name (the scheduler's job id, `duty=` in the log), how often in seconds (from
+    the wing's own config section; None or 0: not scheduled) and what it does. Each runs isolated: one
+    that raises is logged and tried again at its next turn, never taking the others down."""
+
+    name: str
+    every: float | None
+    run: Callable[[], object]
+
+
+@runtime_checkable
+class HasDuties(Protocol):
+    def duties(self) -> tuple[Duty, ...]: ...
+
+
+@runtime_checkable
+class HasStatus(Protocol):
+    def status_blocks(self) -> dict[str, object]:
+        """This wing's top-level blocks of `status --json` (the SPEC's names)."""
+        ...
+
+
+@runtime_checkable
+class HasVerbs(Protocol):
+    def verbs(self) -> dict[str, Verb]:
+        """The control-socket commands this wing answers (who may ask is the daemon's MEMBER_COMMANDS)."""
+        ...

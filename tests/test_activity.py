@@ -299,7 +299,7 @@ def test_gpu_probe_through_the_real_monitor_and_fake_nvml(fake_nvml, tmp_path, c
     from tests.fixtures.nvml import gpu, make_ctx
 
     ctx = make_ctx(tmp_path, clock, {"gpu": {"nvml_library": fake_nvml.lib_path, "poll_interval": "5s"}})
-    mon = GpuMonitor(ctx)
+    mon = GpuMonitor(ctx, ctx.config.gpu)
     try:
         probe = GpuProbe()
         fake_nvml.write([gpu(util=90), gpu(util=0)])

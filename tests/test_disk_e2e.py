@@ -21,11 +21,11 @@ import pytest
 
 from supervisor.clock import SystemClock
 from supervisor.config import from_dict
-from supervisor.context import Context
 from supervisor.disk.watch import DiskWatch
 from supervisor.notify.alerts import Alerts
 from supervisor.statefile import StateStore
-from supervisor.sync.engine import SyncEngine
+from supervisor.sync.engine import engine_for
+from tests.fixtures.context import ConfiguredContext
 from tests.fixtures.hf_writer import safetensors_bytes, torch_zip_bytes
 from tests.fixtures.sync_engine import ListMailer, engine_config
 from tests.fixtures.tmpfs import small_tmpfs
@@ -133,10 +133,10 @@ class Rig:
         clock = SystemClock()
         self.mailer = ListMailer()
         self.alerts = Alerts(self.cfg.alerts, clock, self.cfg.state_dir, self.mailer, hostname="testbox")
-        self.sync = SyncEngine.from_config(self.cfg, clock, self.alerts)
+        self.sync = engine_for(self.cfg, clock, self.alerts)
         self.trainer = Trainer(self.out, tmp)
         self.checks: list[tuple[str, list[str]]] = []   # (unit, problems) at each delete, from the journal line
-        self.disk = DiskWatch(Context(self.cfg, clock, StateStore(self.cfg.state_dir), self.alerts), self.sync,
+        self.disk = DiskWatch(ConfiguredContext(clock, StateStore(self.cfg.state_dir), self.alerts, self.cfg), self.cfg.disk, self.sync,
                               [str(self.out)], quiet=0.15, before_delete=self.check_target)
         self.alert_at: float | None = None   # when the "disk full" mail reached the mailer
         self.min_free: int | None = None     # the least free space the poller saw (a measure of the margin)

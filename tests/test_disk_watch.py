@@ -11,11 +11,11 @@ import pytest
 
 from supervisor.clock import SystemClock
 from supervisor.config import from_dict
-from supervisor.context import Context
 from supervisor.disk.watch import DiskWatch
 from supervisor.notify.alerts import Alerts
 from supervisor.statefile import StateStore
-from supervisor.sync.engine import SyncEngine
+from supervisor.sync.engine import engine_for
+from tests.fixtures.context import ConfiguredContext
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.nvml import make_ctx
 from tests.fixtures.sync_engine import engine_config
@@ -35,11 +35,11 @@ def setup(tmp_path):
         cfg = from_dict(engine_config(tmp_path, sync, disk={"keep_local": 1, **disk}))
         clock = SystemClock()
         alerts = Alerts(cfg.alerts, clock, cfg.state_dir, None)
-        e = SyncEngine.from_config(cfg, clock, alerts)
+        e = engine_for(cfg, clock, alerts)
         e.start()
         made.append(e)
         assert e.wait_idle(30).ok
-        return w, out, DiskWatch(Context(cfg, clock, StateStore(cfg.state_dir), alerts), e, [str(out)], quiet=0.1)
+        return w, out, DiskWatch(ConfiguredContext(clock, StateStore(cfg.state_dir), alerts, cfg), cfg.disk, e, [str(out)], quiet=0.1)
 
     yield make
     for e in made:
@@ -77,7 +77,7 @@ def test_best_by_relative_path_and_a_file_open_stay(setup):
 def test_no_target_nothing_is_deleted(tmp_path):
     ctx = make_ctx(tmp_path, SystemClock(), {})
     (tmp_path / "out" / "checkpoint-1").mkdir(parents=True)
-    r = DiskWatch(ctx, None, [str(tmp_path / "out")]).prune_now()
+    r = DiskWatch(ctx, ctx.config.disk, None, [str(tmp_path / "out")]).prune_now()
     assert not r["ok"] and "nothing is deleted" in r["error"]
     assert (tmp_path / "out" / "checkpoint-1").is_dir()
 
@@ -117,7 +117,7 @@ def test_a_parent_swapped_for_a_symlink_after_the_check_does_not_send_the_delete
     for d in (out / "checkpoint-1", decoy / "checkpoint-1"):
         d.mkdir(parents=True)
         (d / "model.safetensors").write_bytes(b"x" * 10)
-    disk = DiskWatch(ctx, None, [str(out)])
+    disk = DiskWatch(ctx, ctx.config.disk, None, [str(out)])
     proof = {"unit": "checkpoint-1", "files": {r: list(v) for r, v in probe.files(str(out / "checkpoint-1")).items()},
              "checked_at": 1.0}
     pfd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
@@ -152,7 +152,7 @@ def test_a_file_rewritten_in_place_with_its_mtime_set_back_is_not_pruned(tmp_pat
         fh.write(b"y" * 10)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
-    disk = DiskWatch(ctx, None, [str(tmp_path / "out")])
+    disk = DiskWatch(ctx, ctx.config.disk, None, [str(tmp_path / "out")])
     why = disk._delete(str(ck), proof, 10, "hand")
     assert why and "changed since the check: model.safetensors" in why
     assert f.read_bytes() == b"y" * 10

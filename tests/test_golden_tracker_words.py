@@ -18,7 +18,7 @@ import pytest
 
 from supervisor import config, render
 from supervisor.clock import FakeClock
-from supervisor.context import Context
+from supervisor.disk.floor import DiskFloor
 from supervisor.gpu.hostcheck import HostCheck
 from supervisor.gpu.monitor import GpuMonitor
 from supervisor.gpu.nvml import GpuProcess, GpuSample, GpuSnapshot, XidEvent
@@ -28,6 +28,7 @@ from supervisor.notify.alerts import Alerts
 from supervisor.progress.tracker import ProgressTracker
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState
+from tests.fixtures.context import ConfiguredContext
 from tests.waiting import wait_until
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "tracker"
@@ -72,10 +73,10 @@ class Tap:
         return getattr(self.alerts, name)
 
 
-def context(tmp_path: Path, clock, doc: dict | None = None) -> tuple[Context, Tap]:
+def context(tmp_path: Path, clock, doc: dict | None = None) -> tuple[ConfiguredContext, Tap]:
     cfg = config.from_dict({"state_dir": str(tmp_path / "state"), **(doc or {})})
     tap = Tap(Alerts(cfg.alerts, clock, cfg.state_dir, None, hostname="gpu-box"))
-    return Context(cfg, clock, StateStore(cfg.state_dir), tap), tap  # type: ignore[arg-type]
+    return ConfiguredContext(clock, StateStore(cfg.state_dir), tap, cfg), tap  # type: ignore[arg-type]
 
 
 def mail_text(call: dict) -> str:
@@ -102,8 +103,9 @@ def only(tap: Tap, kind: str) -> dict:
 
 # --- progress: the status line, the summary, the estimate mail ------------------------------------------------
 
-def tracker(ctx: Context, gpu=None) -> ProgressTracker:
-    return ProgressTracker(ctx, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency, gpu=gpu)
+def tracker(ctx: ConfiguredContext, gpu=None) -> ProgressTracker:
+    return ProgressTracker(ctx, ctx.config.progress, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency, gpu=gpu,
+                           job_env=ctx.config.training.env, job_user=ctx.config.training.user)
 
 
 def progress_line(tr: ProgressTracker, now: float) -> str:
@@ -269,7 +271,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 def monitor(tmp_path, clock, doc=None, pids=()) -> tuple[GpuMonitor, Probe, Tap]:
     ctx, tap = context(tmp_path, clock, {"gpu": {"poll_interval": "5s", **(doc or {})}})
     probe = Probe()
-    return GpuMonitor(ctx, probe=probe, training=Job(pids)), probe, tap  # type: ignore[arg-type]
+    return GpuMonitor(ctx, ctx.config.gpu, probe=probe, training=Job(pids)), probe, tap  # type: ignore[arg-type]
 
 
 def gpu_lines(m: GpuMonitor) -> list[str]:
@@ -405,7 +407,7 @@ DU = namedtuple("DU", "total used free")
 def test_host_memory_low_mail(tmp_path):
     clock = FakeClock()
     ctx, tap = context(tmp_path, clock, {"alerts": {"host_mem_min_pct": 5.0}})
-    HostCheck(ctx, virtual_memory=lambda: VM(100 * GiB, 4 * GiB)).poll()
+    HostCheck(ctx, ctx.config.alerts, virtual_memory=lambda: VM(100 * GiB, 4 * GiB)).poll()
     check("host_mem_low", mail_text(only(tap, "host_mem_low")))
 
 
@@ -414,7 +416,7 @@ def test_disk_full_mail(tmp_path):
     (tmp_path / "out").mkdir()
     ctx, tap = context(tmp_path, clock, {"alerts": {"disk_free_min_pct": 5.0, "host_mem_min_pct": 0.0,
                                                     "disk_paths": [str(tmp_path / "out")]}})
-    HostCheck(ctx, [str(tmp_path)], disk_usage=lambda p: DU(100 * GiB, 96 * GiB, 4 * GiB)).poll()
+    DiskFloor(ctx, ctx.config.alerts, [str(tmp_path)], disk_usage=lambda p: DU(100 * GiB, 96 * GiB, 4 * GiB)).poll()
     check("disk_full", mail_text(only(tap, "disk_full")), tmp_path)
 
 
@@ -431,7 +433,7 @@ def test_training_restarted_mail(tmp_path, monkeypatch):
     ctx, tap = context(tmp_path, clock, {"socket": str(tmp_path / "ctl.sock"), "training": {
         "command": "exit 3", "log": str(tmp_path / "train.log"), "workdir": str(tmp_path),
         "restart": "on-failure", "max_restarts": 2, "restart_backoff": "10s"}})
-    t = Training(ctx)
+    t = Training(ctx, ctx.config.training)
     try:
         t.start()
         wait_until(lambda: (t.poll(), t.state == TrainingState.FAILED)[1], 15, what="FAILED")

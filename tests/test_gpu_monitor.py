@@ -35,7 +35,7 @@ def make(fake_nvml, tmp_path, clock):
     def _make(config: dict | None = None, training=None, lib: str | None = None) -> GpuMonitor:
         cfg = {"gpu": {"poll_interval": "5s", "nvml_library": lib or fake_nvml.lib_path, **(config or {})}}
         ctx = make_ctx(tmp_path, clock, cfg)
-        m = GpuMonitor(ctx, training=training)
+        m = GpuMonitor(ctx, ctx.config.gpu, training=training)
         made.append(m)
         return m
 
@@ -306,7 +306,7 @@ def test_unmatched_pids_are_other(fake_nvml, make):
 def test_direct_probe_injection(fake_nvml, tmp_path, clock):
     fake_nvml.write(3)
     ctx = make_ctx(tmp_path, clock)
-    m = GpuMonitor(ctx, probe=NvmlProbe(fake_nvml.lib_path))
+    m = GpuMonitor(ctx, ctx.config.gpu, probe=NvmlProbe(fake_nvml.lib_path))
     m.poll()
     assert len(m.status()["gpus"]) == 3
     m.close()

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from supervisor.control import RequestError
-from supervisor.idle.guard import IdleGuard
+from supervisor.idle.guard import GuardConfig, IdleGuard
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.notify.mail import SmtpMailer
 from supervisor.render import idle_lines
@@ -148,7 +148,7 @@ class H:
             from supervisor.config import from_dict
             mailer = SmtpMailer(from_dict({"state_dir": "/tmp", "email": self.config["email"]}).email, "gpu-box")
         self.ctx = make_ctx(self.tmp, self.clock, self.config, mailer)
-        self.guard = IdleGuard.of(self.ctx, self.training, self.gpu, self.sync, FakeProgress())
+        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(self.ctx.config), self.training, self.gpu, self.sync, FakeProgress())
         return self.guard
 
     def poll(self, n: int = 1) -> None:

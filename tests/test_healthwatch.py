@@ -36,7 +36,7 @@ def make(fake_nvml, tmp_path, clock):
     def factory(health=None, job=None, rate=None, stops=None):
         ctx = make_ctx(tmp_path, clock, {"health": health or {}, "alerts": {"first_delay": "0s"}})
         probe = NvmlProbe(fake_nvml.lib_path, monotonic=clock.monotonic)
-        w = HealthWatch(ctx, probe, job or Job(), rate=rate,
+        w = HealthWatch(ctx, ctx.config.health, ctx.config.training, probe, job or Job(), rate=rate,
                         stop_machine=((lambda word, why: stops.append(word)) if stops is not None else None))
         made.append(probe)
         return w, ctx

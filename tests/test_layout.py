@@ -122,13 +122,14 @@ def test_no_import_circle():
 
 
 # The core's pure modules: values, words and rules that a wing's pure module may build on.
-CORE_PURE = {"supervisor.states", "supervisor.durations", "supervisor.interfaces", "supervisor.records",
+CORE_PURE = {"supervisor.states", "supervisor.requests", "supervisor.durations", "supervisor.interfaces", "supervisor.records",
              "supervisor.timefmt", "supervisor.config.schema", "supervisor.config.cluster"}
 # A pure module's standard-library imports beyond PURE_STDLIB, each with why no I/O comes of it.
 ALLOWED = {
     "supervisor.timefmt": {"datetime"},                    # formats a time it is handed; never reads the clock
     "supervisor.sync.manifest_doc": {"datetime", "hashlib"},  # created_at formatted; the file list's sha256
     "supervisor.sync.policy": {"os"},                      # os.path's string functions (and ~ for the HF cache)
+    "supervisor.requests": {"os"},                         # os.path.isabs on the folder a request names
     "supervisor.records": {"types"},                       # the annotations' union types
 }
 

@@ -1,6 +1,6 @@
 """The caps through the real daemon: its real Training in real tmux, its real sync engine to a local
 folder target, real SMTP (aiosmtpd), with a fake clock where the hours pass and the machine's uptime
-(what the provider bills) moves with it. Duties run one by one as the scheduler would (daemon.DUTIES).
+(what the provider bills) moves with it. Duties run one by one as the scheduler would (Daemon.duties()).
 
 The trainer prints TSUP progress lines the test feeds it (one step every 10 s of fake time), writes a
 checkpoint every 100 steps, and saves one more on SIGINT. Each test prints the margin left at the stop."""

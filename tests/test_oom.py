@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.config import from_dict
-from supervisor.context import Context
 from supervisor.gpu.oom import (
     CHILD_SIGKILL,
     CUDA_OOM,
@@ -29,6 +28,7 @@ from supervisor.notify.mail import SmtpMailer
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState
 from supervisor.training.logfollow import LogFollower
+from tests.fixtures.context import ConfiguredContext
 from tests.fixtures.nvml import make_ctx
 from tests.waiting import wait_until
 
@@ -108,13 +108,13 @@ def test_classify_never_raises(text):
 
 # --- the detector on a followed log, mailing through a real SMTP server ---------------------------
 
-def smtp_ctx(tmp_path, clock, port: int, log_path: str) -> Context:
+def smtp_ctx(tmp_path, clock, port: int, log_path: str) -> ConfiguredContext:
     cfg = from_dict({"state_dir": str(tmp_path / "state"), "training": {"log": log_path},
                      "email": {"to": ["owner@example.com"], "smtp_host": "127.0.0.1", "smtp_port": port,
                                "security": "none", "timeout": "5s"}})
     alerts = Alerts(cfg.alerts, clock, cfg.state_dir, SmtpMailer(cfg.email, hostname="gpu-box"),
                     hostname="gpu-box")
-    return Context(cfg, clock, StateStore(cfg.state_dir), alerts)
+    return ConfiguredContext(clock, StateStore(cfg.state_dir), alerts, cfg)
 
 
 def quiet_sources(tmp_path) -> EvidenceSources:

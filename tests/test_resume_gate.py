@@ -14,7 +14,7 @@ from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails.resume import Resumed, resumed, resumed_line
 from supervisor.render import resume_lines
 from supervisor.resume.gate import ENV, ResumeGate
-from supervisor.sync.engine import SyncEngine
+from supervisor.sync.engine import engine_for
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.sync_engine import ListMailer
 from tests.waiting import wait_until
@@ -27,7 +27,7 @@ def gate_for(tmp_path, remote, out, if_unreachable: str):
     clock = SystemClock()
     mailer = ListMailer()
     alerts = Alerts(cfg.alerts, clock, cfg.state_dir, mailer, hostname="box-b")
-    engine = SyncEngine.from_config(cfg, clock, alerts)
+    engine = engine_for(cfg, clock, alerts)
     return ResumeGate(cfg, clock, alerts, engine, retry_base_s=0.3), engine, alerts, mailer
 
 
@@ -50,7 +50,7 @@ def test_unreachable_waits_with_backoff_then_restores_and_starts(tmp_path):
         # (A fills a folder beside it, which then appears whole: an empty target that answers
         # would be a fresh start, rightly)
         staging = tmp_path / "staging"
-        a = SyncEngine.from_config(from_dict({"state_dir": str(tmp_path / "state-a"), "sync": {
+        a = engine_for(from_dict({"state_dir": str(tmp_path / "state-a"), "sync": {
             "target": str(staging), "watch": [str(w.out)], "quiet_period": "0.3s"}}), SystemClock())
         a.start()
         assert a.wait_idle(30).ok
@@ -142,7 +142,7 @@ def test_every_complete_unit_damaged_is_no_quiet_fresh_start(tmp_path):
     remote, out = tmp_path / "remote", tmp_path / "out"
     w = HFWriter(tmp_path / "a-out")
     w.checkpoint(20)
-    a = SyncEngine.from_config(from_dict({"state_dir": str(tmp_path / "state-a"), "sync": {
+    a = engine_for(from_dict({"state_dir": str(tmp_path / "state-a"), "sync": {
         "target": str(remote), "watch": [str(w.out)], "quiet_period": "0.3s"}}), SystemClock())
     a.start()
     assert a.wait_idle(30).ok

@@ -12,7 +12,7 @@ from pathlib import Path
 from supervisor.clock import SystemClock
 from supervisor.config import from_dict
 from supervisor.resume.gate import ENV
-from supervisor.sync.engine import SyncEngine
+from supervisor.sync.engine import engine_for
 from tests.fixtures.hf_writer import HFWriter
 
 JOB = f"{sys.executable} -c \"import os,time; print('from', os.environ.get('{ENV}')); time.sleep(60)\""
@@ -22,7 +22,7 @@ def upload(tmp: Path, target: Path) -> None:
     """Machine A's checkpoint-20 on the target, as its sync leaves it."""
     w = HFWriter(tmp / "a-out")
     w.checkpoint(20)
-    a = SyncEngine.from_config(from_dict({"state_dir": str(tmp / "state-a"), "sync": {
+    a = engine_for(from_dict({"state_dir": str(tmp / "state-a"), "sync": {
         "target": str(target), "watch": [str(w.out)], "quiet_period": "0.3s"}}), SystemClock())
     a.start()
     try:

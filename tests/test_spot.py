@@ -300,16 +300,16 @@ def _plain_stop(d) -> None:
 def test_a_damaged_record_is_set_aside_and_named(tmp_path):
     from supervisor.clock import FakeClock
     from supervisor.config import from_dict
-    from supervisor.context import Context
     from supervisor.notify.alerts import Alerts
     from supervisor.spot.guard import SpotGuard
     from supervisor.statefile import StateStore
+    from tests.fixtures.context import ConfiguredContext
 
     cfg = from_dict({"state_dir": str(tmp_path), "preemption": {"watch": ["none"]}})
     (tmp_path / "preemption.json").write_text(json.dumps({"provider": "ec2", "noticed_at": "yesterday"}))
     clock = FakeClock()
     store = StateStore(tmp_path)
-    g = SpotGuard(Context(cfg, clock, store, Alerts(cfg.alerts, clock, None)), sync=None, training=None,
+    g = SpotGuard(ConfiguredContext(clock, store, Alerts(cfg.alerts, clock, None), cfg), cfg.preemption, sync=None, training=None,
                   hostname="h")
     assert g.record is None and g.watcher is None
     assert any("noticed_at" in p and "set aside" in p for p in store.problems)
@@ -321,18 +321,18 @@ def test_a_damaged_record_is_set_aside_and_named(tmp_path):
 def test_a_daemon_restarted_mid_notice_on_the_same_boot_goes_on_with_it(tmp_path):
     from supervisor.clock import FakeClock
     from supervisor.config import SyncConfig, from_dict
-    from supervisor.context import Context
     from supervisor.notify.alerts import Alerts
     from supervisor.spot.guard import SpotGuard
     from supervisor.statefile import StateStore
     from supervisor.sync.engine import SyncEngine
+    from tests.fixtures.context import ConfiguredContext
 
     clock = FakeClock(start=NOW, boot=("boot-1", 50.0))
     cfg = from_dict({"state_dir": str(tmp_path), "preemption": {"watch": ["none"]}})
     rec = NoticeRecord("ec2", "terminate", "", NOW - 20, NOW + 100, boot_id="boot-1", hostname="h")
     StateStore(tmp_path).save("preemption", dataclasses.asdict(rec))
     engine = SyncEngine(SyncConfig(), state_dir=str(tmp_path), clock=clock)  # no target: nothing to send
-    g = SpotGuard(Context(cfg, clock, StateStore(tmp_path), Alerts(cfg.alerts, clock, None)), engine, None, "h")
+    g = SpotGuard(ConfiguredContext(clock, StateStore(tmp_path), Alerts(cfg.alerts, clock, None), cfg), cfg.preemption, engine, None, "h")
     try:
         g.boot()
         assert g.active and engine._emergency and g.status()["notice"]["provider"] == "ec2"

@@ -1,7 +1,7 @@
 """A hung run through the real daemon: its real Training in real tmux, the real log follower and
 progress tracker, the real pynvml against the fake libnvidia-ml (the GPU at 100% the whole time, as
 in a hung NCCL collective), real py-spy, mails through a real SMTP server, and a fake clock where
-hours pass: the duties run one by one as the scheduler would run them (daemon.DUTIES).
+hours pass: the duties run one by one as the scheduler would run them (Daemon.duties()).
 
 The trainer prints steps, then hangs in `wait_for_the_collective` until the test lets it go on."""
 

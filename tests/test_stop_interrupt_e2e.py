@@ -1,6 +1,6 @@
 """A live but quiet training at the idle stop, through the real daemon (its real Training in real tmux,
 its real sync engine to a local-folder target, its guard) with a fake clock where hours pass: the
-duties run one by one as the scheduler would run them (daemon.DUTIES), the clock moves 30 s per round.
+duties run one by one as the scheduler would run them (Daemon.duties()), the clock moves 30 s per round.
 
 The training saves a checkpoint when it is interrupted (on SIGINT, or only on SIGTERM): the stop must
 interrupt it, wait for its process to end, sync what it saved, and only then run the action."""

@@ -17,12 +17,12 @@ from watchdog.observers import Observer
 
 from supervisor import config
 from supervisor.clock import FakeClock
-from supervisor.context import Context
 from supervisor.notify.alerts import Alerts
 from supervisor.progress.parse import parse_trainer_state
 from supervisor.progress.tracker import ProgressTracker
 from supervisor.render import progress_line
 from supervisor.statefile import StateStore
+from tests.fixtures.context import ConfiguredContext
 
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "tiny_trainer.py"
 CKPT_FILES = {"model.safetensors", "config.json", "training_args.bin", "optimizer.pt", "scheduler.pt",
@@ -55,8 +55,9 @@ def read_safetensors(path: Path) -> dict[str, list[float]]:
     return out
 
 
-def tracker(ctx: Context) -> ProgressTracker:
-    return ProgressTracker(ctx, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency)
+def tracker(ctx: ConfiguredContext) -> ProgressTracker:
+    return ProgressTracker(ctx, ctx.config.progress, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency,
+                           job_env=ctx.config.training.env, job_user=ctx.config.training.user)
 
 
 def render_line(tr: ProgressTracker, now: float) -> str:
@@ -67,7 +68,7 @@ def render_line(tr: ProgressTracker, now: float) -> str:
 def tracker_over(output: bytes, state_dir: Path) -> ProgressTracker:
     clock = FakeClock()
     cfg = config.Config()
-    ctx = Context(cfg, clock, StateStore(state_dir), Alerts(cfg.alerts, clock, None))
+    ctx = ConfiguredContext(clock, StateStore(state_dir), Alerts(cfg.alerts, clock, None), cfg)
     tr = tracker(ctx)
     tr.start_run(1, clock.time())
     for line in output.decode("utf-8", errors="replace").split("\n"):
@@ -213,7 +214,7 @@ def test_live_run_through_the_log_follower(tmp_path):
 
     clock = SystemClock()
     cfg = config.from_dict({"state_dir": str(tmp_path / "state"), "price_per_hour": 3.90, "currency": "EUR"})
-    ctx = Context(cfg, clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None))
+    ctx = ConfiguredContext(clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None), cfg)
     tr = tracker(ctx)
     log_path = tmp_path / "train.log"
     tr.start_run(1, clock.time())

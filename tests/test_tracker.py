@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from supervisor import config
 from supervisor.clock import FakeClock
-from supervisor.context import Context
 from supervisor.notify.alerts import Alerts
 from supervisor.progress.tracker import ProgressTracker
 from supervisor.render import progress_line
 from supervisor.statefile import StateStore
+from tests.fixtures.context import ConfiguredContext
 
 DATA = Path(__file__).parent / "data" / "progress"
 CONTRACT = {"step", "max_steps", "epoch", "loss", "tokens_per_s", "eta_s"}
@@ -45,19 +45,20 @@ class Gpu:
         return {"gpus": [{"index": 0, "mem_total_bytes": 80 * GiB}], "gpu_error": None}
 
 
-def make(tmp_path, clock, gpu=None, **top) -> tuple[ProgressTracker, Context, Outbox]:
+def make(tmp_path, clock, gpu=None, **top) -> tuple[ProgressTracker, ConfiguredContext, Outbox]:
     doc = {"state_dir": str(tmp_path / "state"), "price_per_hour": 3.90, "currency": "EUR", **top}
     cfg = config.from_dict(doc)
     store = StateStore(cfg.state_dir)
     box = Outbox()
     alerts = Alerts(cfg.alerts, clock, cfg.state_dir, box)
-    ctx = Context(cfg, clock, store, alerts)
+    ctx = ConfiguredContext(clock, store, alerts, cfg)
     return tracker(ctx, gpu), ctx, box
 
 
-def tracker(ctx: Context, gpu=None) -> ProgressTracker:
+def tracker(ctx: ConfiguredContext, gpu=None) -> ProgressTracker:
     """Built as the daemon builds it: the price and currency handed over from the config."""
-    return ProgressTracker(ctx, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency, gpu=gpu)
+    return ProgressTracker(ctx, ctx.config.progress, price_per_hour=ctx.config.price_per_hour, currency=ctx.config.currency, gpu=gpu,
+                           job_env=ctx.config.training.env, job_user=ctx.config.training.user)
 
 
 def render_line(tr: ProgressTracker, now: float) -> str:
@@ -470,7 +471,7 @@ def test_render_and_summary_in_every_state(tmp_path, clock):
 def test_without_price_cost_is_unknown(tmp_path, clock):
     doc = {"state_dir": str(tmp_path / "state")}
     cfg = config.from_dict(doc)
-    ctx = Context(cfg, clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None))
+    ctx = ConfiguredContext(clock, StateStore(cfg.state_dir), Alerts(cfg.alerts, clock, None), cfg)
     tr = tracker(ctx)
     tr.start_run(1, clock.time())
     clock.advance(100)

@@ -14,11 +14,11 @@ import pytest
 
 from supervisor.clock import FakeClock, SystemClock
 from supervisor.config import from_dict
-from supervisor.context import Context
 from supervisor.notify.alerts import Alerts
 from supervisor.statefile import StateStore
 from supervisor.states import TrainingState as S
 from supervisor.training.job import Training, TrainingError
+from tests.fixtures.context import ConfiguredContext
 from tests.fixtures.procs import kill_under
 from tests.waiting import wait_until
 
@@ -30,9 +30,9 @@ def make(tmp_path, clock=None, **training) -> tuple[Training, list, list]:
                      "training": {"log": str(tmp_path / "train.log"), "workdir": str(tmp_path), **training}})
     clock = clock or SystemClock()
     store = StateStore(cfg.state_dir)
-    ctx = Context(cfg, clock, store, Alerts(cfg.alerts, clock, cfg.state_dir))
+    ctx = ConfiguredContext(clock, store, Alerts(cfg.alerts, clock, cfg.state_dir), cfg)
     started, ended = [], []
-    t = Training(ctx, on_start=started.append, on_end=ended.append)
+    t = Training(ctx, ctx.config.training, on_start=started.append, on_end=ended.append)
     return t, started, ended
 
 

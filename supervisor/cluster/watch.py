@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from supervisor.cluster import nodes as cn
+from supervisor.cluster.nodes import read_every
 from supervisor.config.cluster import Identity
+from supervisor.interfaces import Duty
 from supervisor.states import TRAINING_ALIVE
 from supervisor.timefmt import utc_stamp
 
@@ -299,4 +301,10 @@ class ClusterWatch:
             close = getattr(t, "close", None)
             if callable(close):
                 close()
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("cluster", read_every(self.cfg.heartbeat), self.poll),)  # a lost node stops us
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"cluster": self.status()}
 

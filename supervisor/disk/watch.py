@@ -4,7 +4,7 @@ local checkpoints the sync engine has just verified on the target, oldest first,
 prune.plan allows and only as much as the next save needs. `prune_now` does the same by hand.
 
 Decisions are forecast.py and prune.py; this module reads the disk (probe.py), asks the sync
-engine for the content check (SyncEngine.prove_held), deletes, journals (journal.py) and alerts."""
+engine for the content check (SyncEngine.prover), deletes, journals (journal.py) and alerts."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ from supervisor.disk import probe
 from supervisor.disk.forecast import Forecast, Save, died_of_full_disk, forecast, keeps_up, rate, remember
 from supervisor.disk.journal import Journal
 from supervisor.disk.prune import Local, Plan, Proof, plan, protected, to_check
+from supervisor.interfaces import Duty, Verb
 from supervisor.notify.mails import disk as words
+from supervisor.requests import checked_bool
 
 if TYPE_CHECKING:
+    from supervisor.config import DiskConfig
     from supervisor.context import Context
     from supervisor.sync.engine import SyncEngine
 
@@ -33,17 +36,18 @@ EVENT_GAP_S = 0.25           # polls a burst of file events asks for are this fa
 
 
 class DiskWatch:
-    def __init__(self, ctx: Context, sync: SyncEngine | None, paths: list[str], *, quiet: float = 60.0,
+    def __init__(self, ctx: Context, conf: DiskConfig, sync: SyncEngine | None, paths: list[str], *, quiet: float = 60.0,
                  before_delete: Callable[[dict], None] | None = None, proc: str = "/proc",
-                 saves_in: list[str] | None = None):
+                 saves_in: list[str] | None = None, free_min_pct: float = 5.0):
         self.ctx = ctx
-        self.cfg = ctx.config.disk
+        self.cfg = conf
+        self.free_min_pct = free_min_pct      # alerts.disk_free_min_pct: the floor a forecast warns before
         self.sync = sync if sync is not None and sync.enabled else None
         self.paths = [os.path.normpath(p) for p in dict.fromkeys(paths) if p]
         self.quiet = quiet                      # a checkpoint changed this recently is being written
         self.before_delete = before_delete      # called with the journal's intent line (tests check the target)
         self.proc = proc
-        self.journal = Journal(ctx.config.state_dir)
+        self.journal = Journal(str(ctx.state_dir))
         self._history: dict[int, list[Save]] = {}
         self._devs: set[int] = set()
         self._alerted: set[str] = set()
@@ -220,7 +224,7 @@ class DiskWatch:
     def _forecast(self, free: int, total: int, hist: list[Save], now: float, reclaim: int,
                   steady: bool = False) -> Forecast:
         return forecast(free, total, hist, now, self.cfg.alert_before, reclaim,
-                        self.ctx.config.alerts.disk_free_min_pct, steady)
+                        self.free_min_pct, steady)
 
     def _sync_failing(self) -> bool:
         return self.sync is None or bool(getattr(self.sync.health, "failing", True))
@@ -257,7 +261,7 @@ class DiskWatch:
         blocked = self._still_blocked()
         believed = [p for p, h in holdings.items() if h.get("on_target") and p not in blocked]
         ask = to_check(local, best, self.cfg.keep_local, free, need, believed)
-        answers = self.sync.prove_held(ask) if ask else {}
+        answers = self.sync.prover.prove_held(ask) if ask else {}
         proofs = {p: Proof(bool(a.get("ok")), a.get("reason", "")) for p, a in answers.items()}
         proofs.update({p: Proof(False, why) for p, why in blocked.items()})
         for c in local:
@@ -391,3 +395,13 @@ class DiskWatch:
         except Exception:  # noqa: BLE001 - the forecast goes on without knowing what is off the machine
             log.exception("disk_holdings_failed")
             return {}
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("disk", 10.0, self.poll),)  # before the floor: it learns what the forecast covers
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"disk": self.status()}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"prune": lambda a: self.prune_now(dry_run=checked_bool(a, "dry_run"))}  # root only

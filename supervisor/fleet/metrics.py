@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.interfaces import Duty
 from supervisor.states import IdleState, SyncState, TrainingState
 
 log = structlog.get_logger("metrics")
@@ -358,7 +359,9 @@ class MetricsDuty:
     """Each poll: one status snapshot, turned into the exposition text, written to the textfile and
     kept for the listener (and for the webhook's facts). Errors are shown in status, logged once."""
 
-    def __init__(self, textfile: str, listen: str, status: Callable[[], dict], clock: Callable[[], float]):
+    def __init__(self, textfile: str, listen: str, status: Callable[[], dict], clock: Callable[[], float],
+                 every: float | None = None):
+        self.every = every    # None: nothing reads the figures (no textfile, listener or webhook)
         self.textfile = textfile
         self.listen = listen
         self._status = status
@@ -413,3 +416,9 @@ class MetricsDuty:
         return {"textfile": self.textfile or None, "listen": self.listen or None,
                 "address": (f"{self.server.address[0]}:{self.server.address[1]}" if self.server else None),
                 "written_at": self.written_at, "error": self.error}
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("metrics", self.every, self.poll),)
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"metrics": self.status()}

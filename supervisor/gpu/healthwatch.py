@@ -27,10 +27,11 @@ from typing import Any
 
 import structlog
 
+from supervisor.config import HealthConfig, TrainingConfig
 from supervisor.context import Context
 from supervisor.gpu import health as H
 from supervisor.gpu.nvml import NvmlProbe
-from supervisor.interfaces import TrainingView
+from supervisor.interfaces import Duty, TrainingView, Verb
 from supervisor.notify.mails import health as words
 from supervisor.states import TRAINING_ALIVE, TrainingState
 from supervisor.training.job import TrainingError
@@ -64,11 +65,13 @@ print(json.dumps({"tflops": out, "torch": torch.__version__}))
 
 
 class HealthWatch:
-    def __init__(self, ctx: Context, probe: NvmlProbe, training: TrainingView | None = None, *,
+    def __init__(self, ctx: Context, conf: HealthConfig, job: TrainingConfig, probe: NvmlProbe, training: TrainingView | None = None, *,
                  rate: Callable[[], tuple[int | None, float | None]] | None = None,
-                 stop_machine: Callable[[str, str], object] | None = None):
+                 stop_machine: Callable[[str, str], object] | None = None, gpu_every: float = 5.0):
         self.ctx = ctx
-        self.cfg = ctx.config.health
+        self.cfg = conf
+        self.every = max(1.0, min(60.0, 3 * gpu_every))   # live faults: every third GPU poll, 1 s to 1 min
+        self.job = job      # the training's env, workdir and user: the burn-in runs as the training would
         self.probe = probe
         self.training = training
         self.rate = rate
@@ -201,23 +204,23 @@ class HealthWatch:
             log.error("health_state_save_failed", error=str(e))
 
     def _run_burn_in(self, seconds: float) -> None:
-        env = {**os.environ, **self.ctx.config.training.env}
+        env = {**os.environ, **self.job.env}
         # every GPU of the machine, numbered as NVML numbers them (PCI bus order, not CUDA's fastest-first)
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        py = _training_python(self.ctx.config.training.workdir, env.get("PATH"))
+        py = _training_python(self.job.workdir, env.get("PATH"))
         self._burn = {"state": "running", "seconds": seconds}
         if not py:
             self._burn = {"state": "skipped", "note": "no python3 in the training's workdir venv or PATH"}
             log.info("burn_in_skipped", reason=self._burn["note"])
             return
         argv = [py, "-c", BURN_IN, str(seconds)]
-        user = self.ctx.config.training.user
+        user = self.job.user
         if user and os.geteuid() == 0 and shutil.which("runuser"):
             argv = ["runuser", "-u", user, "--", *argv]  # the training's Python runs as the training's user
         try:
             r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=seconds + 120,
-                               cwd=self.ctx.config.training.workdir or None)
+                               cwd=self.job.workdir or None)
             out = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
         except (OSError, subprocess.TimeoutExpired, ValueError) as e:
             self._burn = {"state": "failed", "note": f"{type(e).__name__}: {e}"[:300]}
@@ -305,6 +308,20 @@ class HealthWatch:
         out.update(preflight=when or None, driver_version=facts.driver_version, cuda_version=facts.cuda_version,
                    nvml_error=facts.error, gpus=[asdict(g) for g in facts.gpus])
         return out
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("health", self.every, self.poll),)
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"health": self.status()}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"health": self._on_request}
+
+    def _on_request(self, a: dict) -> dict:
+        self.preflight("on request", alert=False)
+        return self.status()
 
 
 def _training_python(workdir: str, path: str | None) -> str | None:

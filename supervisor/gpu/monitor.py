@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import structlog
 
+from supervisor.config import GpuConfig
 from supervisor.context import Context
 from supervisor.gpu.nvml import GpuSample, GpuSnapshot, NvmlProbe, XidEvent
-from supervisor.interfaces import TrainingView
+from supervisor.interfaces import Duty, TrainingView
 from supervisor.notify.mails import gpu as words
 
 log = structlog.get_logger("gpu")
@@ -41,10 +42,10 @@ class GpuMonitor:
     """`keep_window_s`: the longest window `utilization` will be asked about (the idle guard's is
     given by the daemon); samples are kept that long, and never shorter than gpu.window."""
 
-    def __init__(self, ctx: Context, probe: NvmlProbe | None = None, training: TrainingView | None = None,
+    def __init__(self, ctx: Context, conf: GpuConfig, probe: NvmlProbe | None = None, training: TrainingView | None = None,
                  keep_window_s: float = 0.0):
         self.ctx = ctx
-        self.cfg = ctx.config.gpu
+        self.cfg = conf
         self.probe = probe or NvmlProbe(self.cfg.nvml_library, monotonic=ctx.clock.monotonic)
         self.training = training
         self._lock = threading.Lock()
@@ -201,6 +202,14 @@ class GpuMonitor:
         mail = words.xid(ev.xid, ev.index, name, ev.uuid, app)
         self.ctx.alerts.event(f"gpu:xid:{ev.uuid or ev.index}:{ev.xid}", "gpu_xid", "warning" if app else "critical",
                               mail.subject, mail.body)
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("gpu", self.cfg.poll_interval, self.poll),)
+
+    def status_blocks(self) -> dict[str, object]:
+        g = self.status()
+        return {"gpus": g.get("gpus", []), "gpu_error": g.get("gpu_error")}
 
 
 def gpu_dict(g: GpuSample, train_of: dict[int, bool]) -> dict:

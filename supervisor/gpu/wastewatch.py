@@ -19,6 +19,7 @@ import structlog
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.gpu import waste as w
+from supervisor.interfaces import Duty
 from supervisor.states import TRAINING_ALIVE
 
 if TYPE_CHECKING:
@@ -123,3 +124,9 @@ class WasteWatch:
             found = list(self._now)
         return [{"gpu": x.gpu, "pid": x.pid, "mem_bytes": x.mem_bytes, "kind": x.kind, "for_s": round(x.for_s),
                  "user": x.user, "command": x.command, "free_with": w.free_with(x)} for x in found]
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("waste", max(5.0, self.cfg.poll_interval), self.poll),)  # GPU memory held for nothing
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"gpu_waste": self.status()}

@@ -155,3 +155,6 @@ class Hooks:
         with self._lock:
             return [{"run": r.run, "event": r.event, "required": r.required, "ok": r.ok, "why": r.why,
                      "seconds": round(r.seconds, 2)} for r in self.results[-10:]]
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"hooks": self.status()}

@@ -43,12 +43,13 @@ from supervisor.idle.stop import (
     StopSequence,
     describe_action,
 )
-from supervisor.interfaces import FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView
+from supervisor.interfaces import Duty, FinalSyncResult, GpuView, SyncView, TrainingInfo, TrainingView, Verb
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails import describe_exit
 from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import stall as stall_words
 from supervisor.progress import stall
+from supervisor.requests import keepalive_seconds
 from supervisor.statefile import StateStore
 from supervisor.states import HUNG_GRACE_S, TRAINING_ALIVE, IdleState, StopPhase, TrainingState, stop_rule
 from supervisor.timefmt import when
@@ -96,10 +97,10 @@ class IdleGuard(GuardMails, CapStops):
         self._poll_wanted = False
 
     @classmethod
-    def of(cls, ctx: Context, training: TrainingView, gpu: GpuView | None, sync: SyncView,
+    def of(cls, ctx: Context, conf: GuardConfig, training: TrainingView, gpu: GpuView | None, sync: SyncView,
            progress: Any = None, **kw: Any) -> IdleGuard:
         """The guard as the daemon wires it: its slice of the config, the shared clock, store and alerts."""
-        return cls(GuardConfig.of(ctx.config), ctx.clock, ctx.store, ctx.alerts, training, gpu, sync, progress,
+        return cls(conf, ctx.clock, ctx.store, ctx.alerts, training, gpu, sync, progress,
                    **kw)
 
     # --- persistence ----------------------------------------------------------------------------
@@ -438,6 +439,19 @@ class IdleGuard(GuardMails, CapStops):
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until no background job is queued or running (tests; shutdown)."""
         return self.jobs.drain(timeout)
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        # the early poll is cheap: it polls only when a threshold is reached or a run started/ended
+        return (Duty("idle", self.conf.idle.poll_interval, self.poll), Duty("idle_due", 1.0, self.poll_if_due))
+
+    def status_blocks(self) -> dict[str, object]:
+        s = self.status()
+        return {"idle": s.get("idle", {}), "stop": s.get("stop", {})}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"keepalive": lambda a: self.cancel_keepalive() if (s := keepalive_seconds(a)) is None
+                else self.keepalive(s)}
 
 
 def stop_now(guard: IdleGuard, reason: str, why: str = "") -> None:

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import structlog
+
+from supervisor.interfaces import Duty
+
+log = structlog.get_logger("idle")
+
 SKYPILOT_ENV = ("SKYPILOT_TASK_ID", "SKYPILOT_CLUSTER_INFO", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_NODES",
                 "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_GPUS_PER_NODE")
 DSTACK_ENV = ("DSTACK_RUN_NAME", "DSTACK_RUN_ID", "DSTACK_REPO_ID", "DSTACK_NODE_RANK", "DSTACK_NODES_NUM",
@@ -63,3 +69,23 @@ def scan(extra_env: Mapping[str, str] | None = None) -> dict | None:
         except (psutil.Error, TypeError):
             continue
     return detect(envs, cmdlines)
+
+
+class OrchestratorWatch:
+    """Looks every ten minutes (an agent started after boot is seen too); logs once per new finding."""
+
+    def __init__(self, job_env: Mapping[str, str] | None = None):
+        self.job_env = dict(job_env or {})
+        self.found: dict | None = None
+
+    def poll(self) -> None:
+        found = scan(self.job_env)
+        if found and found != self.found:
+            log.warning("two_stoppers", orchestrator=found["name"], evidence=found["evidence"])
+        self.found = found
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("orchestrator", 600.0, self.poll),)
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"orchestrator": self.found}

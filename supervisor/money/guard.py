@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -19,7 +19,7 @@ import structlog
 from supervisor.clock import billing_origin
 from supervisor.context import Context
 from supervisor.durations import format_duration, parse_duration
-from supervisor.interfaces import RequestError
+from supervisor.interfaces import Duty, RequestError, Verb
 from supervisor.money import plan
 from supervisor.money.plan import Act, Caps, Lead, MoneyState, Run, Warn
 from supervisor.money.runmoney import as_one_machine
@@ -29,6 +29,7 @@ from supervisor.timefmt import parse_moment, when
 from supervisor.training.checkpoints import checkpoint_step
 
 if TYPE_CHECKING:
+    from supervisor.config import BudgetConfig, Config
     from supervisor.money.runledger import RunLedger
 
 log = structlog.get_logger("money")
@@ -76,12 +77,30 @@ def checkpoints(dirs: list[str]) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+@dataclass(frozen=True)
+class MoneyConfig:
+    """What the money wing reads of the config: its `[budget]` section and the few facts of others
+    a cap needs (the price, the stop's grace, where saves land, how many machines bill)."""
+
+    budget: BudgetConfig
+    price_per_hour: float | None
+    currency: str
+    stop_grace: float
+    save_dirs: tuple[str, ...]
+    nodes: int = 1
+
+    @classmethod
+    def of(cls, c: Config) -> MoneyConfig:
+        return cls(c.budget, c.price_per_hour, c.currency, c.training.stop_grace,
+                   tuple(d for d in dict.fromkeys([*c.sync.watch, c.training.workdir]) if d), c.cluster.nodes)
+
+
 class MoneyGuard:
     NAME = "money"
 
-    def __init__(self, ctx: Context, progress: Any, sync: Any, training: Any,
+    def __init__(self, ctx: Context, conf: MoneyConfig, progress: Any, sync: Any, training: Any,
                  stop: Callable[[str, str], bool] | None = None, run: RunLedger | None = None):
-        self.cfg = ctx.config
+        self.cfg = conf
         self.run = run  # the run's ledger on the target: budget.scope = "run" counts every machine of it
         self.clock, self.store, self.alerts = ctx.clock, ctx.store, ctx.alerts
         self.progress, self.sync, self.training = progress, sync, training
@@ -103,7 +122,7 @@ class MoneyGuard:
         self._ck: tuple[str, float, int] = ("", 0.0, 0)   # newest checkpoint: path, save seconds, bytes
         self._rate: float | None = None
         self._last: plan.Projection | None = None
-        self._lead = Lead(stop_grace=self.cfg.training.stop_grace, margin=self.cfg.budget.margin)
+        self._lead = Lead(stop_grace=self.cfg.stop_grace, margin=self.cfg.budget.margin)
 
     # --- inputs -----------------------------------------------------------------------------------
     def caps(self) -> Caps:
@@ -117,7 +136,7 @@ class MoneyGuard:
     def _run(self, now: float) -> Run:
         info = self.training.info()
         p = self.progress.snapshot(now) if self.progress is not None else {}
-        cks = checkpoints([d for d in {*self.cfg.sync.watch, self.cfg.training.workdir} if d])
+        cks = checkpoints(list(self.cfg.save_dirs))
         every = cks[-1][0] - cks[-2][0] if len(cks) >= 2 and cks[-1][0] > cks[-2][0] else None
         if cks and cks[-1][1] != self._ck[0]:
             secs, size = save_figures(cks[-1][1])
@@ -138,7 +157,7 @@ class MoneyGuard:
             self._rate = max(float(r), self._rate or 0.0)  # the best seen: what the link can do
         rate = self._rate or ASSUMED_BPS
         left = (s.get("pending_bytes") or 0) + self._ck[2]
-        return Lead(save_s=self._ck[1], stop_grace=self.cfg.training.stop_grace,
+        return Lead(save_s=self._ck[1], stop_grace=self.cfg.stop_grace,
                     final_sync_s=max(MIN_FINAL_SYNC_S, left / rate), margin=self.cfg.budget.margin)
 
     def figures(self) -> tuple[Caps, float]:
@@ -149,7 +168,7 @@ class MoneyGuard:
         m = self.run.money() if self.run is not None and self.cfg.budget.scope == "run" else None
         if m is None:
             return caps, uptime
-        up, price = as_one_machine(m, self.cfg.cluster.nodes, caps.price_per_hour)
+        up, price = as_one_machine(m, self.cfg.nodes, caps.price_per_hour)
         return replace(caps, price_per_hour=price), up
 
     # --- the duty ---------------------------------------------------------------------------------
@@ -291,3 +310,13 @@ class MoneyGuard:
             "warned_at": state.warned_at, "acted": state.acted or None, "acted_at": state.acted_at,
             "scope": self.cfg.budget.scope, **(self.run.status() if self.run is not None else {}),
         }
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("budget", 10.0, self.poll),)  # caps that save first
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"budget": self.status()}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"budget": self.change}  # root only: not in MEMBER_COMMANDS

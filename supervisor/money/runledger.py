@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from supervisor.interfaces import Duty
 from supervisor.money import runmoney as rm
 
 if TYPE_CHECKING:
@@ -102,3 +103,6 @@ class RunLedger:
         close = getattr(self.target, "close", None)
         if callable(close):
             close()
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("run_ledger", WRITE_EVERY, self.poll),)  # this boot's money on the target, every boot's read back

@@ -31,6 +31,7 @@ import structlog
 
 from supervisor.clock import Clock
 from supervisor.config import AlertsConfig
+from supervisor.interfaces import Duty, Verb
 from supervisor.notify.channels import (
     Channel,
     EmailChannel,
@@ -68,6 +69,7 @@ from supervisor.notify.outbox import (
     severity_value,
 )
 from supervisor.redact import redact
+from supervisor.requests import bounded_int
 from supervisor.statefile import StateStore, set_aside
 
 log = structlog.get_logger("alerts")
@@ -448,3 +450,13 @@ class Alerts:
         msg = f"{p}: {why}; set aside as {aside.name}, starting from no alerts"
         self.problems.append(msg)
         log.error("state_file_problem", problem=msg)
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("alerts", 5.0, self.tick),)
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"alerts": self.active(), "notify": {"channels": self.channel_status()}}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"alerts": lambda a: {"active": self.active(), "recent": self.recent(bounded_int(a.get("n", 50), "n", 1, 1000))}}

@@ -19,9 +19,10 @@ from typing import Any
 import psutil
 import structlog
 
+from supervisor.config import ProgressConfig
 from supervisor.context import Context
 from supervisor.fileopen import open_regular
-from supervisor.interfaces import GpuView, TrainingInfo, TrainingView
+from supervisor.interfaces import Duty, GpuView, TrainingInfo, TrainingView
 from supervisor.notify.mails import stall as words
 from supervisor.proc import CpuProbe
 from supervisor.progress import stacks
@@ -35,9 +36,10 @@ TAIL_BYTES = 64 * 1024
 
 
 class StallWatch:
-    def __init__(self, ctx: Context, training: TrainingView, gpu: GpuView | None, progress: Any,
+    def __init__(self, ctx: Context, conf: ProgressConfig, training: TrainingView, gpu: GpuView | None, progress: Any,
                  dump: Callable[[Iterable[int]], str] = stacks.dump):
         self.ctx = ctx
+        self.cfg = conf
         self.training = training
         self.gpu = gpu
         self.progress = progress
@@ -88,7 +90,7 @@ class StallWatch:
     def _compose(self, info: TrainingInfo, s: Stall, pids: list[int]) -> words.Mail:
         snap = self.progress.snapshot(self.ctx.clock.time()) or {}
         gpus, gpu_error = self._gpus()
-        cfg = self.ctx.config.progress
+        cfg = self.cfg
         f = words.Stalled(info.run_id, s.step, s.since, s.for_s, s.threshold_s, cfg.stall_after is not None,
                           cfg.stalled_action, snap.get("max_steps"), tuple(pids), self.cpu.figure, gpus, gpu_error,
                           info.log_path, tuple(_tail(info.log_path, words.LOG_LINES)), self.dump(pids),
@@ -108,6 +110,9 @@ class StallWatch:
                 out.append(words.GpuFigure(g["index"], g.get("util_pct"), g.get("mem_used_bytes"),
                                            g.get("mem_total_bytes")))
         return tuple(out), st.get("gpu_error")
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("stall", 30.0, self.poll),)  # a hung run: its step stands still
 
 
 def _job_pids(pids: Iterable[int]) -> list[int]:

@@ -16,12 +16,15 @@ import math
 import os
 import pwd
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
+from supervisor.config import ProgressConfig
 from supervisor.context import Context
 from supervisor.fileopen import open_regular
+from supervisor.interfaces import Duty
 from supervisor.notify.mails import progress as words
 from supervisor.progress import record as pr
 from supervisor.progress import stall
@@ -41,8 +44,14 @@ class ProgressTracker:
     never worth a daemon crash). The price and currency come from the caller: the tracker reads
     only its own `[progress]` section."""
 
-    def __init__(self, ctx: Context, *, price_per_hour: float | None, currency: str = "USD", gpu: Any = None):
+    def __init__(self, ctx: Context, conf: ProgressConfig, *, price_per_hour: float | None, currency: str = "USD",
+                 gpu: Any = None, job_env: dict[str, str] | None = None, job_user: str = "",
+                 save_dirs: Sequence[str] = ()):
         self.ctx = ctx
+        self.cfg = conf
+        self.save_dirs = list(save_dirs)    # sync.watch and training.workdir: where checkpoints land
+        # the training's env and user: where Trackio keeps its databases for the job
+        self.job_env, self.job_user = job_env or {}, job_user
         self.gpu = gpu
         self.price_per_hour = price_per_hour
         self.currency = currency
@@ -57,10 +66,6 @@ class ProgressTracker:
         self.trackers = TrackerFiles(list(src))
         self._trackio_at = self._trackio_dirs() if self.trackers.trackio else []
         self.tracker_end: dict[str, str] = {}
-
-    @property
-    def cfg(self):
-        return self.ctx.config.progress
 
     def _load(self) -> pr.Run:
         try:
@@ -200,11 +205,11 @@ class ProgressTracker:
     def _trackio_dirs(self) -> list[str]:
         """Where Trackio keeps its databases for the job: TRACKIO_DIR, else HF_HOME/trackio, else the
         training user's ~/.cache/huggingface/trackio."""
-        env = self.ctx.config.training.env or {}
+        env = self.job_env
         out = [env["TRACKIO_DIR"]] if env.get("TRACKIO_DIR") else []
         if env.get("HF_HOME"):
             out.append(os.path.join(env["HF_HOME"], "trackio"))
-        user = self.ctx.config.training.user
+        user = self.job_user
         try:
             home = pwd.getpwnam(user).pw_dir if user and not user.isdigit() else \
                 pwd.getpwuid(int(user) if user else os.geteuid()).pw_dir
@@ -360,6 +365,16 @@ class ProgressTracker:
         self._errors += 1
         if self._errors <= 20 or self._errors % 1000 == 0:
             log.exception(event, count=self._errors)
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        now = self.ctx.clock.time
+        return (Duty("progress", 30.0, lambda: self.scan_checkpoints(self.save_dirs)),
+                Duty("trackers", 10.0, lambda: self.poll_trackers(self.save_dirs)),  # TensorBoard, MLflow, ...
+                Duty("estimate", 60.0, lambda: self.maybe_early_estimate(now())))
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"cost": self.cost(self.ctx.clock.time())}
 
 
 def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from supervisor.interfaces import RequestError
+from supervisor.interfaces import RequestError, Verb
 from supervisor.notify.mails import resume as words
 from supervisor.resume.local import newest_local
 from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Restorer, saved_epoch
@@ -224,3 +224,9 @@ class ResumeGate:
 
     def close(self) -> None:
         self._closing.set()
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"resume": self.status()}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"resume": self.request}  # root only: restores files under the watch folders

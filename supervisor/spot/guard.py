@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from supervisor import records
+from supervisor.interfaces import Duty
 from supervisor.notify.alerts import Severity
 from supervisor.notify.mails import preemption as words
 from supervisor.spot.decide import (
@@ -36,6 +37,7 @@ from supervisor.spot.notices import TYPICAL_NOTICE_S, MetadataWatcher, Notice
 from supervisor.statefile import set_aside
 
 if TYPE_CHECKING:
+    from supervisor.config import PreemptionConfig
     from supervisor.context import Context
 
 log = structlog.get_logger("preemption")
@@ -46,10 +48,10 @@ FOLLOW_EVERY_S = 0.5   # real seconds between looks at the emergency sync while 
 
 
 class SpotGuard:
-    def __init__(self, ctx: Context, sync: Any, training: Any, hostname: str,
+    def __init__(self, ctx: Context, conf: PreemptionConfig, sync: Any, training: Any, hostname: str,
                  watcher: MetadataWatcher | None = None, env: dict[str, str] | None = None):
         self.ctx = ctx
-        self.cfg = ctx.config.preemption
+        self.cfg = conf
         self.clock = ctx.clock
         self.sync = sync            # SyncEngine: emergency(), holdings(), enabled, display
         self.training = training    # Training: send_signal()
@@ -266,6 +268,13 @@ class SpotGuard:
             store.problems.append(msg)
             log.error("state_file_problem", problem=msg)
             return None
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("preemption", None if self.cfg.watch == ["none"] else self.cfg.poll_interval, self.poll),)
+
+    def status_blocks(self) -> dict[str, object]:
+        return {"preemption": self.status()}
 
 
 def systemd_stopping() -> bool:

@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         from supervisor.notify.alerts import Alerts
 
         alerts = Alerts(cfg.alerts, clock, cfg.state_dir)
-    from supervisor.sync.engine import SyncEngine
+    from supervisor.sync.engine import engine_for
 
-    engine = SyncEngine.from_config(cfg, clock, alerts)
+    engine = engine_for(cfg, clock, alerts)
     if engine.enabled and engine.ledger is None:
         sys.stderr.write(f"{engine.status()['last_error']}\n")
         return 3

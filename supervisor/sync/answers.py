@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from supervisor.durations import format_duration
 from supervisor.interfaces import FinalSyncResult
+from supervisor.requests import sync_wait
 from supervisor.sync import final
 from supervisor.sync import scan as sc
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import Target, TargetError
 from supervisor.sync.waiter import Ticket
 from supervisor.training.checkpoints import unit_order
+
+if TYPE_CHECKING:
+    from supervisor.sync.engine import SyncEngine
 
 log = get_logger("sync")
 
@@ -211,3 +216,15 @@ class Answers:
 
     def _unsynced(self, scope: list[str] | None) -> list[str]:
         return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []
+
+
+def on_sync_request(engine: SyncEngine, a: dict) -> dict:
+    """`supervisorctl sync [--wait]`: keys fixed meanwhile are used by this very sync."""
+    timeout = sync_wait(a)  # checked before anything moves
+    engine.reload_credentials()
+    engine.request_sync()
+    if timeout is None:
+        return {"requested": True, "sync": engine.status()}
+    r = engine.wait_idle(timeout)
+    return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes, "uploaded_files": r.uploaded_files,
+            "error": r.error, "unsynced": r.unsynced[:50], "unsynced_units": r.unsynced_units[:50]}

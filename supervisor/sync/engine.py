@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING
 
 from supervisor.clock import SystemClock
 from supervisor.config import SyncConfig
-from supervisor.interfaces import FinalSyncResult
+from supervisor.interfaces import FinalSyncResult, Verb
 from supervisor.states import SyncState
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once, get_logger
-from supervisor.sync.answers import Answers, IdleJob
+from supervisor.sync.answers import Answers, IdleJob, on_sync_request
 from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.final import FinalJob
 from supervisor.sync.health import AlertSink, Health
@@ -44,7 +44,7 @@ from supervisor.sync.ledger import Ledger, open_ledger
 from supervisor.sync.lost import LostWatch
 from supervisor.sync.policy import Policy, hf_cache_roots
 from supervisor.sync.probe import Access
-from supervisor.sync.proof import Proofs
+from supervisor.sync.proof import EngineView, Prover
 from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
 from supervisor.sync.targets import make_target, target_identity
@@ -71,7 +71,7 @@ FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout 
 EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (a marker still required)
 
 
-class SyncEngine(Answers, Proofs):
+class SyncEngine(Answers):
     """Implements interfaces.SyncView; `start()` once.
 
     cfg: the [sync] section; state_dir: where the ledger lives; alerts: where "sync failing" goes
@@ -123,6 +123,7 @@ class SyncEngine(Answers, Proofs):
         self._finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
         self._idle_waits: Waiters[IdleJob, FinalSyncResult] = Waiters()
         self._watcher = None
+        self.prover = Prover(self._proof_view, self.request_sync, clock)  # for the disk wing's prune
         # keys written down after the daemon started, and the probe that tells a missing one early
         self.access = Access(CredentialWatch(cfg.credentials_file, cfg.hf_token_file, getattr(self.url, "kind", "")),
                              self.target, self.hostname, self.health, clock)
@@ -131,18 +132,6 @@ class SyncEngine(Answers, Proofs):
             if self.target is None:
                 self.target = self.access.target = make_target(self.url, cfg, state_dir, self.access.creds)
             self._open_ledger()
-
-    @classmethod
-    def from_config(cls, config: Config, clock: Clock, alerts: AlertSink | None = None,
-                    world_size: Callable[[], int | None] | None = None) -> SyncEngine:
-        """The engine as the daemon (and `python -m supervisor.sync`) build it from the whole
-        config: the HF caches named in the training's environment are never entered.
-        `world_size`: the training's ranks now (the daemon reads its workers' WORLD_SIZE)."""
-        excluded = hf_cache_roots([dict(os.environ), dict(config.training.env or {})],
-                                  [w for w in config.sync.watch if w])
-        return cls(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
-                   hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command,
-                   world_size=world_size)
 
     # --- setup ------------------------------------------------------------------------------------
     def _open_ledger(self) -> bool:
@@ -155,6 +144,13 @@ class SyncEngine(Answers, Proofs):
         self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg.keep_last,
                             self._closing)
         return True
+
+    def _proof_view(self) -> EngineView | None:
+        if not self.enabled:
+            return None
+        with self._lock:
+            units = {u.abspath: u for u in self._units.values() if u.kind == "dir"}
+            return EngineView(units, self._up, self.ledger, self.target)
 
     def all_roots(self) -> list[sc.Root]:
         with self._lock:
@@ -466,3 +462,22 @@ class SyncEngine(Answers, Proofs):
 
     def _note_error(self, error: str) -> None:
         self.board.error(error, self.clock.time())
+
+    # --- what the daemon lists -------------------------------------------------------------------
+    def status_blocks(self) -> dict[str, object]:
+        return {"sync": self.status()}
+
+    def verbs(self) -> dict[str, Verb]:
+        return {"sync": lambda a: on_sync_request(self, a)}
+
+
+def engine_for(config: Config, clock: Clock, alerts: AlertSink | None = None,
+                world_size: Callable[[], int | None] | None = None) -> SyncEngine:
+    """The engine as the daemon (and `python -m supervisor.sync`) build it from the whole
+    config: the HF caches named in the training's environment are never entered.
+    `world_size`: the training's ranks now (the daemon reads its workers' WORLD_SIZE)."""
+    excluded = hf_cache_roots([dict(os.environ), dict(config.training.env or {})],
+                              [w for w in config.sync.watch if w])
+    return SyncEngine(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
+                      hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command,
+                      world_size=world_size)

@@ -2,7 +2,8 @@
 unit complete per its manifest (the ledger's manifest digest is of exactly these files, in these
 versions) and a content check against the target passes right now, the same check the final sync
 makes (`Target.missing` over every file with the fingerprint recorded at upload, and the
-manifest). A mixin of SyncEngine.
+manifest). The engine's `prover`: it sees the engine through one snapshot (its units, uploader, ledger
+and target, taken under the engine's lock) and asks it to send again what the target lost.
 
 The check runs on the caller's thread, not the sync worker's: the worker may be in the middle of
 a long upload (an 88 GiB checkpoint), and the disk must be freed before the next save, not after
@@ -15,23 +16,42 @@ the worker asked to send it again, as the final sync does.
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from supervisor.clock import Clock
 from supervisor.sync import final
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import Target, TargetError
 
+if TYPE_CHECKING:
+    from supervisor.sync import scan as sc
+    from supervisor.sync.ledger import Ledger
+    from supervisor.sync.upload import Uploader
+
 log = get_logger("sync")
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What a proof reads of the sync engine, taken at once under its lock."""
+
+    units: dict[str, sc.Unit]          # folder units by their absolute path
+    up: Uploader | None
+    ledger: Ledger | None
+    target: Target | None
 
 
 def _answer(ok: bool, reason: str = "", unit: str = "", files: dict | None = None, at: float = 0.0) -> dict:
     return {"ok": ok, "reason": reason, "unit": unit, "files": files or {}, "checked_at": at}
 
 
-class Proofs:
-    target: Target | None
-    _lock: threading.RLock
-    _wake: threading.Event
+class Prover:
+    def __init__(self, view: Callable[[], EngineView | None], resend: Callable[[], None], clock: Clock):
+        self.view = view        # None: the engine has no target
+        self.resend = resend    # the engine sends again what the target lost
+        self.clock = clock
 
     def prove_held(self, paths: list[str]) -> dict[str, dict]:
         """path -> {"ok", "reason", "unit" (the key on the target), "files" (rel -> [size, mtime_ns,
@@ -41,29 +61,27 @@ class Proofs:
         norm = [os.path.normpath(p) for p in paths if p]
         if not norm:
             return {}
-        if not self.enabled or self.target is None:
+        v = self.view()
+        if v is None or v.target is None:
             return {p: _answer(False, "no sync target") for p in norm}
-        with self._lock:
-            units = {u.abspath: u for u in self._units.values() if u.kind == "dir"}
-            up = self._up
+        up = v.up
         out: dict[str, dict] = {}
         for p in norm:
-            u = units.get(p)
-            if u is None or up is None or self.ledger is None:
+            u = v.units.get(p)
+            if u is None or up is None or v.ledger is None:
                 out[p] = _answer(False, "not a folder the sync engine has seen")
             elif not u.verdict.complete:
                 out[p] = _answer(False, f"not complete here ({u.verdict.reason})", u.key)
             elif not up.held(u):
                 out[p] = _answer(False, "the target does not hold it complete per its manifest yet", u.key)
             else:
-                out[p] = self._check(u)
+                out[p] = self._check(u, v.ledger, v.target)
         return out
 
-    def _check(self, u) -> dict:
-        assert self.ledger is not None and self.target is not None
-        expected = {**final.expected([u], self.ledger.current), **final.manifest_keys({u.key})}
+    def _check(self, u: sc.Unit, ledger: Ledger, target: Target) -> dict:
+        expected = {**final.expected([u], ledger.current), **final.manifest_keys({u.key})}
         try:
-            lost = self.target.missing(expected)
+            lost = target.missing(expected)
         except TargetError as e:
             return _answer(False, f"the target cannot be checked: {e}", u.key)
         except Exception as e:  # noqa: BLE001 - an odd failure of a target is a failed check, never a delete
@@ -71,8 +89,8 @@ class Proofs:
             return _answer(False, f"the target cannot be checked: {type(e).__name__}: {e}", u.key)
         if lost:
             log.warning("sync_proof_lost", unit=u.label, files=lost[:10], count=len(lost))
-            final.forget_lost(self.ledger, lost, {u.key})
-            self.request_sync()  # send what the target lost again
+            final.forget_lost(ledger, lost, {u.key})
+            self.resend()
             return _answer(False, f"the target lost {len(lost)} file(s): {', '.join(lost[:3])}", u.key)
         files: dict[str, list[int]] = {}
         for s in u.selected:

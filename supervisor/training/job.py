@@ -27,7 +27,7 @@ from supervisor import records
 from supervisor.clock import boot_id
 from supervisor.config import TrainingConfig
 from supervisor.context import Context
-from supervisor.interfaces import TrainingInfo
+from supervisor.interfaces import Duty, TrainingInfo
 from supervisor.notify.mails import training as words
 from supervisor.proc import ExitWatch, descendants, start_time
 from supervisor.redact import registered
@@ -107,7 +107,7 @@ class TrainingDoc:
 class Training:
     """Owns training.json. All changes go through `_move`, under one lock."""
 
-    def __init__(self, ctx: Context, on_start: Callable[[TrainingInfo], None] | None = None,
+    def __init__(self, ctx: Context, conf: TrainingConfig, on_start: Callable[[TrainingInfo], None] | None = None,
                  on_end: Callable[[TrainingInfo], None] | None = None,
                  before_start: Callable[[], None] | None = None,
                  extra_env: Callable[[], dict[str, str]] = dict,
@@ -116,8 +116,8 @@ class Training:
         # asked before every start (control, autostart, automatic restart); raising TrainingError
         # refuses the start with its message (the GPU health preflight with health.on_bad = "refuse")
         self.before_start = before_start
-        self.cfg = ctx.config.training
-        self.state_dir = Path(ctx.config.state_dir)
+        self.cfg = conf
+        self.state_dir = ctx.state_dir
         self.tmux = Tmux(self.state_dir / "tmux.sock")
         self.on_start = on_start
         self.on_end = on_end
@@ -463,46 +463,49 @@ class Training:
         with self._lock:
             rp = self.doc.runner_pid
             alive = self.state in TRAINING_ALIVE and bool(rp) and self._runner_alive()
-        if not alive:
-            return "no training is running"
-        log.info("training_signal", signal=sig.name, pgid=rp, why="preemption")
-        try:
-            os.killpg(os.getpgid(rp), sig)
-        except (ProcessLookupError, PermissionError) as e:
-            return f"{type(e).__name__}: {e}"
-        return ""
+        return signal_group(rp, sig, why="preemption") if alive and rp else "no training is running"
 
     def _signal_group(self, sig: signal.Signals) -> None:
         rp = self.doc.runner_pid
-        if not rp or not self._runner_alive():
-            return
-        log.info("training_signal", signal=sig.name, pgid=rp)
-        try:
-            os.killpg(os.getpgid(rp), sig)
-        except (ProcessLookupError, PermissionError) as e:
-            log.warning("training_signal_failed", signal=sig.name, error=str(e))
+        if rp and self._runner_alive() and (err := signal_group(rp, sig)):
+            log.warning("training_signal_failed", signal=sig.name, error=err)
 
     def _kill_job_tree(self) -> None:
-        """SIGKILL the job and its descendants but not the runner, which must live to record it."""
-        rp = self.doc.runner_pid
-        if not rp:
-            return
-        try:
-            procs = psutil.Process(rp).children(recursive=True)
-        except psutil.Error:
-            return
-        log.warning("training_sigkill", pids=[p.pid for p in procs])
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        if self.doc.runner_pid:
+            kill_below(self.doc.runner_pid)
 
     def _safe(self, fn: Callable[[TrainingInfo], None], info: TrainingInfo) -> None:
         try:
             fn(info)
         except Exception:  # noqa: BLE001 - a listener's bug must not break the job's bookkeeping
             log.exception("training_listener_failed", listener=getattr(fn, "__qualname__", str(fn)))
+
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("training", 1.0, self.poll),)
+
+
+def signal_group(runner_pid: int, sig: signal.Signals, why: str | None = None) -> str:
+    """`sig` to the runner's process group: "" when sent, else why not."""
+    log.info("training_signal", signal=sig.name, pgid=runner_pid, **({"why": why} if why else {}))
+    try:
+        os.killpg(os.getpgid(runner_pid), sig)
+    except (ProcessLookupError, PermissionError) as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def kill_below(runner_pid: int) -> None:
+    """SIGKILL the job and its descendants but not the runner, which must live to record it."""
+    try:
+        procs = psutil.Process(runner_pid).children(recursive=True)
+    except psutil.Error:
+        return
+    log.warning("training_sigkill", pids=[p.pid for p in procs])
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def command_line(argv: list[str]) -> str:

@@ -21,13 +21,14 @@ import hashlib
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import structlog
 
 from supervisor import records
-from supervisor.interfaces import LineListener
+from supervisor.interfaces import Duty, LineListener
 from supervisor.statefile import StateStore, set_aside
 from supervisor.training.safeopen import UnsafeLog, open_log
 
@@ -61,7 +62,8 @@ class LogFollower:
                  max_bytes_per_poll: int = 4 * 1024 * 1024, max_line: int = 64 * 1024,
                  max_backlog: int = 64 * 1024 * 1024, partial_flush_s: float = 5.0,
                  store: StateStore | None = None, max_replay: int = 8 * 1024 * 1024,
-                 user: str | None = None, since: str | None = None):
+                 user: str | None = None, since: str | None = None, clock: Callable[[], float] = time.time):
+        self.clock = clock  # wall time for the listeners, read at each of the duty's polls
         self.user = user   # training.user: the log is opened as the runner opens it (safeopen)
         self._unsafe = ""
         self.listeners = list(listeners)
@@ -123,6 +125,9 @@ class LogFollower:
             self._close()
 
     # --- the duty ------------------------------------------------------------------------------
+    def duties(self) -> tuple[Duty, ...]:
+        return (Duty("log", 2.0, lambda: self.poll(self.clock())),)
+
     def poll(self, now: float) -> int:
         """Read what was appended; returns the number of lines fed. Never raises."""
         with self._lock:

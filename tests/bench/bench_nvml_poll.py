@@ -51,7 +51,7 @@ class Training:
 def setup_real(tmp: Path) -> GpuMonitor:
     """The machine's own driver (on a GPU box): the same figures, plus what the real library does."""
     ctx = make_ctx(tmp, SystemClock(), {"gpu": {"poll_interval": "1s"}})
-    m = GpuMonitor(ctx, training=Training())
+    m = GpuMonitor(ctx, ctx.config.gpu, training=Training())
     t0 = time.perf_counter()
     snap = m.poll()
     print(f"real driver {snap.driver_version}: {len(snap.gpus)} GPU(s), error={snap.error!r}, "
@@ -84,7 +84,7 @@ def setup(tmp: Path) -> GpuMonitor:
                  "procs": [(me, (60 + i) * GIB), (100000 + i, GIB)]} for i in range(8)])
     reset_pynvml()
     ctx = make_ctx(tmp, SystemClock(), {"gpu": {"poll_interval": "1s", "nvml_library": str(lib)}})
-    m = GpuMonitor(ctx, training=Training())
+    m = GpuMonitor(ctx, ctx.config.gpu, training=Training())
     snap = m.poll()
     assert len(snap.gpus) == 8 and snap.error is None, snap
     return m

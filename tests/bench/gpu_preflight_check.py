@@ -48,9 +48,9 @@ def main() -> int:
         cfg = from_dict({"state_dir": d, "gpu": {"nvml_library": args.nvml_library},
                          "health": {"expect_gpus": args.expect_gpus, "burn_in": args.burn_in}})
         clock = SystemClock()
-        ctx = Context(cfg, clock, StateStore(d), Alerts(cfg.alerts, clock, None, background=False))
+        ctx = Context(clock, StateStore(d), Alerts(cfg.alerts, clock, None, background=False))
         probe = NvmlProbe(args.nvml_library)
-        w = HealthWatch(ctx, probe, None)
+        w = HealthWatch(ctx, cfg.health, cfg.training, probe, None)
         t0 = time.perf_counter()
         probe.health()  # the first reading initialises NVML: timed apart
         t_init = time.perf_counter() - t0

@@ -3,6 +3,8 @@ fills up before the next saves (what fills it, what would free space, why nothin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from supervisor.notify.mails import Mail
 
 GIB = 1024**3
@@ -112,3 +114,12 @@ def full_at_end(folder: str, mount: str, free: int, total: int, biggest: list[tu
     out += "".join(f"  {path}: {size(b)}\n" for path, b in biggest[:6]) or "  (nothing large found)\n"
     return out + ('Free space (or set [disk] prune = "synced": checkpoints verified off the machine are then '
                   "deleted before a save needs the room), then start the training again.\n")
+
+DISK_ADVICE = ("What to do: keep fewer checkpoints (save_total_limit), delete ones already synced off the "
+               "machine, move the Hugging Face cache (HF_HOME) to a larger volume, or save less often.")
+
+def disk_full(free_bytes: int, total_bytes: int, free_pct: float, paths: Sequence[str], min_pct: float) -> Mail:
+    subject = (f"disk almost full: {free_bytes / GIB:.1f} GiB free of {total_bytes / GIB:.1f} GiB "
+               f"({free_pct:.1f}%) at {', '.join(paths)}")
+    return Mail(subject, f"{subject}.\nBelow alerts.disk_free_min_pct = {min_pct:g}%. The next checkpoint save "
+                         f"may fail or leave a truncated checkpoint.\n\n{DISK_ADVICE}")

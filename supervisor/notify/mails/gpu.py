@@ -37,8 +37,6 @@ Look at the first error of every rank in the log; NCCL_DEBUG=INFO and
 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 make the cause visible. Raise the timeout
 (ddp_timeout / init_process_group(timeout=...)) only if a slow step (e.g. saving) is expected."""
 
-DISK_ADVICE = ("What to do: keep fewer checkpoints (save_total_limit), delete ones already synced off the "
-               "machine, move the Hugging Face cache (HF_HOME) to a larger volume, or save less often.")
 
 XID_MEANING = {
     13: "graphics engine exception (often an illegal memory access in a kernel)",
@@ -179,8 +177,3 @@ def host_mem_low(available_bytes: int, total_bytes: int, available_pct: float, m
                          "kills the largest process next, which is usually the training.\n\n" + HOST_MEMORY_ADVICE)
 
 
-def disk_full(free_bytes: int, total_bytes: int, free_pct: float, paths: Sequence[str], min_pct: float) -> Mail:
-    subject = (f"disk almost full: {free_bytes / GIB:.1f} GiB free of {total_bytes / GIB:.1f} GiB "
-               f"({free_pct:.1f}%) at {', '.join(paths)}")
-    return Mail(subject, f"{subject}.\nBelow alerts.disk_free_min_pct = {min_pct:g}%. The next checkpoint save "
-                         f"may fail or leave a truncated checkpoint.\n\n{DISK_ADVICE}")
