@@ -127,7 +127,8 @@ class Daemon:
 
         self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
                            facts=lambda: self._hook_facts(hostname))
-        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg), self.training, self.gpu, self.sync, progress=self.progress, disk=self.disk,
+        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg), self.training, self.gpu, self.sync,
+                                  progress=self.progress, full_at_end=self.disk.full_at_end,
                                   run_total=self.ledger.words if self.ledger else None, hooks=self.hooks,
                                   cap_moment=lambda: self.money.moment())
         self.stall = StallWatch(self.ctx, cfg.progress, self.training, self.gpu, self.progress)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from supervisor.states import TrainingState
+
+if TYPE_CHECKING:  # the progress wing sits above the core: a type only
+    from supervisor.progress.stall import View as StallView
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,16 @@ class GpuView(Protocol):
     def status(self) -> dict:
         """{"gpus": [...], "gpu_error": str | None} as in the status --json contract."""
         ...
+
+
+class ProgressView(Protocol):
+    """The progress tracker as the idle guard and its mails read it."""
+
+    def snapshot(self, now: float) -> dict: ...
+
+    def cost(self, now: float) -> dict: ...
+
+    def stall(self, now: float) -> StallView: ...
 
 
 @dataclass

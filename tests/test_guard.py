@@ -417,7 +417,7 @@ def test_keepalive_is_refused_once_the_action_began(h, tmp_path):
     h2 = H(h.tmp / "2", h.clock)
     h2.sync.ok = False
     h2.until("STOPPING")
-    h2.guard.m = replace(h2.guard.m, committed=True)  # as between "stopping now" and the action
+    h2.guard.st.m = replace(h2.guard.m, committed=True)  # as between "stopping now" and the action
     with pytest.raises(RequestError, match="too late"):
         h2.guard.keepalive(60)
 
@@ -530,7 +530,7 @@ def test_a_run_end_cut_short_by_a_restart_is_handled_after_it(h):
     stuck = FakeSync()
     stuck.gate = threading.Event()
     old = h.guard
-    old.sync = stuck  # the old daemon "dies" inside its final sync: it never gets further
+    old.sync = old.stop.sync = stuck  # the old daemon "dies" inside its final sync: it never gets further
     h.training.state, h.training.run_id, h.training.exit_code = T.FINISHED, 5, 0
     old.on_training_ended(h.training.info())
     try:

@@ -5,9 +5,11 @@ it (SSH, tmux, Jupyter, GPU load, the training's log and CPU), the stop sequence
 and the check for an outer orchestrator that may stop the machine too.
 
 Pure: `machine` (decisions, no I/O, every function handed `now`).
-Shell: `activity` (sensors), `orchestrator`, `guard` (the duty that steps the machine and acts), `stop` (actions),
-`caps` (the guard's stop for a cap, the cut of a hanging final sync, the stop hooks), `mails` (the guard's mails),
-`finalwatch` (the final sync at a run's end, its failure told at once).
+Shell: `activity` (sensors), `orchestrator`, `guard` (the duty that steps the machine), `shared` (the
+machine and the last poll, under one lock, for the guard's parts), `stopping` (the stop sequence: the
+interrupt, the final sync cut to a cap's moment, the stop hooks, the action), `stop` (the record and the
+actions), `announce` (what the guard tells the owner), `finalwatch` (the final sync at a run's end, its
+failure told at once).
 May import: the core, notify, training, progress, hooks, stop. Imported by: the daemon (and the CLI's words).
 """
 
