@@ -231,7 +231,7 @@ def test_the_hub_reader_writes_only_through_staging(tmp_path):
         def iter_bytes(self, n):
             yield b"pwned"
 
-    rd = HfReader()
+    rd = HfReader(None)  # type: ignore[arg-type]  # no repo: the three calls below are the test's
     rd._stream = lambda key: Resp()  # type: ignore[method-assign]
     rd._raise_for_status = lambda r: None  # type: ignore[method-assign]
     rd._retrying = lambda what, fn: fn()  # type: ignore[method-assign]

@@ -155,9 +155,9 @@ def test_an_answer_it_does_not_know_hands_the_restore_to_boto3(s3_server, s3_pre
         t = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir)
         assert isinstance(t._light(), LightS3)
         t._light_client = LightS3(f"http://127.0.0.1:{srv.server_address[1]}", s3_server.bucket, "us-east-1", KEYS)
-        assert t.read_file("checkpoint-1/a.bin") == b"abc"  # through boto3, after the 301
+        assert t.reader.read_file("checkpoint-1/a.bin") == b"abc"  # through boto3, after the 301
         assert t._light_client is False
-        assert t.list_keys() == {"checkpoint-1/a.bin": 3}
+        assert t.reader.list_keys() == {"checkpoint-1/a.bin": 3}
         t.close()
     finally:
         srv.shutdown()

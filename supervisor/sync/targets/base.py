@@ -362,12 +362,14 @@ class Reader(Protocol):
 
 
 def reader(target: object) -> Reader:
-    """The target's read side; TargetError naming the kind when it has none."""
+    """The target's read side (its `reader`, or the target itself when it reads as it writes: a
+    folder); TargetError naming the kind when it has none."""
+    side = getattr(target, "reader", target)
     for name in ("list_keys", "read_file", "download"):
-        if not callable(getattr(target, name, None)):
+        if not callable(getattr(side, name, None)):
             raise TargetError(f"{getattr(target, 'display', type(target).__name__)}: this target cannot be "
                               "read back (no restore support)")
-    return target  # type: ignore[return-value]
+    return side  # type: ignore[no-any-return]
 
 
 def read_manifest(target: object, unit_key: str) -> bytes | None:

@@ -57,7 +57,7 @@ STATE_MAX = 32 << 20            # trainer_state.json read for commit messages on
 log = get_logger("sync.hf")
 
 
-class HfTarget(HfReader):
+class HfTarget:
     """The Target (and its optional put_units and describe) for one hf:// URL."""
 
     lands_units = True  # put_units is one commit: a unit's files and manifest appear together or not at all
@@ -72,6 +72,7 @@ class HfTarget(HfReader):
         self.committer = Committer(self.repo)
         self.display = url.display()
         self.stats = self.repo.stats
+        self.reader = HfReader(self.repo)
 
     def reload_credentials(self, why: str) -> None:
         """Find the token again at the next request, in the sources as they are then."""

@@ -22,6 +22,7 @@ from supervisor.sync.targets.base import TargetError, join_key, write_all
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
+    from supervisor.sync.targets.hf_repo import HubRepo
 
 SMALL_MAX = 64 << 20
 CHUNK = 256 << 10
@@ -30,10 +31,12 @@ DOWNLOAD_THREADS = 8
 
 
 class HfReader:
-    """Mixed into HfTarget; uses its `repo` (HubRepo)."""
+    """The read side of HfTarget (a restore): keys and files of the repo at one pinned revision."""
 
-    repo: Any
-    _pinned: str | None = None
+    def __init__(self, repo: HubRepo):
+        self.repo = repo
+        self._pinned: str | None = None   # the revision a restore reads, fixed at its first listing
+
 
     def _rev(self) -> str:
         return self._pinned or self.repo.revision

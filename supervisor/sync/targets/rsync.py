@@ -68,7 +68,7 @@ def _pdeathsig() -> None:
         pass
 
 
-class RsyncTarget(RsyncReader):
+class RsyncTarget:
     def __init__(self, url: TargetURL, cfg: SyncConfig, work_dir: str | Path):
         self.url = url
         self.cfg = cfg
@@ -86,6 +86,7 @@ class RsyncTarget(RsyncReader):
         self._sh: _RemoteShell | None = None
         self._shell_lock = threading.Lock()
         self._shell_idle: threading.Timer | None = None
+        self.reader = RsyncReader(self)
 
     # --- commands -------------------------------------------------------------------------------
     def ssh_argv(self) -> list[str]:

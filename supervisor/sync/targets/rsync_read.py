@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
@@ -17,34 +16,30 @@ from supervisor.sync.targets.base import TargetError, join_key
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
+    from supervisor.sync.targets.rsync import RsyncTarget
 
 PARTIAL_DIR = ".rsync-partial"
 SMALL_MAX = 64 << 20
 
 
 class RsyncReader:
-    """Mixed into RsyncTarget; uses its `listing`, `_run`, `_rsync_base`, `_remote`, `ssh_argv`."""
+    """The read side of RsyncTarget (a restore): keys, small files, a unit's files by rsync."""
 
-    display: str
-    remote_host: str
-    listing: Callable[[str], dict[str, int]]
-    _run: Callable[..., subprocess.CompletedProcess]
-    _rsync_base: Callable[[], list[str]]
-    _remote: Callable[..., str]
-    ssh_argv: Callable[[], list[str]]
+    def __init__(self, c: RsyncTarget):
+        self.c = c  # the target: its ssh command, remote names and listings
 
     def list_keys(self) -> dict[str, int]:
-        return {k: v for k, v in self.listing("").items() if PARTIAL_DIR not in k.split("/")}
+        return {k: v for k, v in self.c.listing("").items() if PARTIAL_DIR not in k.split("/")}
 
     def read_file(self, key: str) -> bytes | None:
-        path = self._remote(key)
-        r = self._run([*self.ssh_argv(), self.remote_host,
+        path = self.c._remote(key)
+        r = self.c._run([*self.c.ssh_argv(), self.c.remote_host,
                        f"test -e {shlex.quote(path)} || exit 3; exec head -c {SMALL_MAX} -- {shlex.quote(path)}"],
                       timeout=120)
         if r.returncode == 3:
             return None
         if r.returncode != 0:
-            raise TargetError(f"{self.display}: cannot read {key} ({r.returncode}): "
+            raise TargetError(f"{self.c.display}: cannot read {key} ({r.returncode}): "
                               f"{r.stderr.decode(errors='replace')[-300:]}")
         return r.stdout
 
@@ -70,15 +65,15 @@ class RsyncReader:
             lst.write(b"".join(os.fsencode(rel) + b"\0" for rel, _ in files))
             lst.flush()
             timeout = 600 + sum(max(0, s) for _, s in files) / (5 * 1024 * 1024)
-            argv: list[Any] = [*self._rsync_base(), "--from0", f"--files-from={lst.name}",
-                               f"{self.remote_host}:{self._remote(join_key(unit_key))}/", dest_dir.rstrip("/") + "/"]
+            argv: list[Any] = [*self.c._rsync_base(), "--from0", f"--files-from={lst.name}",
+                               f"{self.c.remote_host}:{self.c._remote(join_key(unit_key))}/", dest_dir.rstrip("/") + "/"]
             try:
-                r = self._run(argv, timeout=timeout)
+                r = self.c._run(argv, timeout=timeout)
             finally:
                 done.set()
                 t.join()
         if r.returncode != 0:
-            raise TargetError(f"{self.display}: download of {unit_key} failed ({r.returncode}): "
+            raise TargetError(f"{self.c.display}: download of {unit_key} failed ({r.returncode}): "
                               f"{r.stderr.decode(errors='replace')[-300:]}")
         total = _tree_bytes(dest_dir)
         if total > seen[0]:

@@ -29,6 +29,7 @@ import os
 import struct
 import zlib
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING
 
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import (
@@ -59,12 +60,23 @@ from supervisor.sync.targets.s3_wire import (
     md5_b64,
 )
 
+if TYPE_CHECKING:
+    from supervisor.config import SyncConfig
+    from supervisor.sync.credentials import CredentialWatch
+    from supervisor.syncurl import TargetURL
+
 log = get_logger("sync.s3")
 
 
-class S3Target(MultipartPut, S3Connection, S3Reader):
+class S3Target(S3Connection):
     """Uploads: small files in one PUT (or a server-side copy of a twin the store holds), large
-    ones by MultipartPut; the connection and listings are S3Connection's."""
+    ones by its MultipartPut; the connection and listings are S3Connection's, the read side (a
+    restore) its S3Reader."""
+
+    def __init__(self, url: TargetURL, cfg: SyncConfig, creds: CredentialWatch | None = None):
+        super().__init__(url, cfg, creds)
+        self.multipart = MultipartPut(self)
+        self.reader = S3Reader(self)
 
     # --- uploads -------------------------------------------------------------------------------
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:
@@ -83,7 +95,7 @@ class S3Target(MultipartPut, S3Connection, S3Reader):
             while queue and len(running) < window and failure is None and not sink.cancelled():
                 f = queue.pop()
                 if f.size > self.single_put_max:
-                    running.add(self._files.submit(self._report, self._put_large, f, sink))
+                    running.add(self._files.submit(self._report, self.multipart.put, f, sink))
                 else:
                     running.add(self._pool.submit(self._report, self._put_small, f, sink))
             if not running:

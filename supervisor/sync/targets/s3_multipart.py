@@ -8,6 +8,7 @@ import hashlib
 import math
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets.base import (
@@ -32,15 +33,22 @@ from supervisor.sync.targets.s3_wire import (
     part_size_for,
 )
 
+if TYPE_CHECKING:
+    from supervisor.sync.targets.s3_client import S3Connection
+
+
 log = get_logger("sync.s3")
 
 
 class MultipartPut:
-    """The multipart path of S3Target (a mixin over S3Connection's client, pools and ledger sink)."""
+    """The multipart path of S3Target, over its connection's client and pools."""
 
-    def _put_large(self, f: LocalFile, sink: UploadSink) -> Uploaded:
-        key = self._key(f.key)
-        psize = part_size_for(f.size, self.cfg.part_size)
+    def __init__(self, c: S3Connection):
+        self.c = c  # the connection: its client, pools, checksum and keys
+
+    def put(self, f: LocalFile, sink: UploadSink) -> Uploaded:
+        key = self.c._key(f.key)
+        psize = part_size_for(f.size, self.c.cfg.part_size)
         nparts = math.ceil(f.size / psize)
         fd = open_source(f)
         upload_id: str | None = None
@@ -57,7 +65,7 @@ class MultipartPut:
                     upload_id, have, finished = self._resume(key, info["upload_id"], prior, nparts, f.size)
                     if finished is not None:
                         log.info("s3_adopted", key=key, why="completed before a crash")
-                        sha = self._hash_only(fd, f, sink)
+                        sha = self.c._hash_only(fd, f, sink)
                         return Uploaded(sha, finished, 0)
                 else:
                     self._abort(key, info.get("upload_id"))
@@ -65,15 +73,15 @@ class MultipartPut:
                 # recorded before the create: after a crash in between, the upload it made is
                 # found by its key and aborted, not left behind on the store
                 sink.begin(f, {"mode": "mp", "upload_id": "", "part_size": psize})
-                extra = {"ChecksumAlgorithm": "CRC32"} if self.crc else {}
-                resp = self._call("create_multipart_upload", Bucket=self.bucket, Key=key, **extra)
+                extra = {"ChecksumAlgorithm": "CRC32"} if self.c.crc else {}
+                resp = self.c._call("create_multipart_upload", Bucket=self.c.bucket, Key=key, **extra)
                 upload_id = resp["UploadId"]
                 sink.begin(f, {"mode": "mp", "upload_id": upload_id, "part_size": psize})
             else:
                 log.info("s3_resume", key=key, parts_kept=len(have), parts=nparts)
-            assert self._pool is not None
+            assert self.c._pool is not None
             failed = threading.Event()
-            futs = {n: self._pool.submit(self._put_part, fd, f, key, upload_id, n, psize, sink, failed)
+            futs = {n: self.c._pool.submit(self._put_part, fd, f, key, upload_id, n, psize, sink, failed)
                     for n in range(1, nparts + 1) if n not in have}
             try:
                 h = hashlib.sha256()
@@ -99,10 +107,10 @@ class MultipartPut:
             for n in range(1, nparts + 1):
                 etag, cs = have[n]
                 p = {"PartNumber": n, "ETag": f'"{etag}"'}
-                if self.crc:
+                if self.c.crc:
                     p["ChecksumCRC32"] = cs
                 parts.append(p)
-            resp = self._call("complete_multipart_upload", Bucket=self.bucket, Key=key, UploadId=upload_id,
+            resp = self.c._call("complete_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
                               MultipartUpload={"Parts": parts})
             checks = [have[n][1] for n in range(1, nparts + 1)]
             etag = etag_of(resp.get("ETag"))
@@ -116,7 +124,7 @@ class MultipartPut:
             os.close(fd)
 
     def _verify_complete(self, key: str, size: int, checks: list[str], echoed: str | None, etag: str) -> None:
-        if self.crc:
+        if self.c.crc:
             want = composite_crc32(checks)
             if echoed is not None:
                 if echoed.split()[0] != want:
@@ -127,7 +135,7 @@ class MultipartPut:
             if etag != want:
                 raise TargetError(f"S3 complete {key}: ETag {etag}, expected {want}")
             return  # likewise: the multipart ETag is made of our parts' MD5s
-        h = self._call("head_object", Bucket=self.bucket, Key=key)
+        h = self.c._call("head_object", Bucket=self.c.bucket, Key=key)
         if int(h.get("ContentLength", -1)) != size:
             raise TargetError(f"S3 {key}: store holds {h.get('ContentLength')} bytes, expected {size}")
 
@@ -143,14 +151,14 @@ class MultipartPut:
             if len(journal) == nparts:
                 checks = [journal[n][1] for n in range(1, nparts + 1)]
                 try:
-                    h = self._call("head_object", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+                    h = self.c._call("head_object", Bucket=self.c.bucket, Key=key, ChecksumMode="ENABLED")
                 except NotFound:
                     return None, {}, None
                 if int(h.get("ContentLength", -1)) == size:
                     etag = etag_of(h.get("ETag"))
-                    if self.crc and (h.get("ChecksumCRC32") or "").split()[0] == composite_crc32(checks):
+                    if self.c.crc and (h.get("ChecksumCRC32") or "").split()[0] == composite_crc32(checks):
                         return None, {}, etag
-                    if not self.crc and etag == multipart_etag(checks):
+                    if not self.c.crc and etag == multipart_etag(checks):
                         return None, {}, etag
             return None, {}, None
         keep = {}
@@ -164,7 +172,7 @@ class MultipartPut:
         out: dict[int, tuple[str, int]] = {}
         marker = 0
         while True:
-            resp = self._call("list_parts", Bucket=self.bucket, Key=key, UploadId=upload_id,
+            resp = self.c._call("list_parts", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
                               PartNumberMarker=marker, MaxParts=1000)
             for p in resp.get("Parts") or []:
                 out[int(p["PartNumber"])] = (etag_of(p.get("ETag")), int(p.get("Size", -1)))
@@ -177,7 +185,7 @@ class MultipartPut:
     def _abort_unrecorded(self, key: str) -> None:
         """Abort the multipart uploads of exactly `key` (one was created, its id never recorded)."""
         try:
-            resp = self._call("list_multipart_uploads", Bucket=self.bucket, Prefix=key)
+            resp = self.c._call("list_multipart_uploads", Bucket=self.c.bucket, Prefix=key)
         except (NotFound, TargetError) as e:
             log.debug("s3_list_uploads_failed", key=key, error=str(e))
             return
@@ -189,7 +197,7 @@ class MultipartPut:
         if not upload_id:
             return
         try:
-            self._call("abort_multipart_upload", Bucket=self.bucket, Key=key, UploadId=upload_id)
+            self.c._call("abort_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id)
         except (NotFound, TargetError) as e:
             log.debug("s3_abort_failed", key=key, error=str(e))
 
@@ -208,14 +216,14 @@ class MultipartPut:
         off = (n - 1) * psize
         ln = min(psize, f.size - off)
         data = pread_exact(fd, f, ln, off)
-        cs = crc32_b64(data) if self.crc else md5_b64(data)
-        if self.limiter:
-            self.limiter.take(ln)
-        extra = {"ChecksumCRC32": cs} if self.crc else {"ContentMD5": cs}
-        resp = self._call("upload_part", Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n,
+        cs = crc32_b64(data) if self.c.crc else md5_b64(data)
+        if self.c.limiter:
+            self.c.limiter.take(ln)
+        extra = {"ChecksumCRC32": cs} if self.c.crc else {"ContentMD5": cs}
+        resp = self.c._call("upload_part", Bucket=self.c.bucket, Key=key, UploadId=upload_id, PartNumber=n,
                           Body=data, **extra)
         etag = etag_of(resp.get("ETag"))
-        if self.crc:
+        if self.c.crc:
             echoed = resp.get("ChecksumCRC32")
             if echoed is not None and echoed != cs:
                 raise TargetError(f"S3 part {n} of {key}: store reports checksum {echoed}, sent {cs}")

@@ -21,6 +21,7 @@ from supervisor.sync.targets.s3_wire import NotFound
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
+    from supervisor.sync.targets.s3_client import S3Connection
     from supervisor.sync.targets.s3_light import LightS3
 
 RANGE_MIN = 16 << 20
@@ -29,36 +30,29 @@ SMALL_MAX = 64 << 20
 
 
 class S3Reader:
-    """Mixed into S3Target; uses S3Connection's `_call`, `_key`, `listing`, `cfg`, `limiter`."""
+    """The read side of S3Target (a restore): keys, small files, ranged downloads hashed on the way."""
 
-    _call: Callable[..., Any]
-    _key: Callable[[str], str]
-    listing: Callable[[str], dict]
-    _light: Callable[[], LightS3 | None]
-    _not_light: Callable[[Exception], None]
-    _light_client: LightS3 | bool | None
-    cfg: Any
-    limiter: Any
-    bucket: str
+    def __init__(self, c: S3Connection):
+        self.c = c  # the connection: its client, pools, keys and listings
 
     def list_keys(self) -> dict[str, int]:
-        if self._light_client is not False:
-            self._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
-        return {k: o.size for k, o in self.listing("").items()}  # through s3_light when it may
+        if self.c._light_client is not False:
+            self.c._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
+        return {k: o.size for k, o in self.c.listing("").items()}  # through s3_light when it may
 
     def read_file(self, key: str) -> bytes | None:
-        light = self._light()
+        light = self.c._light()
         if light:
             from supervisor.sync.targets.s3_light import Unsupported
 
             try:
-                return light.read(self._key(key), SMALL_MAX)
+                return light.read(self.c._key(key), SMALL_MAX)
             except NotFound:
                 return None
             except Unsupported as e:
-                self._not_light(e)
+                self.c._not_light(e)
         try:
-            resp = self._call("get_object", Bucket=self.bucket, Key=self._key(key))
+            resp = self.c._call("get_object", Bucket=self.c.bucket, Key=self.c._key(key))
         except NotFound:
             return None
         body = resp["Body"]
@@ -75,7 +69,7 @@ class S3Reader:
         ranges in order as they complete), so the caller's check needs no second pass. Each file
         is created once through `into` (no path is joined here) and its ranges are written to
         that one descriptor."""
-        part = max(RANGE_MIN, int(self.cfg.part_size))
+        part = max(RANGE_MIN, int(self.c.cfg.part_size))
         jobs: list[tuple[str, int, int, int, _OrderedHash]] = []  # key, fd, start, end (inclusive; -1: whole)
         hashes: dict[str, _OrderedHash] = {}
         fds: list[int] = []
@@ -83,13 +77,13 @@ class S3Reader:
             for rel, size in files:
                 fd = into.create(rel, size)
                 fds.append(fd)
-                key = self._key(f"{unit_key}/{rel}")
+                key = self.c._key(f"{unit_key}/{rel}")
                 oh = hashes[rel] = _OrderedHash(fd, rel)
                 if size <= part:
                     jobs.append((key, fd, 0, -1, oh))
                 else:
                     jobs += [(key, fd, s, min(s + part, size) - 1, oh) for s in range(0, size, part)]
-            with ThreadPoolExecutor(max(1, int(self.cfg.concurrency)), thread_name_prefix="s3-get") as pool:
+            with ThreadPoolExecutor(max(1, int(self.c.cfg.concurrency)), thread_name_prefix="s3-get") as pool:
                 futs = [pool.submit(self._get_range, *j, progress) for j in jobs]
                 try:
                     for f in as_completed(futs):
@@ -122,8 +116,8 @@ class S3Reader:
                 if not got:
                     whole_body = True
                     break
-                if self.limiter:
-                    self.limiter.take(got)
+                if self.c.limiter:
+                    self.c.limiter.take(got)
                 if whole is not None:
                     whole.update(buf[:got])
                 off = write_all(fd, buf[:got], off)
@@ -139,21 +133,20 @@ class S3Reader:
         else:
             oh.done(start, off)
 
-
     def _open(self, key: str, start: int, end: int) -> tuple[Any, LightS3 | None]:
         """The body of a GET of key (the range start..end, inclusive, when end >= 0)."""
-        light = self._light()
+        light = self.c._light()
         if light:
             from supervisor.sync.targets.s3_light import Unsupported
 
             try:
                 return light.get(key, start, end), light
             except Unsupported as e:
-                self._not_light(e)
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+                self.c._not_light(e)
+        kw: dict[str, Any] = {"Bucket": self.c.bucket, "Key": key}
         if end >= 0:
             kw["Range"] = f"bytes={start}-{end}"
-        return self._call("get_object", **kw)["Body"], None
+        return self.c._call("get_object", **kw)["Body"], None
 
 
 _local = threading.local()
