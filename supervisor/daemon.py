@@ -160,7 +160,7 @@ class Daemon:
             from supervisor.cluster.watch import ClusterWatch
 
             self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
-                                           self.stops, holds=self.sync.held_units, target_at=self.sync.sibling_target,
+                                           self.stops, holds=self.sync.answers.held_units, target_at=self.sync.sibling_target,
                                            since_step=lambda: self.progress.snapshot(self.clock.time()).get("since_step_s"))
         from supervisor.resume.gate import ResumeGate
 

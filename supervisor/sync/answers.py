@@ -1,12 +1,12 @@
 """Answering the callers who wait on the sync engine: `sync --wait`, the final sync before a stop,
 `once`, and what made it off the machine (`holdings`, for a spot notice), and which units are here at all
-(`held_units`, for a cluster heartbeat). A mixin of SyncEngine (it reads the engine's units, ledger, target and board under the
-engine's lock); the decisions themselves are final.py's and scan.py's, pure.
+(`held_units`, for a cluster heartbeat): the engine's part `answers`. The decisions themselves are
+final.py's and scan.py's, pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,14 +16,18 @@ from supervisor.requests import sync_wait
 from supervisor.sync import final
 from supervisor.sync import scan as sc
 from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import Target, TargetError
-from supervisor.sync.waiter import Ticket
+from supervisor.sync.final import FinalJob
+from supervisor.sync.proof import EngineView
+from supervisor.sync.targets.base import TargetError
+from supervisor.sync.waiter import Ticket, Waiters
 from supervisor.training.checkpoints import unit_order
 
 if TYPE_CHECKING:
     from supervisor.sync.engine import SyncEngine
 
 log = get_logger("sync")
+
+FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout for the worker's answer
 
 
 @dataclass(eq=False)
@@ -36,28 +40,28 @@ class IdleJob:
 
 
 class Answers:
-    def sibling_target(self, where: str) -> Target:
-        """Another place on the same store (the run's prefix, its ledger) for a wing that keeps a
-        client open: built from this engine's credential sources, so keys written down after the
-        daemon started (the environment file the engine watches) reach it too."""
-        from supervisor.sync.targets import make_target
-        from supervisor.syncurl import parse_target
+    """The engine's callers and their answers: `sync --wait` and `once` (idle waits), the final sync
+    before a stop, and what the engine holds (`holdings`, `held_units`, `unit_formats`). It owns the
+    waiters; it reads the engine's units, ledger, target and board under the engine's lock."""
 
-        return make_target(parse_target(where), self.cfg, self.state_dir, self.access.creds)
+    def __init__(self, e: SyncEngine):
+        self.e = e
+        self.finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
+        self.idle_waits: Waiters[IdleJob, FinalSyncResult] = Waiters()
 
-    def fs_events(self, fn: Callable[[str], None]) -> bool:
-        """Tell `fn` of every change under the watched folders, from this engine's own watcher
-        (the disk wing needs no second one); False when the engine watches nothing."""
-        if self._watcher is None:
-            return False
-        self._watcher.also(fn)
-        return True
+    def proof_view(self) -> EngineView | None:
+        """What a proof that a folder is safe off the machine reads (the disk wing's prune)."""
+        if not self.e.enabled:
+            return None
+        with self.e._lock:
+            units = {u.abspath: u for u in self.e._units.values() if u.kind == "dir"}
+            return EngineView(units, self.e._up, self.e.ledger, self.e.target)
 
     def unit_formats(self, limit: int = 20) -> list[dict]:
         """Every unit here, newest first: the trainer's format it is judged by, complete or what it
         waits for (status --json sync.units)."""
-        with self._lock:
-            units = [(u.label, u.verdict) for u in self._units.values() if not u.retired]
+        with self.e._lock:
+            units = [(u.label, u.verdict) for u in self.e._units.values() if not u.retired]
         units.sort(key=lambda x: unit_order(x[0]), reverse=True)
         return [{"unit": k, "format": v.format or "files", "complete": v.complete,
                  "waiting_for": "" if v.complete else (v.waiting_for or v.reason.removeprefix("waiting for "))}
@@ -66,39 +70,62 @@ class Answers:
     def held_units(self, limit: int = 64) -> list[str]:
         """The units in the watched folders, complete or not, newest first (a cluster heartbeat
         says which units this node has a part of)."""
-        with self._lock:
-            keys = {u.key for u in self._units.values() if u.key}
+        with self.e._lock:
+            keys = {u.key for u in self.e._units.values() if u.key}
         return sorted(keys, key=unit_order, reverse=True)[:limit]
 
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every
         unit that was complete; ok=False with the error when that pass failed, or on timeout."""
-        if not self.enabled:
+        if not self.e.enabled:
             return FinalSyncResult(ok=True, target="")
-        if self._thread is None:
-            return self._result(False, 0, error="sync engine not started")
-        with self._lock:
-            t = self._idle_waits.open(IdleJob(self._pass + 1, self.board.uploaded_session))
-        self.request_sync()
-        return self._idle_answer(t, timeout_s)
+        if self.e._thread is None:
+            return self.result(False, 0, error="sync engine not started")
+        with self.e._lock:
+            t = self.idle_waits.open(IdleJob(self.e._pass + 1, self.e.board.uploaded_session))
+        self.e.request_sync()
+        return self.idle_answer(t, timeout_s)
 
     def once(self, timeout_s: float) -> FinalSyncResult:
         """A one-shot run (`python -m supervisor.sync --once`): start without inotify and answer
         as wait_idle does, after the first pass (wait_idle, called after start, may find that
         pass already begun and wait for a second one)."""
-        if not self.enabled:
+        if not self.e.enabled:
             return FinalSyncResult(ok=True, target="")
-        with self._lock:
-            t = self._idle_waits.open(IdleJob(self._pass + 1, self.board.uploaded_session))
-        self.start(watch=False)
-        return self._idle_answer(t, timeout_s)
+        with self.e._lock:
+            t = self.idle_waits.open(IdleJob(self.e._pass + 1, self.e.board.uploaded_session))
+        self.e.start(watch=False)
+        return self.idle_answer(t, timeout_s)
+
+    def final_sync(self, paths: list[str], timeout_s: float) -> FinalSyncResult:
+        """Upload everything the policy selects under `paths`, regardless of the quiet period,
+        then check on the target itself that it holds all of it. Retries with backoff until
+        timeout_s. Never returns ok=True unless the target was seen to hold every file."""
+        if not self.e.enabled:
+            return FinalSyncResult(ok=True, target="")
+        if self.e._thread is None:
+            return self.result(False, 0, error="sync engine not started")
+        norm = [os.path.normpath(p) for p in paths if p]
+        with self.e._lock:
+            for p in norm:
+                root = sc.extra_root(p, self.e.roots, self.e._extra_roots)
+                if root is not None:
+                    self.e._extra_roots.append(root)
+            t = self.finals.open(FinalJob(norm, self.e.clock.monotonic() + max(0.0, timeout_s),
+                                            self.e.board.uploaded_session))
+        self.e.request_sync()
+        r = self.finals.wait(t, max(0.0, timeout_s) + FINAL_GRACE_S)
+        if r is not None:
+            return r
+        with self.e._lock:
+            return self.result(False, t.spec.started_ok, error="final sync timed out", unsynced=self.unsynced(norm))
 
     def holdings(self) -> list[dict]:
         """Each folder unit of the last scan (checkpoint-N, adapters): complete here, and does the
         target hold it whole? What a preemption notice reports as made off the machine or not."""
-        with self._lock:
-            units = [u for u in self._units.values() if u.kind == "dir" and u.selected and not u.retired]
-            up = self._up
+        with self.e._lock:
+            units = [u for u in self.e._units.values() if u.kind == "dir" and u.selected and not u.retired]
+            up = self.e._up
         out = []
         for u in units:
             newest = max((s.mtime_ns for s in u.selected), default=0)
@@ -108,114 +135,114 @@ class Answers:
                         "bytes": sum(s.size for s in u.selected), "mtime": newest / 1e9})
         return sorted(out, key=lambda h: h["mtime"], reverse=True)
 
-    def _idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
-        r = self._idle_waits.wait(t, timeout_s)
+    def idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
+        r = self.idle_waits.wait(t, timeout_s)
         if r is not None:
             return r
-        with self._lock:
-            err = self.board.last_error
-            return self._result(False, t.spec.started_ok,
+        with self.e._lock:
+            err = self.e.board.last_error
+            return self.result(False, t.spec.started_ok,
                                 error=f"timed out after {format_duration(timeout_s)}{': ' + err if err else ''}",
-                                unsynced=self._unsynced(None))
+                                unsynced=self.unsynced(None))
 
     # --- answering callers ------------------------------------------------------------------------
-    def _answer_all(self, error: str) -> None:
+    def answer_all(self, error: str) -> None:
         def answer(t: Ticket) -> FinalSyncResult:
-            with self._lock:
-                return self._result(False, t.spec.started_ok, error=error)
+            with self.e._lock:
+                return self.result(False, t.spec.started_ok, error=error)
 
-        self._finals.close(answer)
-        self._idle_waits.close(answer)
+        self.finals.close(answer)
+        self.idle_waits.close(answer)
 
-    def _answer_idle_waits(self, error: str | None, pass_id: int) -> None:
-        with self._lock:
-            tickets = [t for t in self._idle_waits.tickets() if pass_id >= t.spec.after_pass]
+    def answer_idle_waits(self, error: str | None, pass_id: int) -> None:
+        with self.e._lock:
+            tickets = [t for t in self.idle_waits.tickets() if pass_id >= t.spec.after_pass]
             if not tickets:
                 return
-            assert self._up is not None
-            units = list(self._units.values())
+            assert self.e._up is not None
+            units = list(self.e._units.values())
             for t in tickets:
                 if t.spec.want is None:
-                    t.spec.want = sc.wanted(units, self._up.synced)
+                    t.spec.want = sc.wanted(units, self.e._up.synced)
                 mine = [u for u in units if u.key in t.spec.want]
                 err = error
                 if err is None:
-                    if sc.settling(mine, self._up.synced):
+                    if sc.settling(mine, self.e._up.synced):
                         continue
-                    err = "; ".join(sc.blocked(mine, self._up.synced)) or None
+                    err = "; ".join(sc.blocked(mine, self.e._up.synced)) or None
                 if err is not None:
-                    r = self._result(False, t.spec.started_ok, error=err, unsynced=self._unsynced(None))
+                    r = self.result(False, t.spec.started_ok, error=err, unsynced=self.unsynced(None))
                 else:
-                    r = self._result(True, t.spec.started_ok)
-                self._idle_waits.settle(t, r)
+                    r = self.result(True, t.spec.started_ok)
+                self.idle_waits.settle(t, r)
 
-    def _expire_finals(self) -> None:
-        now = self.clock.monotonic()
-        with self._lock:
-            for t in self._finals.tickets():
+    def expire_finals(self) -> None:
+        now = self.e.clock.monotonic()
+        with self.e._lock:
+            for t in self.finals.tickets():
                 if now >= t.spec.deadline:
-                    why = self.board.last_error or "not all files on the target yet"
-                    self._finals.settle(t, self._result(False, t.spec.started_ok, error=f"final sync timed out: {why}",
-                                                        unsynced=self._unsynced(t.spec.paths)))
+                    why = self.e.board.last_error or "not all files on the target yet"
+                    self.finals.settle(t, self.result(False, t.spec.started_ok, error=f"final sync timed out: {why}",
+                                                        unsynced=self.unsynced(t.spec.paths)))
 
-    def _verify_finals(self) -> None:
+    def verify_finals(self) -> None:
         """For each final sync whose folders are fully uploaded, ask the target itself; once it
         holds everything, scan again, and answer ok only when that scan finds nothing new or
         changed (a checkpoint completed while the final sync ran goes up too)."""
-        assert self.ledger is not None and self.target is not None and self._up is not None
-        with self._lock:
-            tickets = self._finals.tickets()
-            units = list(self._units.values())
+        assert self.e.ledger is not None and self.e.target is not None and self.e._up is not None
+        with self.e._lock:
+            tickets = self.finals.tickets()
+            units = list(self.e._units.values())
         for t in tickets:
             j = t.spec
             scope = sc.final_scope(units, j.paths)
-            if not final.uploaded(scope, self._up.synced):
+            if not final.uploaded(scope, self.e._up.synced):
                 continue  # still work to do (or failing); the next pass gets there
-            expected = final.expected(scope, self.ledger.current)
+            expected = final.expected(scope, self.e.ledger.current)
             fp = final.fingerprint(scope)
             if j.verified == fp:
-                with self._lock:
-                    sent = self.board.uploaded_session - j.started_ok
-                    r = final.verified(scope, expected, self.display, sent)
-                    r.unselected = list(self.board.unselected)
-                    self._finals.settle(t, r)
+                with self.e._lock:
+                    sent = self.e.board.uploaded_session - j.started_ok
+                    r = final.verified(scope, expected, self.e.display, sent)
+                    r.unselected = list(self.e.board.unselected)
+                    self.finals.settle(t, r)
                 log.info("sync_final_verified", paths=j.paths, files=len(expected))
                 continue
             manifests = final.manifest_units(scope)
-            deep = final.unchecked(expected, self.ledger.get)
+            deep = final.unchecked(expected, self.e.ledger.get)
             try:
-                lost = self.target.missing({**expected, **final.manifest_keys(manifests)}, deep=deep)
+                lost = self.e.target.missing({**expected, **final.manifest_keys(manifests)}, deep=deep)
             except TargetError as e:
-                self._failed(f"verifying final sync: {e}", e)
+                self.e._failed(f"verifying final sync: {e}", e)
                 return
-            with self._lock:
-                self.health.recovered()  # the target answered
-                self._requested = True  # send what was lost, or scan once more for what is new
+            with self.e._lock:
+                self.e.health.recovered()  # the target answered
+                self.e._requested = True  # send what was lost, or scan once more for what is new
             if not lost:
                 j.verified = fp
-                self.ledger.checked(final.versions(deep, self.ledger.get), self.clock.time())
+                self.e.ledger.checked(final.versions(deep, self.e.ledger.get), self.e.clock.time())
                 log.info("sync_final_checked", by_content=len(deep), by_listing=len(expected) - len(deep))
                 continue
             j.verify_rounds += 1
             log.warning("sync_final_verify_lost", files=lost[:10], count=len(lost), round=j.verify_rounds)
-            final.forget_lost(self.ledger, lost, manifests)
+            final.forget_lost(self.e.ledger, lost, manifests)
             if j.verify_rounds >= final.VERIFY_ROUNDS:
-                with self._lock:
-                    self._finals.settle(t, self._result(False, j.started_ok, unsynced=lost,
+                with self.e._lock:
+                    self.finals.settle(t, self.result(False, j.started_ok, unsynced=lost,
                                                         error=f"target keeps losing files: {', '.join(lost[:5])}"))
 
-    def _result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None) -> FinalSyncResult:
-        files, nbytes = sc.held(self._units.values(), self.ledger.current, None) if self.ledger else (0, 0)
-        return FinalSyncResult(ok=ok, target=self.display, files=files, bytes=nbytes,
-                               uploaded_files=self.board.uploaded_session - started_ok, error=error,
+    def result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None) -> FinalSyncResult:
+        files, nbytes = sc.held(self.e._units.values(), self.e.ledger.current, None) if self.e.ledger else (0, 0)
+        return FinalSyncResult(ok=ok, target=self.e.display, files=files, bytes=nbytes,
+                               uploaded_files=self.e.board.uploaded_session - started_ok, error=error,
                                unsynced=list(unsynced or []),
-                               unsynced_units=sc.unsynced_units(self._units.values(), self.ledger.current)
-                               if unsynced and self.ledger else [], unselected=list(self.board.unselected),
-                               newest=sc.newest_checkpoints(self._units.values()) if ok else [],
-                               finals=sc.final_saves(self._units.values()) if ok else [])
+                               unsynced_units=sc.unsynced_units(self.e._units.values(), self.e.ledger.current)
+                               if unsynced and self.e.ledger else [], unselected=list(self.e.board.unselected),
+                               newest=sc.newest_checkpoints(self.e._units.values()) if ok else [],
+                               finals=sc.final_saves(self.e._units.values()) if ok else [])
 
-    def _unsynced(self, scope: list[str] | None) -> list[str]:
-        return sc.unsynced(self._units.values(), self.ledger.current, scope) if self.ledger else []
+    def unsynced(self, scope: list[str] | None) -> list[str]:
+        return sc.unsynced(self.e._units.values(), self.e.ledger.current, scope) if self.e.ledger else []
 
 
 def on_sync_request(engine: SyncEngine, a: dict) -> dict:

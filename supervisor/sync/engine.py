@@ -36,21 +36,19 @@ from supervisor.interfaces import FinalSyncResult, Verb
 from supervisor.states import SyncState
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once, get_logger
-from supervisor.sync.answers import Answers, IdleJob, on_sync_request
+from supervisor.sync.answers import Answers, on_sync_request
 from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.final import FinalJob
 from supervisor.sync.health import AlertSink, Health
 from supervisor.sync.ledger import Ledger, open_ledger
 from supervisor.sync.lost import LostWatch
 from supervisor.sync.policy import Policy, hf_cache_roots
 from supervisor.sync.probe import Access
-from supervisor.sync.proof import EngineView, Prover
+from supervisor.sync.proof import Prover
 from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
 from supervisor.sync.targets import make_target, target_identity
 from supervisor.sync.targets.base import Target, TargetError, describe
 from supervisor.sync.upload import Uploader
-from supervisor.sync.waiter import Waiters
 from supervisor.syncurl import parse_target
 
 if TYPE_CHECKING:
@@ -67,11 +65,10 @@ DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan i
                          # never more than half the quiet period: see _debounce)
 DEBOUNCE_MIN_S = 0.1     # ... and at least this (quiet_period = 0: not a rescan per write)
 READY_MARGIN_S = 0.02    # look again this long after a unit's computed ready time (float rounding)
-FINAL_GRACE_S = 5.0      # a final-sync caller waits this much past its timeout for the worker's answer
 EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (a marker still required)
 
 
-class SyncEngine(Answers):
+class SyncEngine:
     """Implements interfaces.SyncView; `start()` once.
 
     cfg: the [sync] section; state_dir: where the ledger lives; alerts: where "sync failing" goes
@@ -120,10 +117,9 @@ class SyncEngine(Answers):
         self._pass = 0
         self._emergency = False       # a spot notice: no backoff waits, short quiet, newest re-judged per unit
         self._cut_short = False       # this pass stopped early to look for a newer checkpoint first
-        self._finals: Waiters[FinalJob, FinalSyncResult] = Waiters()
-        self._idle_waits: Waiters[IdleJob, FinalSyncResult] = Waiters()
+        self.answers = Answers(self)  # the callers who wait, and what the engine holds
         self._watcher = None
-        self.prover = Prover(self._proof_view, self.request_sync, clock)  # for the disk wing's prune
+        self.prover = Prover(self.answers.proof_view, self.request_sync, clock)  # for the disk wing's prune
         # keys written down after the daemon started, and the probe that tells a missing one early
         self.access = Access(CredentialWatch(cfg.credentials_file, cfg.hf_token_file, getattr(self.url, "kind", "")),
                              self.target, self.hostname, self.health, clock)
@@ -144,13 +140,6 @@ class SyncEngine(Answers):
         self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg.keep_last,
                             self._closing)
         return True
-
-    def _proof_view(self) -> EngineView | None:
-        if not self.enabled:
-            return None
-        with self._lock:
-            units = {u.abspath: u for u in self._units.values() if u.kind == "dir"}
-            return EngineView(units, self._up, self.ledger, self.target)
 
     def all_roots(self) -> list[sc.Root]:
         with self._lock:
@@ -188,7 +177,7 @@ class SyncEngine(Answers):
                 pass
         if self.ledger is not None and (t is None or not t.is_alive()):
             self.ledger.close()
-        self._answer_all("sync engine stopped")  # the worker does this as it ends; not if it hangs
+        self.answers.answer_all("sync engine stopped")  # the worker does this as it ends; not if it hangs
 
     # --- the SyncView API -------------------------------------------------------------------------
     def request_sync(self) -> None:
@@ -218,28 +207,36 @@ class SyncEngine(Answers):
         log.warning("sync_emergency", target=self.display)
         self.request_sync()
 
+    def wait_idle(self, timeout_s: float) -> FinalSyncResult:
+        return self.answers.wait_idle(timeout_s)
+
+    def once(self, timeout_s: float) -> FinalSyncResult:
+        return self.answers.once(timeout_s)
+
+    def holdings(self) -> list[dict]:
+        return self.answers.holdings()
+
+    def sibling_target(self, where: str) -> Target:
+        """Another place on the same store (the run's prefix, its ledger) for a wing that keeps a
+        client open: built from this engine's credential sources, so keys written down after the
+        daemon started (the environment file the engine watches) reach it too."""
+        from supervisor.sync.targets import make_target
+        from supervisor.syncurl import parse_target
+
+        return make_target(parse_target(where), self.cfg, self.state_dir, self.access.creds)
+
+    def fs_events(self, fn: Callable[[str], None]) -> bool:
+        """Tell `fn` of every change under the watched folders, from this engine's own watcher
+        (the disk wing needs no second one); False when the engine watches nothing."""
+        if self._watcher is None:
+            return False
+        self._watcher.also(fn)
+        return True
+
     def final_sync(self, paths: list[str], timeout_s: float) -> FinalSyncResult:
         """Upload everything the policy selects under `paths`, regardless of the quiet period,
-        then check on the target itself that it holds all of it. Retries with backoff until
-        timeout_s. Never returns ok=True unless the target was seen to hold every file."""
-        if not self.enabled:
-            return FinalSyncResult(ok=True, target="")
-        if self._thread is None:
-            return self._result(False, 0, error="sync engine not started")
-        norm = [os.path.normpath(p) for p in paths if p]
-        with self._lock:
-            for p in norm:
-                root = sc.extra_root(p, self.roots, self._extra_roots)
-                if root is not None:
-                    self._extra_roots.append(root)
-            t = self._finals.open(FinalJob(norm, self.clock.monotonic() + max(0.0, timeout_s),
-                                            self.board.uploaded_session))
-        self.request_sync()
-        r = self._finals.wait(t, max(0.0, timeout_s) + FINAL_GRACE_S)
-        if r is not None:
-            return r
-        with self._lock:
-            return self._result(False, t.spec.started_ok, error="final sync timed out", unsynced=self._unsynced(norm))
+        then check on the target itself that it holds all of it (Answers.final_sync)."""
+        return self.answers.final_sync(paths, timeout_s)
 
     def status(self) -> dict:
         with self._lock:
@@ -247,7 +244,7 @@ class SyncEngine(Answers):
             snap = self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
                                        [r.path for r in self.roots])
         snap["target_info"] = describe(self.target) if self.target is not None else {}  # e.g. Xet or LFS
-        snap.update(self.access.status(), lost=list(self.lost.lost), units=self.unit_formats())
+        snap.update(self.access.status(), lost=list(self.lost.lost), units=self.answers.unit_formats())
         return snap
 
     # --- worker loop ------------------------------------------------------------------------------
@@ -278,7 +275,7 @@ class SyncEngine(Answers):
                 self._wake.wait(self._sleep_for())
                 self._wake.clear()
         finally:
-            self._answer_all("sync engine stopped")
+            self.answers.answer_all("sync engine stopped")
             if self.ledger is not None:
                 self.ledger.close()
 
@@ -306,7 +303,7 @@ class SyncEngine(Answers):
             retry = self.health.backoff.retry_in(now)
             if retry is not None:
                 t = min(t, retry)
-            for ticket in self._finals.tickets():
+            for ticket in self.answers.finals.tickets():
                 t = min(t, ticket.spec.deadline - now)
             failing_for = self.health.backoff.failing_for(now)
             if failing_for is not None and not self.health.fired:
@@ -327,13 +324,13 @@ class SyncEngine(Answers):
                 self._requested = True  # and the backoff is over: try the new keys at once
         now = self.clock.monotonic()
         with self._lock:
-            due = (self._requested or bool(self._finals.tickets()) or now >= self._next_rescan
+            due = (self._requested or bool(self.answers.finals.tickets()) or now >= self._next_rescan
                    or (self._dirty and self._realtime() - self._dirty_at >= self._debounce)
                    or (self._next_ready is not None and now >= self._next_ready)
                    or self.health.backoff.due(now))
             due = due or (self._emergency and self.health.failing)
             in_backoff = self.health.backoff.waiting(now) and not self._emergency
-        self._expire_finals()
+        self.answers.expire_finals()
         self.health.evaluate_alert()
         if not due:
             self.ledger.sync()
@@ -352,8 +349,8 @@ class SyncEngine(Answers):
         if self._cut_short:
             return  # the next iteration scans again at once and goes on; nobody is answered yet
         if error is None:
-            self._verify_finals()
-        self._answer_idle_waits(error, pass_id)
+            self.answers.verify_finals()
+        self.answers.answer_idle_waits(error, pass_id)
         self.health.evaluate_alert()
 
     def _move(self, state: SyncState) -> None:
@@ -366,7 +363,7 @@ class SyncEngine(Answers):
             self._dirty = False
             self._pass += 1
             pass_id = self._pass
-            forced = [p for t in self._finals.tickets() for p in t.spec.paths]
+            forced = [p for t in self.answers.finals.tickets() for p in t.spec.paths]
             self._move(SyncState.SCANNING)
         roots = self.all_roots()
         if self._watcher is not None:
@@ -423,7 +420,7 @@ class SyncEngine(Answers):
                 # nothing left that could fail, unless a final sync still has to ask the target
                 # whether it holds everything (that check fails while the target is down: issue
                 # 29), nor while the probe fails (it tells that the target refuses us)
-                if (self.health.failing or self.health.alerted) and not self._finals.tickets() \
+                if (self.health.failing or self.health.alerted) and not self.answers.finals.tickets() \
                         and not self.access.failed:
                     self.health.recovered(contacted=False)
             return None
