@@ -444,13 +444,13 @@ def test_large_json_is_parsed_once_per_content_and_a_synced_unit_never_again(mak
                                                                               monkeypatch):
     """Issue 16: the same 9 MiB tokenizer.json in every checkpoint must not be parsed per
     checkpoint, nor per pass, nor again after a restart once its unit is on the target."""
-    import supervisor.sync.scanner as scanner_mod
+    import supervisor.sync.walk as walk_mod
 
     parsed: list[int] = []
-    real = scanner_mod.json_whole
-    monkeypatch.setattr(scanner_mod, "json_whole", lambda data: parsed.append(len(data)) or real(data))
+    real = walk_mod.json_whole
+    monkeypatch.setattr(walk_mod, "json_whole", lambda data: parsed.append(len(data)) or real(data))
     tok = json.dumps({"model": {"vocab": {f"tok{i}": i for i in range(20000)}}}).encode()
-    assert len(tok) > scanner_mod.JSON_BY_CONTENT_MIN
+    assert len(tok) > walk_mod.JSON_BY_CONTENT_MIN
     for step in (1, 2, 3):
         (hf_writer.checkpoint(step) / "tokenizer.json").write_bytes(tok)
     hf_writer.age(60)

@@ -227,7 +227,7 @@ class _Alerts:
 
 def test_health_fails_alerts_once_due_and_resolves():
     from supervisor.clock import FakeClock
-    from supervisor.sync.health import Health
+    from supervisor.sync.targethealth import Health
 
     clock, alerts = FakeClock(), _Alerts()
     board = Board(threading.RLock(), True)
@@ -252,7 +252,7 @@ def test_health_fails_alerts_once_due_and_resolves():
 
 def test_health_without_alerts_and_recovery_without_contact():
     from supervisor.clock import FakeClock
-    from supervisor.sync.health import Health
+    from supervisor.sync.targethealth import Health
 
     clock = FakeClock()
     board = Board(threading.RLock(), True)

@@ -1,8 +1,8 @@
 """The sync wing: every selected checkpoint and adapter off the machine, verified by content.
 
 Owns the engine (`engine`: watch, scan, upload, final sync), what is selected and when a folder is
-complete (`policy`, `complete`, `scan`, `scanner`), the persisted record of what the target holds
-(`ledger`, `manifest`), retries and health (`backoff`, `health`), and one target per kind of
+complete (`policy`, `complete`, `scan`; `walk` reads the folders), the persisted record of what the target holds
+(`ledger`, `manifest`), retries and the target's health (`backoff`, `targethealth`), and one target per kind of
 `sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
 `python -m supervisor.sync` is the one-shot CLI.
 

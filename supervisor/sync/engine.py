@@ -12,7 +12,7 @@ control-socket handler calls ever waits on the network, except wait_idle/final_s
 to wait (the daemon calls them from a worker thread).
 
 This module is the shell. Decisions are pure (scan.py, complete.py, policy.py, retention.py,
-backoff.py, final.py); the scan's I/O is scanner.py, sending is upload.py, waiting callers are
+backoff.py, final.py); the scan's I/O is walk.py, sending is upload.py, waiting callers are
 waiter.py and answered by answers.py, the status board is status.py, failing/recovering and its alert are health.py,
 persisted truth is the ledger, words are mails/sync.py and render.sync_lines.
 
@@ -38,17 +38,17 @@ from supervisor.sync import scan as sc
 from supervisor.sync._log import Once, get_logger
 from supervisor.sync.answers import Answers, on_sync_request
 from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.health import AlertSink, Health
 from supervisor.sync.ledger import Ledger, open_ledger
 from supervisor.sync.lost import LostWatch
 from supervisor.sync.policy import Policy, hf_cache_roots
 from supervisor.sync.probe import Access
 from supervisor.sync.proof import Prover
-from supervisor.sync.scanner import Scanner
 from supervisor.sync.status import Board
+from supervisor.sync.targethealth import AlertSink, Health
 from supervisor.sync.targets import make_target, target_identity
 from supervisor.sync.targets.base import Target, TargetError, describe
 from supervisor.sync.upload import Uploader
+from supervisor.sync.walk import Walker
 from supervisor.syncurl import parse_target
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class SyncEngine:
         self.ledger: Ledger | None = None
         self.hostname = hostname or socket.gethostname()
         self._once = Once(log)
-        self.scanner = Scanner(self.policy, cfg, self._once, alerts, world_size)
+        self.walker = Walker(self.policy, cfg, self._once, alerts, world_size)
         self.board = Board(self._lock, self.enabled)
         self.stats = self.board.stats
         self._up: Uploader | None = None
@@ -203,7 +203,7 @@ class SyncEngine:
         looks again after each unit, so a checkpoint finished meanwhile goes before the older ones."""
         with self._lock:
             self._emergency = True
-            self.scanner.quiet = min(self.cfg.quiet_period, EMERGENCY_QUIET_S)
+            self.walker.quiet = min(self.cfg.quiet_period, EMERGENCY_QUIET_S)
         log.warning("sync_emergency", target=self.display)
         self.request_sync()
 
@@ -369,21 +369,21 @@ class SyncEngine:
         if self._watcher is not None:
             self._watcher.forget_missing()
             self._watcher.ensure([r.path for r in roots])
-        units = self.scanner.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
+        units = self.walker.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
                                   self.ledger.manifests_under, self._held)
         if self._up is not None:  # a checkpoint deleted before it left the machine: told at once
             self.lost.look(self._units, units, self._up.synced, self.clock.time(), self.board.last_error)
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
-            self.board.unselected = sc.unselected(self.scanner.looks, units.values())
+            self.board.unselected = sc.unselected(self.walker.looks, units.values())
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
             self._next_ready = now + ready + READY_MARGIN_S if ready is not None else None
             self._refresh_pending()
             self._move(SyncState.IDLE)
             self.stats["scans"] += 1
-            self.stats["header_reads"] = self.scanner.header_reads
+            self.stats["header_reads"] = self.walker.header_reads
         return pass_id
 
     def _held(self, u: sc.Unit) -> bool:

@@ -21,8 +21,8 @@ from supervisor.notify.mails.sync import checkpoint_lost, checkpoint_stuck
 from supervisor.sync._log import get_logger
 
 if TYPE_CHECKING:
-    from supervisor.sync.health import AlertSink
     from supervisor.sync.scan import Unit
+    from supervisor.sync.targethealth import AlertSink
 
 log = get_logger("sync")
 

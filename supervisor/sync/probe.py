@@ -27,7 +27,7 @@ from supervisor.sync.targets.base import AccessDenied, TargetError, join_key, re
 if TYPE_CHECKING:
     from supervisor.clock import Clock
     from supervisor.sync.credentials import CredentialWatch
-    from supervisor.sync.health import Health
+    from supervisor.sync.targethealth import Health
 
 log = get_logger("sync")
 

@@ -1,7 +1,7 @@
 """What a scan decides, as pure functions: which roots are watched and under which key prefix, how
 the files seen under a root group into units, which units still need work, and what is pending.
 
-No I/O and no clock reads: the scanner (scanner.py) walks the folders and passes what it saw and
+No I/O and no clock reads: the walker (walk.py) reads the folders and passes what it saw and
 `now`; the ledger is consulted only through `current(key, size, mtime_ns)` (what the target holds).
 """
 
@@ -32,7 +32,7 @@ class Root:
 
 @dataclass
 class Seen:
-    """What the scanner remembers of one file between scans."""
+    """What the walker remembers of one file between scans."""
 
     size: int
     mtime_ns: int

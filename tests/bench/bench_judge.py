@@ -65,11 +65,11 @@ def judge_once(out: Path) -> tuple[float, str, int]:
     from supervisor.sync import scan as sc
     from supervisor.sync._log import Once, get_logger
     from supervisor.sync.policy import Policy
-    from supervisor.sync.scanner import Scanner
+    from supervisor.sync.walk import Walker
 
     cfg = from_dict({"sync": {"target": "/nowhere", "watch": [str(out)], "quiet_period": "0s", "world_size": 4}})
     policy = Policy(cfg.sync.include, cfg.sync.exclude)
-    s = Scanner(policy, cfg.sync, Once(get_logger("bench")))
+    s = Walker(policy, cfg.sync, Once(get_logger("bench")))
     t = time.perf_counter()
     units = s.scan([sc.Root(str(out), "")], [], time.time() + 60, time.monotonic() + 60, lambda _p: [])
     dt = time.perf_counter() - t

@@ -125,7 +125,7 @@ class FileBody:
 
 class Refused(AccessDenied):
     """The store refused the request for its credentials or permissions (403 and the like): no
-    retry fixes that, so the engine alerts at once (sync/health.py)."""
+    retry fixes that, so the engine alerts at once (sync/targethealth.py)."""
 
 
 class NotFound(Exception):

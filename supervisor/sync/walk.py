@@ -26,14 +26,14 @@ from supervisor.sync.complete import (
     sparse,
     zip_whole,
 )
-from supervisor.sync.health import AlertSink
 from supervisor.sync.policy import Policy
+from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step
 
 WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often
 
 
-class Scanner:
+class Walker:
     def __init__(self, policy: Policy, cfg: SyncConfig, once: Once, alerts: AlertSink | None = None,
                  world_size: Callable[[], int | None] | None = None):
         self.policy = policy
