@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
 from supervisor.config import Config
-from supervisor.notify.channels import Channel, ChannelSetupError, EmailChannel
+from supervisor.notify.channels import Channel, ChannelSetupError, EmailChannel, Mailer
 
 log = structlog.get_logger("channels")
 
@@ -31,7 +30,7 @@ def read_url_lines(path: str) -> list[str]:
 
 
 def build_channels(cfg: Config, *, hostname: str = "", facts: Callable[[str], dict] | None = None,
-                   mailer: Any = None) -> tuple[list[Channel], list[str]]:
+                   mailer: Mailer | None = None) -> tuple[list[Channel], list[str]]:
     """Every configured channel, and a problem line for each that cannot be built (the daemon runs
     on with the others and shows the problem in status)."""
     out: list[Channel] = []

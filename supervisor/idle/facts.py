@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
@@ -17,7 +16,7 @@ from supervisor.config import Config, IdleConfig, StopConfig
 from supervisor.idle import machine as idle
 from supervisor.idle.machine import IdleMachine, Signals, Thresholds
 from supervisor.idle.stop import StopRecord, stop_how
-from supervisor.interfaces import FinalSyncResult, TrainingInfo
+from supervisor.interfaces import FinalSyncResult, ProgressView, TrainingInfo
 from supervisor.notify.mails import training as run_words
 from supervisor.notify.mails.stall import LOG_LINES
 from supervisor.states import IdleState, TrainingState, stop_reason
@@ -156,7 +155,7 @@ def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
                              tuple(getattr(r, "finals", None) or ()))
 
 
-def last_progress(progress: Any, wall: float, currency: str) -> run_words.LastProgress | None:
+def last_progress(progress: ProgressView | None, wall: float, currency: str) -> run_words.LastProgress | None:
     if progress is None:
         return None
     p: dict = {}

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
-from supervisor.interfaces import FinalSyncResult, TrainingInfo
+from supervisor.interfaces import FinalSyncResult, SyncView, TrainingInfo
 from supervisor.notify.mails import training as run_words
 from supervisor.states import TrainingState
+
+if TYPE_CHECKING:
+    from supervisor.notify.alerts import Alerts
 
 log = structlog.get_logger("idle")
 
@@ -58,26 +61,26 @@ class EndSync:
     """The final sync at a training's end, watched: a target that fails meanwhile is alerted at
     once, and the alert resolved when this final sync gets through after all."""
 
-    def __init__(self, alerts: Any):
+    def __init__(self, alerts: Alerts):
         self.alerts = alerts
         self.told = False
 
     @staticmethod
-    def final(sync: Any, paths: list[str], timeout_s: float) -> FinalSyncResult:
+    def final(sync: SyncView, paths: list[str], timeout_s: float) -> FinalSyncResult:
         try:
             return sync.final_sync(paths, timeout_s)
         except Exception as e:  # noqa: BLE001 - a crashing sync is a failed sync, never a stop
             log.exception("final_sync_raised")
             return FinalSyncResult(ok=False, target="", error=f"final sync raised {type(e).__name__}: {e}")
 
-    def run(self, sync: Any, final_sync: Callable[[], FinalSyncResult], info: TrainingInfo) -> FinalSyncResult:
+    def run(self, sync: SyncView, final_sync: Callable[[], FinalSyncResult], info: TrainingInfo) -> FinalSyncResult:
         result = final_sync_watched(final_sync, sync.status, lambda st: self._failing(sync, info, st))
         if result.ok and self.told:
             self.told = False
             self.alerts.resolve(FINAL_FAILING_KEY)
         return result
 
-    def _failing(self, sync: Any, info: TrainingInfo, st: dict) -> None:
+    def _failing(self, sync: SyncView, info: TrainingInfo, st: dict) -> None:
         holdings = getattr(sync, "holdings", None)
         units = [h["unit"] for h in holdings() if not h.get("on_target")] if callable(holdings) else []
         mail = run_words.final_sync_failing(info.state == TrainingState.FINISHED, st.get("last_error") or "?",

@@ -12,14 +12,14 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from supervisor.clock import billing_origin
 from supervisor.context import Context
 from supervisor.durations import format_duration, parse_duration
-from supervisor.interfaces import Duty, RequestError, Verb
+from supervisor.interfaces import Duty, ProgressView, RequestError, SyncView, TrainingView, Verb
 from supervisor.money import plan
 from supervisor.money.plan import Act, Caps, Lead, MoneyState, Run, Warn
 from supervisor.money.runmoney import as_one_machine
@@ -98,7 +98,8 @@ class MoneyConfig:
 class MoneyGuard:
     NAME = "money"
 
-    def __init__(self, ctx: Context, conf: MoneyConfig, progress: Any, sync: Any, training: Any,
+    def __init__(self, ctx: Context, conf: MoneyConfig, progress: ProgressView | None, sync: SyncView,
+                 training: TrainingView,
                  stop: Callable[[str, str], bool] | None = None, run: RunLedger | None = None):
         self.cfg = conf
         self.run = run  # the run's ledger on the target: budget.scope = "run" counts every machine of it

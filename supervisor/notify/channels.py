@@ -52,12 +52,18 @@ def message_id(key: str, created: float, subject: str) -> str:
     return f"msg_{h[:26]}"
 
 
+class Mailer(Protocol):
+    """What the email channel sends through (notify.mail.SmtpMailer; a test's own)."""
+
+    def send(self, subject: str, body: str) -> None: ...
+
+
 class EmailChannel:
     """The SMTP mailer behind the channel interface; the subject reads "host: subject" as always."""
 
     kind = "email"
 
-    def __init__(self, mailer: Any, target: str = "", name: str = "email"):
+    def __init__(self, mailer: Mailer, target: str = "", name: str = "email"):
         self.mailer = mailer
         self.name = name
         self.target = target or _mailer_target(mailer)
@@ -67,7 +73,7 @@ class EmailChannel:
         self.mailer.send(subject, msg.body)
 
 
-def _mailer_target(mailer: Any) -> str:
+def _mailer_target(mailer: Mailer) -> str:
     cfg = getattr(mailer, "cfg", None)
     if cfg is None or not hasattr(cfg, "smtp_host"):
         return type(mailer).__name__
@@ -129,7 +135,7 @@ class SendStuck(Exception):
     byte at a time keeps urllib's or smtplib's per-read timeout from ever firing)."""
 
 
-def send_deadline(ch: Any) -> float:
+def send_deadline(ch: Channel) -> float:
     """How long one send through `ch` may take in all: twice its own timeout (connect, then the
     answer), and 20 s where it names none."""
     t = getattr(ch, "timeout", None)
@@ -141,7 +147,7 @@ def send_deadline(ch: Any) -> float:
         return 20.0
 
 
-def send_within(ch: Any, msg: Message, deadline: float, stuck: dict[str, threading.Thread]) -> None:
+def send_within(ch: Channel, msg: Message, deadline: float, stuck: dict[str, threading.Thread]) -> None:
     """ch.send(msg), or SendStuck after `deadline` seconds. The send runs in its own thread; one
     that overruns is left to finish on its own (it holds no lock) and remembered in `stuck`, and
     the channel gets no new send until it has: at most one stuck thread per channel."""

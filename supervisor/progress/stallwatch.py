@@ -14,7 +14,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import psutil
 import structlog
@@ -22,7 +21,7 @@ import structlog
 from supervisor.config import ProgressConfig
 from supervisor.context import Context
 from supervisor.fileopen import open_regular
-from supervisor.interfaces import Duty, GpuView, TrainingInfo, TrainingView
+from supervisor.interfaces import Duty, GpuView, ProgressView, TrainingInfo, TrainingView
 from supervisor.notify.mails import stall as words
 from supervisor.proc import CpuProbe
 from supervisor.progress import stacks
@@ -36,7 +35,7 @@ TAIL_BYTES = 64 * 1024
 
 
 class StallWatch:
-    def __init__(self, ctx: Context, conf: ProgressConfig, training: TrainingView, gpu: GpuView | None, progress: Any,
+    def __init__(self, ctx: Context, conf: ProgressConfig, training: TrainingView, gpu: GpuView | None, progress: ProgressView,
                  dump: Callable[[Iterable[int]], str] = stacks.dump):
         self.ctx = ctx
         self.cfg = conf

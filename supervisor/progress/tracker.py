@@ -17,14 +17,13 @@ import os
 import pwd
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
 
 from supervisor.config import ProgressConfig
 from supervisor.context import Context
 from supervisor.fileopen import open_regular
-from supervisor.interfaces import Duty
+from supervisor.interfaces import Duty, GpuView
 from supervisor.notify.mails import progress as words
 from supervisor.progress import record as pr
 from supervisor.progress import stall
@@ -45,7 +44,7 @@ class ProgressTracker:
     only its own `[progress]` section."""
 
     def __init__(self, ctx: Context, conf: ProgressConfig, *, price_per_hour: float | None, currency: str = "USD",
-                 gpu: Any = None, job_env: dict[str, str] | None = None, job_user: str = "",
+                 gpu: GpuView | None = None, job_env: dict[str, str] | None = None, job_user: str = "",
                  save_dirs: Sequence[str] = ()):
         self.ctx = ctx
         self.cfg = conf

@@ -29,6 +29,8 @@ from supervisor.training.runner import RESUME_ENV
 if TYPE_CHECKING:
     from supervisor.clock import Clock
     from supervisor.config import Config
+    from supervisor.notify.alerts import Alerts
+    from supervisor.sync.engine import SyncEngine
 
 log = get_logger("resume")
 
@@ -41,7 +43,7 @@ ALERT_KEY = "resume:unreachable"
 class ResumeGate:
     """engine: the sync engine (its ledger, watched roots and target URL); alerts: Alerts or None."""
 
-    def __init__(self, cfg: Config, clock: Clock, alerts: Any, engine: Any, hostname: str = "",
+    def __init__(self, cfg: Config, clock: Clock, alerts: Alerts, engine: SyncEngine, hostname: str = "",
                  retry_base_s: float = RETRY_BASE_S, run_target: str = "", busy: Callable[[], bool] | None = None):
         self.cfg = cfg
         self.run_target = run_target  # a run of several nodes: whole units only (their parts all complete)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -39,6 +39,8 @@ from supervisor.statefile import set_aside
 if TYPE_CHECKING:
     from supervisor.config import PreemptionConfig
     from supervisor.context import Context
+    from supervisor.sync.engine import SyncEngine
+    from supervisor.training.job import Training
 
 log = structlog.get_logger("preemption")
 
@@ -48,7 +50,8 @@ FOLLOW_EVERY_S = 0.5   # real seconds between looks at the emergency sync while 
 
 
 class SpotGuard:
-    def __init__(self, ctx: Context, conf: PreemptionConfig, sync: Any, training: Any, hostname: str,
+    def __init__(self, ctx: Context, conf: PreemptionConfig, sync: SyncEngine | None, training: Training | None,
+                 hostname: str,
                  watcher: MetadataWatcher | None = None, env: dict[str, str] | None = None):
         self.ctx = ctx
         self.cfg = conf
