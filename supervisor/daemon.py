@@ -240,7 +240,7 @@ class Daemon:
         checkpoint the target holds."""
         from supervisor.spot.decide import newest_unit
 
-        newest = newest_unit([h for h in self.spot._holdings() if h.on_target])
+        newest = newest_unit([h for h in self.sync.holdings() if h.on_target])
         return {"host": hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
                 "checkpoint": newest.unit if newest else ""}
 

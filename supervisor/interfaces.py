@@ -83,6 +83,21 @@ class FinalSyncResult:
     finals: list[str] = field(default_factory=list)      # each run folder's final save, or that it left none
 
 
+@dataclass(frozen=True)
+class Holding:
+    """One checkpoint or adapter folder as the sync engine last saw it (SyncEngine.holdings()): what a
+    spot notice reports as made off the machine, what the disk wing may prune, what a stop names."""
+
+    unit: str                 # its label ("out/checkpoint-40")
+    path: str                 # its folder here
+    complete: bool            # whole here (quiet, marker, format checks)
+    on_target: bool           # the target holds it whole, manifest included
+    mtime: float              # its newest file
+    bytes: int = 0
+    reason: str = ""          # why it is not complete here
+    settling: bool = False    # about to become complete by itself (its writer just went quiet)
+
+
 class SyncView(Protocol):
     def request_sync(self) -> None:
         """Scan and upload now (non-blocking)."""

@@ -216,7 +216,7 @@ def test_prune_on_thirty_saves_fit_a_disk_for_seven_and_all_reach_the_target(rig
     print(f"least free seen: {r.min_free / MIB:.1f} MiB")
     # every checkpoint on the target, byte for byte, with its manifest
     want = {f"checkpoint-{s}" for s in range(1, SAVES + 1)}
-    wait_until(lambda: {h["unit"] for h in r.sync.holdings() if h["on_target"]} >= {
+    wait_until(lambda: {h.unit for h in r.sync.holdings() if h.on_target} >= {
         p.name for p in r.out.iterdir()}, timeout=30, what="the last checkpoints on the target")
     objs = r.s3.objects(r.prefix)
     for unit in sorted(want):
@@ -266,7 +266,7 @@ def test_target_down_nothing_is_deleted_and_the_alert_says_why(rig, s3_server):
     for step in range(1, 5):
         assert r.trainer.save(step)
         time.sleep(0.05)   # a rhythm for the forecast
-    wait_until(lambda: sum(h["on_target"] for h in r.sync.holdings()) >= 4, timeout=20, what="4 on the target")
+    wait_until(lambda: sum(h.on_target for h in r.sync.holdings()) >= 4, timeout=20, what="4 on the target")
     s3_server.stop()
     try:
         step = 5

@@ -84,6 +84,7 @@ def test_no_target_nothing_is_deleted(tmp_path):
 
 def test_probe_finds_nested_checkpoints_not_caches_nor_inside_a_dataset(tmp_path, monkeypatch):
     from supervisor.disk import probe
+    from supervisor.training import finder
 
     for p in ("out/run1/checkpoint-5", "out/checkpoint-7", "huggingface/hub/checkpoint-1", "models--x/checkpoint-2",
               "data/checkpoint-3"):
@@ -92,7 +93,7 @@ def test_probe_finds_nested_checkpoints_not_caches_nor_inside_a_dataset(tmp_path
     for i in range(30):
         (tmp_path / "data" / f"shard-{i}").mkdir()
     (tmp_path / "out" / "checkpoint-7" / "link").symlink_to("/etc")
-    monkeypatch.setattr(probe, "WIDE_DIR", 20)
+    monkeypatch.setattr(finder, "WIDE_DIR", 20)
     found = {os.path.relpath(f.path, tmp_path): f for f in probe.checkpoints(str(tmp_path))}
     assert set(found) == {"out/run1/checkpoint-5", "out/checkpoint-7"}
     assert found["out/checkpoint-7"].has_state and found["out/checkpoint-7"].step == 7

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.interfaces import Holding
 from supervisor.notify.alerts import Severity
 from supervisor.notify.mails import preemption as words
 from supervisor.spot.decide import (
-    Holding,
     NoticeRecord,
     container_host,
     next_boot,
@@ -38,7 +38,7 @@ NOW = 1_800_000_000.0
 
 # --- pure -----------------------------------------------------------------------------------------
 def _h(unit, complete=True, on_target=False, mtime=NOW - 100, settling=False, reason=""):
-    return Holding(unit, complete, on_target, mtime, 10, reason, settling)
+    return Holding(unit, f"/out/{unit}", complete, on_target, mtime, 10, reason, settling)
 
 
 def test_tally_names_the_newest_by_step_and_what_did_not_make_it():

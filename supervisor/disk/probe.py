@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from supervisor.sync.policy import is_cache_dir
 from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.finder import find_checkpoints
 
 STATE_FILE = "trainer_state.json"
 STATE_MAX_BYTES = 16 << 20     # a trainer_state.json larger than this is not read (log_history grows)
 UNREADABLE = "\0unreadable"    # files(): a folder that could not be read whole
 FIND_DEPTH = 3                 # checkpoint-N folders this deep under a watched folder are found
-WIDE_DIR = 10000               # a folder with more entries is a dataset, not an output folder: not entered
 
 
 @dataclass(frozen=True)
@@ -89,34 +89,11 @@ def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, i
 def checkpoints(root: str, depth: int = FIND_DEPTH) -> list[Folder]:
     """Every `checkpoint-N` folder under `root` (not entering symlinks, nor a checkpoint's insides)."""
     out: list[Folder] = []
-    root = os.path.normpath(root)
-
-    def walk(d: str, level: int) -> None:
-        try:
-            with os.scandir(d) as it:
-                entries = []
-                for e in it:
-                    entries.append(e)
-                    if level and len(entries) > WIDE_DIR:
-                        return
-        except OSError:
-            return
-        for e in entries:
-            try:
-                if not e.is_dir(follow_symlinks=False) or is_cache_dir(e.name):
-                    continue
-            except OSError:
-                continue
-            step = checkpoint_step(e.name)
-            if step is not None:
-                fs = files(e.path)
-                newest = max((v[1] for v in fs.values()), default=0) / 1e9
-                out.append(Folder(e.path, e.name, step, sum(max(0, v[0]) for v in fs.values()), newest,
-                                  fs.get(STATE_FILE, (-1,))[0] >= 0))
-            elif level < depth and not e.name.startswith("."):
-                walk(e.path, level + 1)
-
-    walk(root, 0)
+    for f in find_checkpoints([root], depth, skip=is_cache_dir):
+        fs = files(f.path)
+        newest = max((v[1] for v in fs.values()), default=0) / 1e9
+        out.append(Folder(f.path, f.name, f.step, sum(max(0, v[0]) for v in fs.values()), newest,
+                          fs.get(STATE_FILE, (-1,))[0] >= 0))
     return out
 
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -20,7 +20,7 @@ from supervisor.disk import probe
 from supervisor.disk.forecast import Forecast, Save, died_of_full_disk, forecast, keeps_up, rate, remember
 from supervisor.disk.journal import Journal
 from supervisor.disk.prune import Local, Plan, Proof, plan, protected, to_check
-from supervisor.interfaces import Duty, Verb
+from supervisor.interfaces import Duty, Holding, Verb
 from supervisor.notify.mails import disk as words
 from supervisor.requests import checked_bool
 
@@ -176,14 +176,14 @@ class DiskWatch:
         return ""
 
     # --- one filesystem -------------------------------------------------------------------------
-    def _poll_fs(self, dev: int, mount: str, paths: list[str], holdings: dict, now: float) -> dict:
+    def _poll_fs(self, dev: int, mount: str, paths: list[str], holdings: dict[str, Holding], now: float) -> dict:
         folders = self._folders(paths)
         free, total = probe.usage(mount)
         done = [f for f in folders if f.has_state and now - f.newest >= self.quiet]
         hist = self._history[dev] = remember(self._history.get(dev, []), [Save(f.path, f.bytes, f.newest) for f in done])
         local = self._local(folders, now, writers=False)
         best = self._best(folders)
-        on_target = {p for p, h in holdings.items() if h.get("on_target")}
+        on_target = {p for p, h in holdings.items() if h.on_target}
         pruning = self.cfg.prune == "synced" and self.sync is not None
         reclaim = sum(c.bytes for c in protected(local, best, self.cfg.keep_local)[0] if c.path in on_target) \
             if pruning else 0
@@ -199,7 +199,7 @@ class DiskWatch:
                 folders = self._folders(paths)
                 free, total = probe.usage(mount)
                 holdings = self._holdings()
-                on_target = {q for q, h in holdings.items() if h.get("on_target")}
+                on_target = {q for q, h in holdings.items() if h.on_target}
             if not p.enough:
                 why = self._why_kept(p)
                 reclaim = 0   # what the ledger believes could go did not pass the check: do not count on it
@@ -253,13 +253,13 @@ class DiskWatch:
         return got
 
     # --- pruning --------------------------------------------------------------------------------
-    def _prune(self, folders: list[probe.Folder], holdings: dict, free: int, need: int | None, now: float,
+    def _prune(self, folders: list[probe.Folder], holdings: dict[str, Holding], free: int, need: int | None, now: float,
                dry_run: bool, by: str) -> tuple[Plan, list[str]]:
         assert self.sync is not None
         local = self._local(folders, now, writers=True)
         best = self._best(folders)
         blocked = self._still_blocked()
-        believed = [p for p, h in holdings.items() if h.get("on_target") and p not in blocked]
+        believed = [p for p, h in holdings.items() if h.on_target and p not in blocked]
         ask = to_check(local, best, self.cfg.keep_local, free, need, believed)
         answers = self.sync.prover.prove_held(ask) if ask else {}
         proofs = {p: Proof(bool(a.get("ok")), a.get("reason", "")) for p, a in answers.items()}
@@ -387,11 +387,11 @@ class DiskWatch:
                             os.path.join(parent, os.path.basename(os.path.normpath(best))))
         return out
 
-    def _holdings(self) -> dict[str, dict[str, Any]]:
+    def _holdings(self) -> dict[str, Holding]:
         if self.sync is None:
             return {}
         try:
-            return {os.path.normpath(h["path"]): h for h in self.sync.holdings()}
+            return {os.path.normpath(h.path): h for h in self.sync.holdings()}
         except Exception:  # noqa: BLE001 - the forecast goes on without knowing what is off the machine
             log.exception("disk_holdings_failed")
             return {}

@@ -82,7 +82,7 @@ class EndSync:
 
     def _failing(self, sync: SyncView, info: TrainingInfo, st: dict) -> None:
         holdings = getattr(sync, "holdings", None)
-        units = [h["unit"] for h in holdings() if not h.get("on_target")] if callable(holdings) else []
+        units = [h.unit for h in holdings() if not h.on_target] if callable(holdings) else []
         mail = run_words.final_sync_failing(info.state == TrainingState.FINISHED, st.get("last_error") or "?",
                                             tuple(units), st.get("pending_files") or 0, st.get("target") or "")
         self.told = True

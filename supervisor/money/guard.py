@@ -26,7 +26,7 @@ from supervisor.money.runmoney import as_one_machine
 from supervisor.notify.mails import money as words
 from supervisor.states import TRAINING_ALIVE
 from supervisor.timefmt import parse_moment, when
-from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.finder import find_checkpoints
 
 if TYPE_CHECKING:
     from supervisor.config import BudgetConfig, Config
@@ -63,18 +63,8 @@ def save_figures(folder: str) -> tuple[float, int]:
 
 def checkpoints(dirs: list[str]) -> list[tuple[int, str]]:
     """(step, path) of the complete checkpoint-N/ folders (trainer_state.json present) in `dirs`."""
-    out = []
-    for d in dirs:
-        try:
-            with os.scandir(d) as it:
-                for e in it:
-                    n = checkpoint_step(e.name)
-                    if n is not None and e.is_dir(follow_symlinks=False) and \
-                            os.path.lexists(os.path.join(e.path, "trainer_state.json")):
-                        out.append((n, e.path))
-        except OSError:
-            continue
-    return sorted(out)
+    return [(f.step, f.path) for f in find_checkpoints(dirs, depth=0)
+            if os.path.lexists(os.path.join(f.path, "trainer_state.json"))]
 
 
 @dataclass(frozen=True)

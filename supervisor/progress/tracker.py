@@ -30,7 +30,7 @@ from supervisor.progress import stall
 from supervisor.progress.parse import parse_trainer_state
 from supervisor.progress.trackers import TrackerFiles
 from supervisor.statefile import set_aside
-from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.finder import find_checkpoints
 
 log = structlog.get_logger("progress")
 
@@ -407,21 +407,8 @@ def _state_dirs(d: str) -> list[tuple[str, int]]:
     checkpoint of any kind (an output_dir, where save_state() writes at the end) with -1."""
     out: list[tuple[str, int]] = [(d, -1)]
     try:
-        with os.scandir(d) as it:
-            entries = [e for e in it if e.is_dir(follow_symlinks=False)]
+        with os.scandir(d) as it:  # an output_dir; never a checkpoint being written (tmp-checkpoint-300)
+            out += [(e.path, -1) for e in it if "checkpoint" not in e.name and e.is_dir(follow_symlinks=False)]
     except OSError:
         return out
-    for e in entries:
-        n = checkpoint_step(e.name)
-        if n is not None:
-            out.append((e.path, n))
-            continue
-        if "checkpoint" not in e.name:  # an output_dir; never a checkpoint being written (tmp-checkpoint-300)
-            out.append((e.path, -1))
-        try:
-            with os.scandir(e.path) as it2:
-                out.extend((s.path, k) for s in it2
-                           if (k := checkpoint_step(s.name)) is not None and s.is_dir(follow_symlinks=False))
-        except OSError:
-            continue
-    return out
+    return out + [(f.path, f.step) for f in find_checkpoints([d], depth=1)]

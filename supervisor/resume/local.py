@@ -9,6 +9,7 @@ import os
 import stat
 
 from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.finder import find_checkpoints
 
 STATE_MAX = 16 << 20
 
@@ -27,23 +28,8 @@ def newest_local(folders: list[str], marker: str = "trainer_state.json") -> tupl
 
 
 def _candidates(folder: str) -> list[str]:
-    out = []
-    try:
-        top = list(os.scandir(folder))
-    except OSError:
-        return out
-    for e in top:
-        if not e.is_dir(follow_symlinks=False) or e.name.startswith("."):
-            continue
-        if checkpoint_step(e.name) is not None:
-            out.append(e.path)
-            continue
-        try:  # one level down: a watched folder above several runs' output_dirs
-            out += [s.path for s in os.scandir(e.path)
-                    if s.is_dir(follow_symlinks=False) and checkpoint_step(s.name) is not None]
-        except OSError:
-            pass
-    return out
+    # one level down too: a watched folder above several runs' output_dirs
+    return [f.path for f in find_checkpoints([folder], depth=1)]
 
 
 def _step(path: str) -> int | None:

@@ -11,30 +11,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from supervisor.interfaces import Holding
 from supervisor.training.checkpoints import checkpoint_step
 
 # A notice's outcome is not judged before this many seconds: the emergency pass must have scanned.
 SETTLE_MIN_S = 3.0
 # Container hosts that send SIGTERM to take an interruptible machine, by the variable they set.
 CONTAINER_HOSTS = {"RUNPOD_POD_ID": "RunPod", "VAST_CONTAINERLABEL": "vast.ai"}
-
-
-@dataclass
-class Holding:
-    """One checkpoint or adapter folder as the sync engine last saw it (SyncEngine.holdings())."""
-
-    unit: str
-    complete: bool        # whole here (quiet, marker, format checks)
-    on_target: bool       # the target holds it whole, manifest included
-    mtime: float          # its newest file
-    bytes: int = 0
-    reason: str = ""      # why it is not complete here
-    settling: bool = False  # about to become complete by itself (its writer just went quiet)
-
-    @classmethod
-    def of(cls, d: dict) -> Holding:
-        return cls(str(d["unit"]), bool(d["complete"]), bool(d["on_target"]), float(d["mtime"]),
-                   int(d.get("bytes", 0)), str(d.get("reason", "")), bool(d.get("settling", False)))
 
 
 @dataclass

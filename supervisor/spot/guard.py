@@ -228,7 +228,7 @@ class SpotGuard:
         if not getattr(self.sync, "enabled", False):
             return []
         try:
-            return [Holding.of(h) for h in self.sync.holdings()]
+            return self.sync.holdings()
         except Exception:  # noqa: BLE001 - a report must never stop the notice handling
             log.exception("preemption_holdings_failed")
             return []

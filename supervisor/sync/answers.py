@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.durations import format_duration
-from supervisor.interfaces import FinalSyncResult
+from supervisor.interfaces import FinalSyncResult, Holding
 from supervisor.requests import sync_wait
 from supervisor.sync import final
 from supervisor.sync import scan as sc
@@ -120,20 +120,17 @@ class Answers:
         with self.e._lock:
             return self.result(False, t.spec.started_ok, error="final sync timed out", unsynced=self.unsynced(norm))
 
-    def holdings(self) -> list[dict]:
-        """Each folder unit of the last scan (checkpoint-N, adapters): complete here, and does the
-        target hold it whole? What a preemption notice reports as made off the machine or not."""
+    def holdings(self) -> list[Holding]:
+        """Each folder unit of the last scan (checkpoint-N, adapters), newest first: complete here, and
+        does the target hold it whole?"""
         with self.e._lock:
             units = [u for u in self.e._units.values() if u.kind == "dir" and u.selected and not u.retired]
             up = self.e._up
-        out = []
-        for u in units:
-            newest = max((s.mtime_ns for s in u.selected), default=0)
-            out.append({"unit": u.label, "path": u.abspath, "complete": u.verdict.complete,
-                        "reason": u.verdict.reason, "on_target": bool(up and u.verdict.complete and up.synced(u)),
-                        "settling": not u.verdict.complete and u.verdict.ready_in is not None,
-                        "bytes": sum(s.size for s in u.selected), "mtime": newest / 1e9})
-        return sorted(out, key=lambda h: h["mtime"], reverse=True)
+        out = [Holding(u.label, u.abspath, u.verdict.complete, bool(up and u.verdict.complete and up.synced(u)),
+                       max((s.mtime_ns for s in u.selected), default=0) / 1e9, sum(s.size for s in u.selected),
+                       u.verdict.reason, not u.verdict.complete and u.verdict.ready_in is not None)
+               for u in units]
+        return sorted(out, key=lambda h: h.mtime, reverse=True)
 
     def idle_answer(self, t: Ticket, timeout_s: float) -> FinalSyncResult:
         r = self.idle_waits.wait(t, timeout_s)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.clock import SystemClock
 from supervisor.config import SyncConfig
-from supervisor.interfaces import FinalSyncResult, Verb
+from supervisor.interfaces import FinalSyncResult, Holding, Verb
 from supervisor.states import SyncState
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once, get_logger
@@ -213,7 +213,7 @@ class SyncEngine:
     def once(self, timeout_s: float) -> FinalSyncResult:
         return self.answers.once(timeout_s)
 
-    def holdings(self) -> list[dict]:
+    def holdings(self) -> list[Holding]:
         return self.answers.holdings()
 
     def sibling_target(self, where: str) -> Target:
