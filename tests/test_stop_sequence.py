@@ -182,3 +182,20 @@ def test_every_run_gets_its_own_stop():
     assert m.state == I.WARNED and m.stop_reason == "finished"  # run 2's own grace, then its own stop
     m, t, acts = poll_until(m, t + 60, I.STOPPING)
     assert any(isinstance(a, BeginStop) for a in acts)
+
+
+def test_the_stop_mail_names_every_reason_in_the_tables_words():
+    """The stop mail's reason comes from the rule table: a lost node, a stall, waste or a failed run
+    is never called "idle for 0s" (before, only gpu_bad had words of its own)."""
+    from supervisor.idle.announce import _in_words
+    from supervisor.notify.mails import idle as words
+
+    for r in StopReason:
+        mail = words.stopping(words.Stopping(0.0, r == StopReason.FINISHED, 42.0, {"ok": True},
+                                             reason=_in_words(r.value)))
+        if r == StopReason.IDLE:
+            assert "(idle for 42s)" in mail.subject
+        else:
+            assert f"({STOP_RULES[r].words})" in mail.subject and "idle for" not in mail.subject, mail.subject
+    assert "(GPU health BAD)" in words.stopping(words.Stopping(0.0, False, 0.0, {"ok": True},
+                                                               reason=_in_words("gpu_bad"))).subject

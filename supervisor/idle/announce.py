@@ -27,7 +27,7 @@ from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails import Mail
 from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import training as run_words
-from supervisor.states import IdleState, TrainingState, stop_rule
+from supervisor.states import IdleState, StopReason, TrainingState, stop_reason, stop_rule
 
 log = structlog.get_logger("idle")
 I = IdleState  # noqa: E741
@@ -94,7 +94,7 @@ class Announcer:
                                             self.conf.interrupt_patience)
         self.send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), interrupted, reason=words.STOP_REASONS.get(rec.reason, ""),
+            self._cost(), interrupted, reason=_in_words(rec.reason),
             cap=(cap_why or f"the {rec.reason.replace('_', ' ')}") if rec.reason in CAP_REASONS else "",
             also=tuple(f"{stop_rule(x.word).words}{': ' + x.why if x.why else ''}"
                        for x in m.standing if x.word != rec.reason),
@@ -123,3 +123,8 @@ class Announcer:
                                                outputs(self.conf, r), nxt, self._run_total()))
         self.send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
                   "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)
+
+
+def _in_words(word: str) -> str:
+    """The stop mail's reason, from the rule table; "" for idleness (the mail says for how long)."""
+    return "" if stop_reason(word) == StopReason.IDLE else stop_rule(word).words

@@ -192,14 +192,10 @@ class Stopping:
     plan: StopPlan = StopPlan((), "", "")
     cost: IdleCost | None = None
     interrupted: Interrupted | None = None
-    reason: str = ""               # words for a stop that is neither idleness nor a finished run
+    reason: str = ""               # the reason in the rule table's words (states.STOP_RULES); "" for idleness
     cap: str = ""                  # the stop is a cap's (supervisor.money): which, in words
     also: tuple[str, ...] = ()     # the other reasons that stood when it stopped, in words
     why: str = ""                  # the asking wing's sentence ("GPU 0: row remapping failed")
-
-
-# A stop for another reason than idleness or a finished run (idle.machine.stop_now): its words.
-STOP_REASONS = {"gpu_bad": "GPU health BAD"}
 
 
 def stopping(f: Stopping) -> Mail:
