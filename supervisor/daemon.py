@@ -121,7 +121,8 @@ class Daemon:
         from supervisor.progress.stallwatch import StallWatch
 
         # the run's money across machines (nodes, resumes): a ledger on the target
-        self.ledger = RunLedger(cfg, self.run_target, self.clock, hostname, self.sync.sibling_target) if self.run_target and (
+        self.ledger = RunLedger(cfg.cluster, cfg.price_per_hour, cfg.currency, self.run_target, self.clock, hostname,
+                                self.sync.sibling_target) if self.run_target and (
             cfg.cluster.nodes > 1 or cfg.budget.scope == "run") else None
         from supervisor.hooks.runner import Hooks
 
@@ -162,9 +163,9 @@ class Daemon:
             self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
                                            self.stops, holds=self.sync.answers.held_units, target_at=self.sync.sibling_target,
                                            since_step=lambda: self.progress.snapshot(self.clock.time()).get("since_step_s"))
-        from supervisor.resume.gate import ResumeGate
+        from supervisor.resume.gate import GateConfig, ResumeGate
 
-        self.resume = ResumeGate(cfg, self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,
+        self.resume = ResumeGate(GateConfig.of(cfg), self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,
                                  busy=lambda: self.training.state in TRAINING_ALIVE)
 
         self.scheduler = BackgroundScheduler(

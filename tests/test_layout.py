@@ -172,3 +172,35 @@ def test_no_module_over_600_lines_no_class_over_400(mod):
         if isinstance(node, ast.ClassDef):
             n = node.end_lineno - node.lineno + 1
             assert n <= 400, f"{mod}.{node.name}: {n} lines"
+
+
+def test_each_wing_receives_its_own_config_section_not_the_whole_config():
+    """Context carries the clock, the store and the alerts only; a wing's constructor names the section
+    it reads (or a small view of the config built by the daemon), never the whole Config."""
+    import dataclasses
+    import inspect
+
+    from supervisor.cluster.watch import ClusterWatch
+    from supervisor.context import Context
+    from supervisor.disk.floor import DiskFloor
+    from supervisor.disk.watch import DiskWatch
+    from supervisor.gpu.healthwatch import HealthWatch
+    from supervisor.gpu.hostcheck import HostCheck
+    from supervisor.gpu.monitor import GpuMonitor
+    from supervisor.gpu.oom import OomDetector
+    from supervisor.gpu.wastewatch import WasteWatch
+    from supervisor.idle.guard import IdleGuard
+    from supervisor.money.guard import MoneyGuard
+    from supervisor.money.runledger import RunLedger
+    from supervisor.progress.stallwatch import StallWatch
+    from supervisor.progress.tracker import ProgressTracker
+    from supervisor.resume.gate import ResumeGate
+    from supervisor.spot.guard import SpotGuard
+    from supervisor.sync.engine import SyncEngine
+    from supervisor.training.job import Training
+
+    assert {f.name for f in dataclasses.fields(Context)} == {"clock", "store", "alerts"}
+    for cls in (Training, GpuMonitor, OomDetector, HostCheck, StallWatch, SpotGuard, DiskWatch, DiskFloor, HealthWatch,
+                ProgressTracker, MoneyGuard, IdleGuard, WasteWatch, ResumeGate, RunLedger, SyncEngine, ClusterWatch):
+        for p in inspect.signature(cls.__init__).parameters.values():
+            assert p.annotation not in ("Config", "Config | None"), f"{cls.__name__}({p.name}: Config)"

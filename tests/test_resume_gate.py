@@ -13,7 +13,7 @@ from supervisor.config import from_dict
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails.resume import Resumed, resumed, resumed_line
 from supervisor.render import resume_lines
-from supervisor.resume.gate import ENV, ResumeGate
+from supervisor.resume.gate import ENV, GateConfig, ResumeGate
 from supervisor.sync.engine import engine_for
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.sync_engine import ListMailer
@@ -28,7 +28,7 @@ def gate_for(tmp_path, remote, out, if_unreachable: str):
     mailer = ListMailer()
     alerts = Alerts(cfg.alerts, clock, cfg.state_dir, mailer, hostname="box-b")
     engine = engine_for(cfg, clock, alerts)
-    return ResumeGate(cfg, clock, alerts, engine, retry_base_s=0.3), engine, alerts, mailer
+    return ResumeGate(GateConfig.of(cfg), clock, alerts, engine, retry_base_s=0.3), engine, alerts, mailer
 
 
 def test_unreachable_waits_with_backoff_then_restores_and_starts(tmp_path):

@@ -18,7 +18,7 @@ from supervisor.money import runmoney as rm
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
-    from supervisor.config import Config
+    from supervisor.config import ClusterConfig
 
 log = structlog.get_logger("money")
 
@@ -27,12 +27,13 @@ RECORDS_MAX = 4096   # boots read back (a run resumed that often is summed over 
 
 
 class RunLedger:
-    def __init__(self, cfg: Config, run_target: str, clock: Clock, hostname: str,
-                 target_at: Callable[[str], object]):
-        self.cfg = cfg
+    def __init__(self, cluster: ClusterConfig, price_per_hour: float | None, currency: str, run_target: str,
+                 clock: Clock, hostname: str, target_at: Callable[[str], object]):
+        self.rank = cluster.rank or 0
+        self.price_per_hour, self.currency = price_per_hour, currency
         self.clock = clock
         self.hostname = hostname
-        self.run_id = cfg.cluster.run_id or run_target
+        self.run_id = cluster.run_id or run_target
         # rooted at the ledger: its listing is the records alone, never the run's checkpoints
         self.target = target_at(f"{run_target.rstrip('/')}/{rm.LEDGER}")
         self._lock = threading.Lock()
@@ -44,8 +45,8 @@ class RunLedger:
     def me(self) -> rm.Boot:
         boot_id, uptime = self.clock.boot()
         now = self.clock.time()
-        return rm.Boot(self.hostname, boot_id, self.cfg.cluster.rank or 0, now - uptime, uptime,
-                       self.cfg.price_per_hour, self.cfg.currency, now)
+        return rm.Boot(self.hostname, boot_id, self.rank, now - uptime, uptime, self.price_per_hour, self.currency,
+                       now)
 
     def poll(self) -> None:
         from supervisor.sync.targets.base import reader
@@ -85,7 +86,7 @@ class RunLedger:
         if m is None:
             return ""
         hours = m.seconds / 3600.0
-        cost = "" if m.spent is None else f"{m.spent:.2f} {self.cfg.currency}, "
+        cost = "" if m.spent is None else f"{m.spent:.2f} {self.currency}, "
         return (f"The run so far: {cost}{hours:.1f} machine-hours on {len(m.machines)} machine boot"
                 f"{'s' if len(m.machines) != 1 else ''} (the ledger on the target, _run/ledger/).")
 

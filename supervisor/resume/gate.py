@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from supervisor.interfaces import RequestError, Verb
@@ -28,7 +29,7 @@ from supervisor.training.runner import RESUME_ENV
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
-    from supervisor.config import Config
+    from supervisor.config import Config, ResumeConfig, SyncConfig
     from supervisor.notify.alerts import Alerts
     from supervisor.sync.engine import SyncEngine
 
@@ -40,10 +41,27 @@ RETRY_MAX_S = 300.0
 ALERT_KEY = "resume:unreachable"
 
 
+@dataclass(frozen=True)
+class GateConfig:
+    """What the resume gate reads of the config: its `[resume]` section, the `[sync]` section it restores
+    from, and the few facts of others a restore needs."""
+
+    resume: ResumeConfig
+    sync: SyncConfig
+    state_dir: str
+    nodes: int = 1            # cluster.nodes: a run of several restores whole units only
+    user: str = ""            # training.user: the restored files are the training's
+    hostname: str = ""
+
+    @classmethod
+    def of(cls, c: Config) -> GateConfig:
+        return cls(c.resume, c.sync, c.state_dir, c.cluster.nodes, c.training.user, c.hostname)
+
+
 class ResumeGate:
     """engine: the sync engine (its ledger, watched roots and target URL); alerts: Alerts or None."""
 
-    def __init__(self, cfg: Config, clock: Clock, alerts: Alerts, engine: SyncEngine, hostname: str = "",
+    def __init__(self, cfg: GateConfig, clock: Clock, alerts: Alerts, engine: SyncEngine, hostname: str = "",
                  retry_base_s: float = RETRY_BASE_S, run_target: str = "", busy: Callable[[], bool] | None = None):
         self.cfg = cfg
         self.run_target = run_target  # a run of several nodes: whole units only (their parts all complete)
@@ -191,11 +209,11 @@ class ResumeGate:
         url = self.engine.url
         target = make_target(url, self.cfg.sync, self.cfg.state_dir)
         run = (make_target(parse_target(self.run_target), self.cfg.sync, self.cfg.state_dir)
-               if self.cfg.cluster.nodes > 1 and self.run_target else None)
+               if self.cfg.nodes > 1 and self.run_target else None)
         try:
             return fn(Restorer(target, self.engine.ledger if record else None, list(self.engine.roots),
                                self.clock.time, etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress,
-                               user=self.cfg.training.user, run=(run, self.cfg.cluster.nodes) if run else None))
+                               user=self.cfg.user, run=(run, self.cfg.nodes) if run else None))
         finally:
             target.close()
             if run is not None:
