@@ -44,6 +44,23 @@ class IllegalTransition(Exception):
     pass
 
 
+# The idle machine's moves (supervisor.idle.machine moves only through check_idle_move). A stop may
+# begin from any state (a reason that needs no warning: a cap, a bad GPU, a lost node); only
+# activity, or a new run on a machine whose stop left it up, brings it back to ACTIVE.
+IDLE_MOVES: dict[IdleState, frozenset[IdleState]] = {
+    IdleState.ACTIVE: frozenset({IdleState.IDLE, IdleState.WARNED, IdleState.STOPPING}),   # WARNED: a finish grace
+    IdleState.IDLE: frozenset({IdleState.ACTIVE, IdleState.WARNED, IdleState.STOPPING}),
+    IdleState.WARNED: frozenset({IdleState.ACTIVE, IdleState.STOPPING}),
+    IdleState.STOPPING: frozenset({IdleState.ACTIVE, IdleState.STOPPED}),
+    IdleState.STOPPED: frozenset({IdleState.ACTIVE, IdleState.STOPPING}),
+}
+
+
+def check_idle_move(old: IdleState, new: IdleState) -> None:
+    if old != new and new not in IDLE_MOVES[old]:
+        raise IllegalTransition(f"idle: {old.value} -> {new.value}")
+
+
 def check_training_move(old: TrainingState, new: TrainingState) -> None:
     if old != new and new not in TRAINING_MOVES[old]:
         raise IllegalTransition(f"training: {old.value} -> {new.value}")

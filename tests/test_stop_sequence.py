@@ -199,3 +199,25 @@ def test_the_stop_mail_names_every_reason_in_the_tables_words():
             assert f"({STOP_RULES[r].words})" in mail.subject and "idle for" not in mail.subject, mail.subject
     assert "(GPU health BAD)" in words.stopping(words.Stopping(0.0, False, 0.0, {"ok": True},
                                                                reason=_in_words("gpu_bad"))).subject
+
+
+def test_the_idle_machine_moves_only_through_idle_moves():
+    """IDLE_MOVES (states.py) names every move of the idle machine; machine.py assigns a state in one
+    place (_move, which checks it), and mark_stopped checks before it copies."""
+    import ast
+    import inspect
+
+    from supervisor.states import IDLE_MOVES, IllegalTransition, check_idle_move
+
+    assert set(IDLE_MOVES) == set(IdleState)
+    tree = ast.parse(inspect.getsource(idle))
+    assigns = [n for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AnnAssign)
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+               for a in ast.walk(t) if isinstance(a, ast.Attribute) and a.attr == "state"]
+    assert len(assigns) == 1  # the one in _move
+    try:
+        check_idle_move(IdleState.WARNED, IdleState.STOPPED)
+    except IllegalTransition:
+        pass
+    else:
+        raise AssertionError("WARNED -> STOPPED skips the stop sequence")

@@ -25,7 +25,7 @@ from typing import Any
 
 from supervisor import records
 from supervisor.config.schema import IdleConfig
-from supervisor.states import CAP_KINDS, IdleState, stop_rule
+from supervisor.states import CAP_KINDS, IdleState, check_idle_move, stop_rule
 from supervisor.stop import sequence as stops
 from supervisor.stop.sequence import Standing
 from supervisor.timefmt import hm
@@ -197,7 +197,7 @@ def _rebooted(m: IdleMachine, now: Now) -> tuple[IdleMachine, float]:
         fresh.keepalive_mono = now.mono + (m.keepalive_until - now.wall)
     credit = max(0.0, now.uptime)
     if credit > 0:
-        fresh.state = I.IDLE
+        _move(fresh, I.IDLE)
         fresh.idle_since = now.wall - credit
     return fresh, credit
 
@@ -211,6 +211,12 @@ def _this_boot(m: IdleMachine, now: Now) -> IdleMachine:
     return m
 
 
+def _move(m: IdleMachine, new: IdleState) -> None:
+    """The one assignment of an idle state (on a machine this move owns: step and the moves copy first)."""
+    check_idle_move(m.state, new)
+    m.state = new
+
+
 def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action]) -> None:
     if m.mode == IDLE_MODE and m.warn_sent and m.state in (I.WARNED, I.STOPPING):
         actions.append(SendCancelled(m.cycle, tuple(reasons), during_stop=m.state == I.STOPPING))
@@ -218,7 +224,7 @@ def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action]) -> Non
         actions.append(AbortStop(m.cycle))
         if m.mode == FINISH_MODE:
             m.warn_sent = False
-    m.state = I.ACTIVE
+    _move(m, I.ACTIVE)
     m.idle_s = 0.0
     m.idle_since = None
     m.warned_s = 0.0
@@ -240,7 +246,8 @@ def _advance(m: IdleMachine, now: Now, actions: list[Action], from_stopped: bool
         actions.append(AbortStop(m.cycle))  # the stop under way becomes the new reason's (a new record)
     rule = stop_rule(adv.begin.word)
     m.cycle += 1
-    m.state, m.stop_reason, m.mode = I.STOPPING, adv.begin.word, IDLE_MODE
+    _move(m, I.STOPPING)
+    m.stop_reason, m.mode = adv.begin.word, IDLE_MODE
     if not rule.keepalive_moves:
         m.keepalive_mono = m.keepalive_until = None
     m.resettable = False
@@ -298,16 +305,17 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
         m.idle_s, m.idle_since = 0.0, now.wall
         if m.mode == FINISH_MODE:
             # activity extended the grace; it starts over now that it has ended
-            m.state, m.warned_s, m.warned_at = I.WARNED, 0.0, now.wall
+            _move(m, I.WARNED)
+            m.warned_s, m.warned_at = 0.0, now.wall
             m.warn_sent = True
         else:
-            m.state = I.IDLE
+            _move(m, I.IDLE)
         return m, actions
 
     m.idle_s += dt_s
     if m.state == I.IDLE:
         if m.idle_s >= th.warn_after:
-            m.state = I.WARNED
+            _move(m, I.WARNED)
             m.cycle += 1
             m.warned_at, m.warned_s = now.wall, 0.0
             m.stop_after = th.stop_after_warning
@@ -319,7 +327,7 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     # WARNED
     m.warned_s += dt_s
     if m.warn_sent and m.warned_s >= stop_wait(m, th):
-        m.state = I.STOPPING
+        _move(m, I.STOPPING)
         m.stop_reason = "finished" if m.mode == FINISH_MODE else "idle"
         actions.append(BeginStop(m.cycle, m.stop_reason))
     return m, actions
@@ -418,7 +426,8 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     if m.state == I.STOPPED:
         # the stop before this run ran and the machine is still up (a dry run, or a provider command
         # that exited 0): that stop was the earlier run's; this run gets its own
-        m.state, m.resettable, m.warned_at, m.warned_s, m.idle_s, m.idle_since = I.ACTIVE, False, None, 0.0, 0.0, None
+        _move(m, I.ACTIVE)
+        m.resettable, m.warned_at, m.warned_s, m.idle_s, m.idle_since = False, None, 0.0, 0.0, None
     # the grace is counted from now: without this the next poll would credit the time since the
     # last one to the grace, and the stop would come up to a poll interval before the announced time
     if m.state != I.ACTIVE:
@@ -431,7 +440,8 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     m.warn_sent = True
     if m.idle_since is None:
         m.idle_since = now.wall
-    m.state, m.warned_at, m.warned_s = I.WARNED, now.wall, 0.0
+    _move(m, I.WARNED)
+    m.warned_at, m.warned_s = now.wall, 0.0
     return m
 
 
@@ -481,6 +491,7 @@ def stop_failed(m: IdleMachine) -> IdleMachine:
 
 def mark_stopped(m: IdleMachine, dry_run: bool) -> IdleMachine:
     """The action ran: every reason that stood is served by it."""
+    check_idle_move(m.state, I.STOPPED)
     return replace(m, state=I.STOPPED, committed=False, resettable=dry_run, pending=[])
 
 
