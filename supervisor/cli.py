@@ -13,23 +13,27 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from supervisor.config import Config, ConfigError, load, nothing_watched, parse
-from supervisor.control import ClientError, RequestError, request
+from supervisor.client import request, socket_path
 from supervisor.durations import format_bytes
+from supervisor.errors import ClientError, ConfigError, RequestError
 from supervisor.render import render_alerts, render_health, render_status
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
 
 def _cfg(args: argparse.Namespace) -> Config:
+    from supervisor.config import load
+
     return load(args.config)
 
 
 def _socket(args: argparse.Namespace) -> str:
-    if args.socket:
-        return args.socket
-    return _cfg(args).socket
+    return args.socket or socket_path(args.config)
 
 
 def _req(args: argparse.Namespace, cmd: str, a: dict | None = None, timeout: float = 15.0):
@@ -59,7 +63,7 @@ def cmd_status_cluster(args: argparse.Namespace) -> int:
     from supervisor.cluster.view import all_well, read_cluster, render_cluster
 
     try:
-        d = read_cluster(load(args.config), os.environ)
+        d = read_cluster(_cfg(args), os.environ)
     except ValueError as e:
         sys.stderr.write(f"supervisorctl: status --cluster: {e}\n")
         return EXIT_USAGE
@@ -442,7 +446,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from supervisor import checkconfig
-    from supervisor.config import resolve_path
+    from supervisor.config import nothing_watched, parse, resolve_path
 
     path = args.path or resolve_path(args.config)
     try:

@@ -34,6 +34,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.client import ClientError, request  # noqa: F401 - the client's side, for its older importers
 from supervisor.interfaces import RequestError
 from supervisor.redact import redact, redact_obj
 
@@ -294,76 +295,3 @@ class ControlServer:
             conn.sendall(data + b"\n")
         except OSError:
             pass
-
-
-class ClientError(Exception):
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def _connect(s: socket.socket, path: str) -> None:
-    """connect(), retrying while the listen backlog is full (EAGAIN on unix sockets)."""
-    import errno
-    import time
-
-    deadline = time.monotonic() + 3.0
-    while True:
-        try:
-            s.connect(path)
-            return
-        except BlockingIOError as e:
-            if e.errno != errno.EAGAIN or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def request(path: str, cmd: str, args: dict | None = None, timeout: float = 10.0) -> Any:
-    """Send one request; return the result or raise ClientError with supervisorctl's exit code:
-    4 when the daemon cannot be reached, 1 when the socket refuses us (message says why)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        try:
-            _connect(s, path)
-        except FileNotFoundError:
-            from supervisor.config.hints import daemon_hint, in_container
-
-            raise ClientError(f"cannot reach train-supervisord: no socket at {path} "
-                              f"(is the daemon running? {daemon_hint(in_container())})", 4) from None
-        except ConnectionRefusedError:
-            from supervisor.config.hints import in_container
-
-            start = "train-supervisor-start" if in_container() else "systemctl start train-supervisor"
-            raise ClientError(f"{path} refuses connections: the daemon is not running "
-                              f"(stale socket; {start})", 1) from None
-        except PermissionError:
-            raise ClientError(f"permission denied on {path}: run as root, or join the socket's group "
-                              "(socket_group in the config) to use status, tail, alerts, keepalive "
-                              "and sync", 1) from None
-        except OSError as e:
-            raise ClientError(f"{path} is not a train-supervisor control socket ({e.strerror or e})", 1) from None
-        buf = bytearray()
-        try:
-            s.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        except TimeoutError:
-            raise ClientError(f"train-supervisord did not answer {cmd!r} within {timeout:g}s", 4) from None
-        except OSError as e:  # reset, broken pipe: the daemon dropped us (busy, or going down)
-            raise ClientError(f"the connection to train-supervisord broke during {cmd!r} "
-                              f"({e.strerror or type(e).__name__}); try again", 4) from None
-    finally:
-        s.close()
-    try:
-        reply = json.loads(bytes(buf).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ClientError(f"{path} answered something that is not train-supervisor's protocol", 1) from None
-    if not isinstance(reply, dict) or "ok" not in reply:
-        raise ClientError(f"{path} answered something that is not train-supervisor's protocol", 1)
-    if not reply["ok"]:
-        raise RequestError(str(reply.get("error")))
-    return reply.get("result")

@@ -7,6 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from supervisor.errors import (
+    RequestError as RequestError,  # defined without imports: supervisorctl catches it
+)
 from supervisor.states import TrainingState
 
 if TYPE_CHECKING:  # the progress wing sits above the core: a type only
@@ -123,10 +126,6 @@ class LineListener(Protocol):
         """A new run started (or the log was truncated): forget per-run state."""
         ...
 
-
-class RequestError(Exception):
-    """A control-socket request that is understood but cannot be done; its message goes back to the
-    client. Here, not in control.py, so a wing that answers a request never imports the server."""
 
 
 # --- what a wing exports for the daemon to list (as SkyPilot's skylet declares its EVENTS) ------------

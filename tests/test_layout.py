@@ -122,7 +122,7 @@ def test_no_import_circle():
 
 
 # The core's pure modules: values, words and rules that a wing's pure module may build on.
-CORE_PURE = {"supervisor.states", "supervisor.requests", "supervisor.durations", "supervisor.interfaces", "supervisor.records",
+CORE_PURE = {"supervisor.states", "supervisor.requests", "supervisor.errors", "supervisor.durations", "supervisor.interfaces", "supervisor.records",
              "supervisor.timefmt", "supervisor.config.schema", "supervisor.config.cluster"}
 # A pure module's standard-library imports beyond PURE_STDLIB, each with why no I/O comes of it.
 ALLOWED = {

@@ -12,16 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_PATH = "/etc/train-supervisor/config.toml"
-ENV_VAR = "TRAIN_SUPERVISOR_CONFIG"
-
-
-class ConfigError(Exception):
-    """Raised with every problem found; each line names the key."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
+from supervisor.errors import DEFAULT_PATH, DEFAULT_SOCKET, ENV_VAR  # noqa: F401 - the one-shot commands read them too
+from supervisor.errors import (
+    ConfigError as ConfigError,  # defined without imports: the one-shot commands catch it
+)
 
 
 def _k(kind: str, default: Any, *, choices: tuple[str, ...] = (), min: float | None = None,
@@ -278,7 +272,7 @@ class ClusterConfig:
 @dataclass
 class Config:
     state_dir: str = _k("path", "/var/lib/train-supervisor")
-    socket: str = _k("path", "/run/train-supervisor/control.sock")
+    socket: str = _k("path", DEFAULT_SOCKET)
     socket_group: str = _k("str", "")
     price_per_hour: float | None = _k("optfloat", None, min=0)
     currency: str = _k("str", "USD")
