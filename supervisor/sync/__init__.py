@@ -4,7 +4,7 @@ Owns the engine (`engine`: watch, scan, upload, final sync), what is selected an
 complete (`policy`, `complete`, `scan`; `walk` reads the folders), the persisted record of what the target holds
 (`ledger`, `manifest`), retries and the target's health (`backoff`, `targethealth`), and one target per kind of
 `sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
-`python -m supervisor.sync` is the one-shot CLI.
+`python -m supervisor.sync` is the one-shot CLI; `stamp` answers its no-change pass without the engine.
 
 Pure: `complete`, `backoff`, `retention`, `names`, `parts`, `manifest_doc`, `policy`. Shell: everything
 else (`final` too: it reads the ledger and the target's answers while it decides).

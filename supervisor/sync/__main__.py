@@ -22,7 +22,7 @@ import threading
 from supervisor.clock import SystemClock
 from supervisor.config import ConfigError, load, nothing_watched
 from supervisor.config.cluster import for_node
-from supervisor.sync import _log
+from supervisor.sync import _log, stamp
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         from supervisor.notify.alerts import Alerts
 
         alerts = Alerts(cfg.alerts, clock, cfg.state_dir)
+    roots = [w for w in cfg.sync.watch if w]
+    if args.once and (hit := stamp.answer(cfg.sync, cfg.state_dir, roots)) is not None:
+        sys.stdout.write(json.dumps(hit) + "\n")  # nothing changed since a pass that left it all on the target
+        return 0
     from supervisor.sync.engine import engine_for
 
     engine = engine_for(cfg, clock, alerts)
@@ -68,12 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if not args.once:
         engine.start(watch=args.serve)
+    settled: dict | None = None
     try:
         if args.once:
+            stamp.forget(cfg.state_dir)
             r = engine.once(args.timeout)
-            sys.stdout.write(json.dumps(dataclasses.asdict(r)) + "\n")
+            answer = dataclasses.asdict(r)
+            sys.stdout.write(json.dumps(answer) + "\n")
             if not r.ok:
                 sys.stderr.write(f"sync failed: {r.error}\n")
+            p = engine.board.pending
+            if r.ok and engine.enabled and not (r.unsynced or r.partial_units or r.damaged or p.files or p.waiting):
+                settled = answer
             return 0 if r.ok else 1
         if args.serve:
             stop = threading.Event()
@@ -89,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if r.ok else 1
     finally:
         engine.close()
+        if settled is not None and engine.ledger is not None:
+            try:
+                stamp.write(cfg.sync, cfg.state_dir, roots, str(engine.ledger.dir), settled)
+            except OSError:
+                stamp.forget(cfg.state_dir)  # no stamp: the next pass runs the engine
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""The no-change pass of `python -m supervisor.sync --once`, answered without building the engine.
+
+A pass that left every selected file on the target (ok, nothing unsynced, nothing pending or waiting
+for its writer) writes a stamp beside the ledger: a digest of the resolved `[sync]` section, the
+ledger's own files and every entry under the watched folders (path, type, size, mtime, ctime and
+inode; no link followed), and the pass's answer. The next `--once` whose digest matches prints that
+answer, nothing uploaded, holding the ledger's lock while it looks (a daemon that holds it: the
+engine's own path, and its error). Any change anywhere under the watched folders, in the ledger or in
+the config goes the engine's way. The engine's own no-change pass sends no request either (the
+ledger says what the target holds): the stamp saves its imports and its scan, which are most of a
+one-shot pass (issue 41: 0.13 s against s5cmd's 0.115 s on a LoRA run here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+STAMP = "once-stamp.json"
+MAX_ENTRIES = 200_000   # a watched folder this large is walked by the engine, not twice
+
+
+def _feed(h: hashlib._Hash, path: str, st: os.stat_result) -> None:
+    h.update(f"{path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode(
+        "utf-8", "surrogateescape"))
+
+
+def digest(sync_section: object, state_dir: str, roots: list[str], ledger_dir: str) -> str | None:
+    """None when a folder is too large (or unreadable) to stand for the engine's scan."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(repr((dataclasses.asdict(sync_section) if dataclasses.is_dataclass(sync_section) else sync_section,
+                   state_dir)).encode())
+    for name in ("snapshot.json", "journal.jsonl"):
+        p = os.path.join(ledger_dir, name)
+        try:
+            _feed(h, p, os.stat(p))
+        except FileNotFoundError:
+            h.update(f"{p}\0absent\n".encode())
+    n = 0
+    for root in sorted(set(roots)):
+        try:
+            _feed(h, root, os.lstat(root))
+        except FileNotFoundError:
+            h.update(f"{root}\0absent\n".encode())
+            continue
+        stack = [root]
+        while stack:
+            d = stack.pop()
+            try:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except NotADirectoryError:
+                continue
+            except OSError:
+                return None
+            for e in entries:
+                n += 1
+                if n > MAX_ENTRIES:
+                    return None
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    return None
+                _feed(h, e.path, st)
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    return h.hexdigest()
+
+
+def _stamp_path(state_dir: str) -> Path:
+    return Path(state_dir) / "sync" / STAMP
+
+
+def answer(sync_section: object, state_dir: str, roots: list[str]) -> dict | None:
+    """The last pass's answer when nothing changed since, else None (the engine runs)."""
+    try:
+        doc = json.loads(_stamp_path(state_dir).read_text())
+        ledger_dir, want, result = doc["ledger_dir"], doc["digest"], doc["result"]
+        fd = os.open(os.path.join(ledger_dir, "lock"), os.O_RDWR | os.O_CLOEXEC)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # in use (a daemon): the engine says so
+        if not isinstance(result, dict) or digest(sync_section, state_dir, roots, ledger_dir) != want:
+            return None
+        return {**result, "uploaded_files": 0}
+    finally:
+        os.close(fd)
+
+
+def write(sync_section: object, state_dir: str, roots: list[str], ledger_dir: str, result: dict) -> None:
+    """After a pass that left everything on the target (the caller checks), with the ledger closed."""
+    d = digest(sync_section, state_dir, roots, ledger_dir)
+    p = _stamp_path(state_dir)
+    if d is None:
+        p.unlink(missing_ok=True)
+        return
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"digest": d, "ledger_dir": ledger_dir, "result": result}))
+    os.replace(tmp, p)
+
+
+def forget(state_dir: str) -> None:
+    _stamp_path(state_dir).unlink(missing_ok=True)
