@@ -28,9 +28,9 @@ from tests.bench.bench_daemon_idle import start_ours, start_supervisord, stop_ou
 from tests.waiting import wait_until  # noqa: E402
 
 
-def timed(argv: list[str], env: dict) -> float:
+def timed(argv: list[str], env: dict, cwd: Path) -> float:
     t = time.perf_counter()
-    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
     dt = time.perf_counter() - t
     if r.returncode not in (0, 3):  # 3: ours when the training is not RUNNING
         raise RuntimeError(f"{argv}: {r.returncode} {r.stderr[-500:]}")
@@ -74,13 +74,17 @@ def main() -> int:
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                dt = timed(cmds[n], senv if n == "supervisord" else env)
+                dt = timed(cmds[n], senv if n == "supervisord" else env, tmp)  # not this checkout's `supervisor`
                 times[n].append(dt)
-        for n in names:  # peak RSS, one run each on its own (getrusage's children maximum is cumulative)
-            p = subprocess.Popen(cmds[n], env=senv if n == "supervisord" else env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
-            _, _, ru = os.wait4(p.pid, 0)
-            rss[n] = ru.ru_maxrss / 1024
+        for n in names:  # peak RSS of each on its own: GNU time (a forked child's rusage counts the parent's pages)
+            gnu = shutil.which("time") or "/usr/bin/time"
+            if not os.path.exists(gnu):
+                rss[n] = float("nan")  # no GNU time (apt install time): no RSS figure
+                continue
+            r = subprocess.run([gnu, "-f", "%M", *cmds[n]], env=senv if n == "supervisord" else env,
+                               capture_output=True, text=True, cwd=tmp)
+            last = r.stderr.strip().splitlines()[-1:] or ["0"]
+            rss[n] = int(last[0]) / 1024 if last[0].isdigit() else float("nan")
         med = {n: statistics.median(t) for n, t in times.items() if t}
         print(f"== supervisorctl status, {rounds} rounds (median wall, peak RSS)")
         for n, m in sorted(med.items(), key=lambda kv: kv[1]):

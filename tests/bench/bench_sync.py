@@ -95,11 +95,16 @@ def make_checkpoint(root: Path, size_mib: int, n_small: int) -> tuple[int, int]:
     shards.append(big - sum(shards))
     write_safetensors(cp / "model-00001-of-00002.safetensors", shards[0], block)
     write_safetensors(cp / "model-00002-of-00002.safetensors", shards[1], block)
-    write_torch_zip(cp / "global_step1000" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", shards[2], block)
+    # DeepSpeed ZeRO on two ranks, as the HF Trainer saves it: each rank's optimizer shard, the model
+    # states, and `latest` naming the tag (the format's rule: sync/formats.py)
+    write_torch_zip(cp / "global_step1000" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", shards[2] // 2, block)
+    write_torch_zip(cp / "global_step1000" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                    shards[2] - shards[2] // 2, block)
+    write_torch_zip(cp / "global_step1000" / "mp_rank_00_model_states.pt", 64 * 1024, block)
+    (cp / "latest").write_text("global_step1000")
     for i, s in enumerate(sizes):
         if i % 2:
-            (cp / "global_step1000" / f"zero_pp_rank_{i}_mp_rank_00_model_states.bin").write_bytes(
-                block[i * 1024: i * 1024 + s])
+            (cp / "global_step1000" / f"aux_{i}.bin").write_bytes(block[i * 1024: i * 1024 + s])
         else:
             (cp / f"rng_state_{i}.json").write_bytes(json.dumps({"i": i, "pad": "x" * max(0, s - 20)}).encode())
     for n, d in {"config.json": b'{"model_type": "llama"}', "tokenizer.json": b'{"version": "1.0"}',
