@@ -99,7 +99,7 @@ class Daemon:
                                            world_size=lambda: world_size(self.training.pids()))
         self.progress = ProgressTracker(self.ctx, cfg.progress, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
                                         gpu=self.gpu, job_env=cfg.training.env, job_user=cfg.training.user,
-                                        save_dirs=self._checkpoint_dirs())
+                                        save_dirs=cfg.save_dirs)
         self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
         # resumes where the last daemon got to (an OOM printed while none ran is still seen)
         self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
@@ -108,10 +108,10 @@ class Daemon:
         from supervisor.disk.floor import DiskFloor
         from supervisor.disk.watch import DiskWatch
 
-        self.disk = DiskWatch(self.ctx, cfg.disk, self.sync, [*cfg.sync.watch, cfg.training.workdir],
+        self.disk = DiskWatch(self.ctx, cfg.disk, self.sync, cfg.save_dirs,
                               quiet=cfg.sync.quiet_period, saves_in=list(cfg.sync.watch),
                               free_min_pct=cfg.alerts.disk_free_min_pct)
-        disk_paths = [p for p in {cfg.state_dir, cfg.training.workdir, *cfg.sync.watch} if p]
+        disk_paths = [cfg.state_dir, *cfg.save_dirs]
         # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
         self.floor = DiskFloor(self.ctx, cfg.alerts, disk_paths, covered=self.disk.covers)
         self.hostcheck = HostCheck(self.ctx, cfg.alerts)
@@ -228,7 +228,7 @@ class Daemon:
     def _on_training_end(self, info: TrainingInfo) -> None:
         # read what the job printed last (an OOM traceback) before judging how it ended
         self.follower.poll(self.clock.time())
-        self.progress.end_run(info.run_id, info.ended_at or self.clock.time(), self._checkpoint_dirs())
+        self.progress.end_run(info.run_id, info.ended_at or self.clock.time(), self.cfg.save_dirs)
         self.oom.check_exit(info)
         if self.cluster:
             self.cluster.beat_soon()
@@ -264,9 +264,6 @@ class Daemon:
         it with the rate at the run's start."""
         p = self.progress.snapshot(self.clock.time())
         return p.get("run_id"), p.get("steps_per_s")
-
-    def _checkpoint_dirs(self) -> list[str]:
-        return [p for p in {*self.cfg.sync.watch, self.cfg.training.workdir} if p]
 
     def start(self, schedule: bool = True) -> None:
         """Adopt, start the sync worker and the control socket, and schedule the duties (`schedule=False`:

@@ -299,6 +299,12 @@ class Config:
 
     source: str = field(default="<defaults>", metadata={"internal": True})
 
+    @property
+    def save_dirs(self) -> list[str]:
+        """Where checkpoints land: sync.watch, then training.workdir, each once (the progress tracker,
+        the money and disk wings look there)."""
+        return [d for d in dict.fromkeys([*self.sync.watch, self.training.workdir]) if d]
+
 
 SECTIONS: dict[str, type] = {
     "training": TrainingConfig, "gpu": GpuConfig, "sync": SyncConfig, "idle": IdleConfig,

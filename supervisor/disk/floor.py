@@ -16,6 +16,7 @@ import structlog
 
 from supervisor.config import AlertsConfig
 from supervisor.context import Context
+from supervisor.disk.probe import existing
 from supervisor.interfaces import Duty
 from supervisor.notify.mails import disk as words
 
@@ -47,7 +48,7 @@ class DiskFloor:
         seen: dict[int, list[str]] = {}
         where: dict[int, str] = {}
         for p in self.paths:
-            q = _existing(p)
+            q = existing(p)
             if q is None:
                 continue
             try:
@@ -83,15 +84,3 @@ class DiskFloor:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("disk_floor", 15.0, self.poll),)
 
-
-def _existing(path: str) -> str | None:
-    """The path, or its nearest existing parent (a checkpoint dir not created yet lives on the
-    same filesystem as its parent)."""
-    p = os.path.abspath(path)
-    while True:
-        if os.path.exists(p):
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent

@@ -29,14 +29,23 @@ class Folder:
     has_state: bool        # trainer_state.json is there (the Trainer writes it last)
 
 
-def filesystem(path: str) -> tuple[int, str] | None:
-    """(device, mount point) of the filesystem `path` (or its nearest existing parent) lives on."""
+def existing(path: str) -> str | None:
+    """The path, or its nearest existing parent (a checkpoint folder not created yet lives on the
+    same filesystem as its parent); None when not even / exists."""
     p = os.path.abspath(path)
     while not os.path.exists(p):
         parent = os.path.dirname(p)
         if parent == p:
             return None
         p = parent
+    return p
+
+
+def filesystem(path: str) -> tuple[int, str] | None:
+    """(device, mount point) of the filesystem `path` (or its nearest existing parent) lives on."""
+    p = existing(path)
+    if p is None:
+        return None
     try:
         dev = os.stat(p).st_dev
     except OSError:

@@ -96,7 +96,7 @@ class IdleGuard:
         try:
             st = self.st
             now = st.now()
-            info = self.stop._info()
+            info = self.stop.training_info()
             sig = self.probes.gather(info, now, self.gpu, self.training.pids)
             if why := self._stall_counts_idle(info, now):
                 sig = idle.people_only(sig, why)

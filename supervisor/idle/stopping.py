@@ -238,7 +238,7 @@ class StopDriver:
         why = ""
         result = self.final_sync()
         now = st.now()
-        info = self._info()
+        info = self.training_info()
         with st.lock:
             if st.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != P.FINAL_SYNC:
                 return False  # cancelled by activity while the sync ran
@@ -272,7 +272,7 @@ class StopDriver:
         self.alerts.flush(self.mail_flush_s)  # the last words go out before the machine does
         return True
 
-    def _info(self) -> TrainingInfo:
+    def training_info(self) -> TrainingInfo:
         try:
             return self.training.info()
         except Exception:  # noqa: BLE001

@@ -82,7 +82,7 @@ class MoneyConfig:
     @classmethod
     def of(cls, c: Config) -> MoneyConfig:
         return cls(c.budget, c.price_per_hour, c.currency, c.training.stop_grace,
-                   tuple(d for d in dict.fromkeys([*c.sync.watch, c.training.workdir]) if d), c.cluster.nodes)
+                   tuple(c.save_dirs), c.cluster.nodes)
 
 
 class MoneyGuard:
