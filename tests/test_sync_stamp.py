@@ -18,10 +18,11 @@ PROBE = ("import json, sys; from supervisor.sync.__main__ import main; rc = main
          "print('@@' + json.dumps({'rc': rc, 'engine': 'supervisor.sync.engine' in sys.modules}))")
 
 
-def once(cfg: Path) -> tuple[dict, bool]:
+def once(cfg: Path, **env: str) -> tuple[dict, bool]:
     """(the pass's answer, whether the engine was built)."""
     r = subprocess.run([sys.executable, "-c", PROBE, "--config", str(cfg), "--once", "--timeout", "60"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO), **env})
     answer, probe = r.stdout.split("@@")
     p = json.loads(probe)
     assert p["rc"] == 0, r.stderr
@@ -65,6 +66,11 @@ def test_any_change_goes_the_engines_way(tmp_path):
     assert once(cfg)[1] is False
     cfg.write_text(cfg.read_text().replace('quiet_period = "1s"', 'quiet_period = "2s"'))  # the config
     assert once(cfg)[1] is True
+    assert once(cfg)[1] is False
+    # another HF cache named in the environment: the folders never entered change, so may the selection
+    assert once(cfg, HF_HUB_CACHE=str(tmp_path / "hub"))[1] is True
+    assert once(cfg, HF_HUB_CACHE=str(tmp_path / "hub"))[1] is False
+    assert once(cfg)[1] is True  # back to the environment of before: the engine again, then its stamp
     assert once(cfg)[1] is False
     ledger = next((tmp_path / "state" / "sync").glob("*/journal.jsonl"))
     with open(ledger, "a") as f:  # someone else's pass (a daemon since gone) wrote the ledger

@@ -23,6 +23,7 @@ from supervisor.clock import SystemClock
 from supervisor.config import ConfigError, load, nothing_watched
 from supervisor.config.cluster import for_node
 from supervisor.sync import _log, stamp
+from supervisor.sync.policy import excluded_roots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,12 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 
         alerts = Alerts(cfg.alerts, clock, cfg.state_dir)
     roots = [w for w in cfg.sync.watch if w]
-    if args.once and (hit := stamp.answer(cfg.sync, cfg.state_dir, roots)) is not None:
+    excluded = excluded_roots(cfg, os.environ)
+    settings = (dataclasses.asdict(cfg.sync), cfg.state_dir, excluded)  # what shapes a pass besides the files
+    if args.once and (hit := stamp.answer(settings, cfg.state_dir, roots)) is not None:
         sys.stdout.write(json.dumps(hit) + "\n")  # nothing changed since a pass that left it all on the target
         return 0
     from supervisor.sync.engine import engine_for
 
-    engine = engine_for(cfg, clock, alerts)
+    engine = engine_for(cfg, clock, alerts, excluded=excluded)
     if engine.enabled and engine.ledger is None:
         sys.stderr.write(f"{engine.status()['last_error']}\n")
         return 3
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
         if settled is not None and engine.ledger is not None:
             try:
-                stamp.write(cfg.sync, cfg.state_dir, roots, str(engine.ledger.dir), settled)
+                stamp.write(settings, cfg.state_dir, roots, str(engine.ledger.dir), settled)
             except OSError:
                 stamp.forget(cfg.state_dir)  # no stamp: the next pass runs the engine
 

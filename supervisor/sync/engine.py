@@ -40,7 +40,7 @@ from supervisor.sync.answers import Answers, on_sync_request
 from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.ledger import Ledger, open_ledger
 from supervisor.sync.lost import LostWatch
-from supervisor.sync.policy import Policy, hf_cache_roots
+from supervisor.sync.policy import Policy, excluded_roots, hf_cache_roots
 from supervisor.sync.probe import Access
 from supervisor.sync.proof import Prover
 from supervisor.sync.status import Board
@@ -469,12 +469,13 @@ class SyncEngine:
 
 
 def engine_for(config: Config, clock: Clock, alerts: AlertSink | None = None,
-                world_size: Callable[[], int | None] | None = None) -> SyncEngine:
+               world_size: Callable[[], int | None] | None = None, excluded: list[str] | None = None) -> SyncEngine:
     """The engine as the daemon (and `python -m supervisor.sync`) build it from the whole
-    config: the HF caches named in the training's environment are never entered.
-    `world_size`: the training's ranks now (the daemon reads its workers' WORLD_SIZE)."""
-    excluded = hf_cache_roots([dict(os.environ), dict(config.training.env or {})],
-                              [w for w in config.sync.watch if w])
+    config: the HF caches named in the training's environment are never entered (`excluded`, when
+    the caller worked them out already). `world_size`: the training's ranks now (the daemon reads
+    its workers' WORLD_SIZE)."""
+    if excluded is None:
+        excluded = excluded_roots(config, os.environ)
     return SyncEngine(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
                       hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command,
                       world_size=world_size)

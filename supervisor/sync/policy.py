@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
 
 MANIFEST_NAME = "_MANIFEST.json"
 PROBE_FOLDER = ".train-supervisor-probe"  # the probe's tiny object (sync/probe.py): no unit, never restored
@@ -285,3 +290,9 @@ def hf_cache_roots(env_sources: list[dict[str, str]], watch_roots: list[str] = (
     if home and home != "~":
         out.append(os.path.join(home, ".cache", "huggingface"))
     return sorted(set(out))
+
+
+def excluded_roots(config: Config, env: Mapping[str, str]) -> list[str]:
+    """The folders a sync never enters for this config: the HF caches named in `env` (the process's
+    own) or in the training's environment (hf_cache_roots)."""
+    return hf_cache_roots([dict(env), dict(config.training.env or {})], [w for w in config.sync.watch if w])

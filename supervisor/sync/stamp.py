@@ -2,7 +2,7 @@
 
 A pass that left every selected file on the target (ok, nothing unsynced, nothing pending or waiting
 for its writer) writes a stamp beside the ledger: a digest of the resolved `[sync]` section, the
-ledger's own files and every entry under the watched folders (path, type, size, mtime, ctime and
+folders never entered (the HF caches the environments name), the ledger's own files and every entry under the watched folders (path, type, size, mtime, ctime and
 inode; no link followed), and the pass's answer. The next `--once` whose digest matches prints that
 answer, nothing uploaded, holding the ledger's lock while it looks (a daemon that holds it: the
 engine's own path, and its error). Any change anywhere under the watched folders, in the ledger or in
@@ -13,7 +13,6 @@ one-shot pass (issue 41: 0.13 s against s5cmd's 0.115 s on a LoRA run here).
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -29,11 +28,12 @@ def _feed(h: hashlib._Hash, path: str, st: os.stat_result) -> None:
         "utf-8", "surrogateescape"))
 
 
-def digest(sync_section: object, state_dir: str, roots: list[str], ledger_dir: str) -> str | None:
-    """None when a folder is too large (or unreadable) to stand for the engine's scan."""
+def digest(settings: object, roots: list[str], ledger_dir: str) -> str | None:
+    """`settings`: what shapes the pass besides the files (the resolved [sync] section, the state
+    folder, the folders never entered), by its repr. None when a folder is too large (or
+    unreadable) to stand for the engine's scan."""
     h = hashlib.blake2b(digest_size=20)
-    h.update(repr((dataclasses.asdict(sync_section) if dataclasses.is_dataclass(sync_section) else sync_section,
-                   state_dir)).encode())
+    h.update(repr(settings).encode())
     for name in ("snapshot.json", "journal.jsonl"):
         p = os.path.join(ledger_dir, name)
         try:
@@ -75,7 +75,7 @@ def _stamp_path(state_dir: str) -> Path:
     return Path(state_dir) / "sync" / STAMP
 
 
-def answer(sync_section: object, state_dir: str, roots: list[str]) -> dict | None:
+def answer(settings: object, state_dir: str, roots: list[str]) -> dict | None:
     """The last pass's answer when nothing changed since, else None (the engine runs)."""
     try:
         doc = json.loads(_stamp_path(state_dir).read_text())
@@ -88,16 +88,16 @@ def answer(sync_section: object, state_dir: str, roots: list[str]) -> dict | Non
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None  # in use (a daemon): the engine says so
-        if not isinstance(result, dict) or digest(sync_section, state_dir, roots, ledger_dir) != want:
+        if not isinstance(result, dict) or digest(settings, roots, ledger_dir) != want:
             return None
         return {**result, "uploaded_files": 0}
     finally:
         os.close(fd)
 
 
-def write(sync_section: object, state_dir: str, roots: list[str], ledger_dir: str, result: dict) -> None:
+def write(settings: object, state_dir: str, roots: list[str], ledger_dir: str, result: dict) -> None:
     """After a pass that left everything on the target (the caller checks), with the ledger closed."""
-    d = digest(sync_section, state_dir, roots, ledger_dir)
+    d = digest(settings, roots, ledger_dir)
     p = _stamp_path(state_dir)
     if d is None:
         p.unlink(missing_ok=True)
