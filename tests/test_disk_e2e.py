@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 MIB = 1024**2
 FS_BYTES = 64 * MIB
 SAVES = 30
-SAVE_EVERY = 0.5
+SAVE_EVERY = 1.0
 BEST = 3                      # the Trainer's best_model_checkpoint from step 3 on
 
 

@@ -64,7 +64,8 @@ REAL_MAX_WAIT = 5.0
 DEBOUNCE_S = 1.0         # real seconds between an inotify hint and the rescan it causes (at most;
                          # never more than half the quiet period: see _debounce)
 DEBOUNCE_MIN_S = 0.1     # ... and at least this (quiet_period = 0: not a rescan per write)
-READY_MARGIN_S = 0.02    # look again this long after a unit's computed ready time (float rounding)
+READY_MARGIN_S = 0.002   # look again this long after a unit's computed ready time (float rounding;
+                          # a file's mtime is the kernel's coarse clock, never later than the write)
 EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (a marker still required)
 
 
@@ -369,7 +370,8 @@ class SyncEngine:
         if self._watcher is not None:
             self._watcher.forget_missing()
             self._watcher.ensure([r.path for r in roots])
-        units = self.walker.scan(roots, forced, self.clock.time(), self.clock.monotonic(),
+        began = self.clock.monotonic()   # the verdicts' ready_in count from here, not from the scan's end
+        units = self.walker.scan(roots, forced, self.clock.time(), began,
                                   self.ledger.manifests_under, self._held)
         if self._up is not None:  # a checkpoint deleted before it left the machine: told at once
             self.lost.look(self._units, units, self._up.synced, self.clock.time(), self.board.last_error)
@@ -379,7 +381,7 @@ class SyncEngine:
             self.board.unselected = sc.unselected(self.walker.looks, units.values())
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
-            self._next_ready = now + ready + READY_MARGIN_S if ready is not None else None
+            self._next_ready = began + ready + READY_MARGIN_S if ready is not None else None
             self._refresh_pending()
             self._move(SyncState.IDLE)
             self.stats["scans"] += 1

@@ -85,7 +85,9 @@ class Walker:
                 continue
             fmt, waiting = self._format(u, world, siblings)
             u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
-            if (u.verdict.complete or u.forced) and self._check_whole(u):
+            # a unit that only waits out its quiet period has its files' formats read now, while
+            # it waits: the scan at its ready time finds them read (by size and mtime) and sends
+            if (u.verdict.complete or u.forced or sc.quieting(u, self.marker)) and self._check_whole(u):
                 u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
             if self.sparse:
                 self._leave_out_sparse(u)
