@@ -61,3 +61,43 @@ def test_a_survey_keeps_few_lists_and_a_deep_fallback_reads_again(tmp_path, monk
     res = rs.restore()
     assert res.unit.step == 130 and len(res.fallbacks) == 7
     assert (out / "checkpoint-130" / "adapter_model.safetensors").read_bytes() == bytes([130]) * 1000
+
+
+def test_a_slow_manifest_does_not_hold_back_the_folders_after_it(tmp_path, monkeypatch):
+    """Issue 41: the survey's reads go on while one GET is slow: with hundreds of checkpoints on
+    the target, rounds that each wait for their slowest GET made the survey cost a GET's latency
+    per SURVEY_THREADS folders. Still never more than SURVEY_THREADS reads at once, and the
+    folders are judged newest first."""
+    remote, out = tmp_path / "remote", tmp_path / "out"
+    for s in range(1, 26):
+        unit(remote, s * 10)
+    cfg = from_dict({"state_dir": str(tmp_path / "state"), "sync": {"target": str(remote), "watch": [str(out)]}})
+    target = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir)
+    rs = Restorer(target, None, watch_roots(cfg.sync.watch), time.time)
+    real = target.read_file
+    slow = "checkpoint-250/_MANIFEST.json"
+    release = threading.Event()
+    in_time: list[bool] = []
+    started: set[str] = set()
+    live, peak, lock = [0], [0], threading.Lock()
+
+    def read(key):
+        with lock:
+            started.add(key.split("/")[0])
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            if len(started) > rmod.SURVEY_THREADS + 1:
+                release.set()   # folders past the first "round" were read while the newest one hung
+        try:
+            if key == slow:
+                in_time.append(release.wait(10))
+            return real(key)
+        finally:
+            with lock:
+                live[0] -= 1
+    monkeypatch.setattr(target, "read_file", read)
+
+    sv = rs.survey()
+    assert in_time == [True], f"only {sorted(started)} were read while {slow} was slow"
+    assert peak[0] <= rmod.SURVEY_THREADS
+    assert [u.step for u in sv.order][:3] == [250, 240, 230] and len(sv.units) == 25

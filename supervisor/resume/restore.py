@@ -20,9 +20,11 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from supervisor.resume.choose import (
     COMPLETE,
@@ -50,6 +52,7 @@ log = get_logger("resume")
 
 HASH_CHUNK = 8 << 20
 SURVEY_THREADS = 8
+SURVEY_WINDOW = 2 * SURVEY_THREADS  # folders read ahead of the one being judged
 WHOLE_RUN_CHECKED = 16  # complete units checked on every node's part, newest first (a resume needs one)
 KEEP_LISTS = 4          # complete units whose file lists a survey keeps (the restore's first choices)
 VERIFY_THREADS = 4
@@ -140,21 +143,20 @@ class Restorer:
     # --- what the target holds -----------------------------------------------------------------
     def survey(self, name: str | None = None) -> Survey:
         """Every unit on the target, judged. The manifests are read newest first (by folder name),
-        SURVEY_THREADS at a time, each parsed and let go before the next round: the memory held is a
-        few manifests and the file lists of the KEEP_LISTS newest complete units (the ones a restore
-        may use; another is read again if the restore falls back that far)."""
+        SURVEY_THREADS at a time, each parsed and let go in that order: the memory held is the
+        bytes of SURVEY_WINDOW folders and the file lists of the KEEP_LISTS newest complete units
+        (the ones a restore may use; another is read again if the restore falls back that far)."""
         rd = reader(self.target)
         keys = rd.list_keys()
         folders = sorted(unit_keys(keys), key=lambda k: checkpoint_step(k.rsplit("/", 1)[-1]) or -1, reverse=True)
         units: list[UnitInfo] = []
         kept = 0
-        for i in range(0, len(folders), SURVEY_THREADS):
-            for u in self._judge_round(rd, keys, folders[i:i + SURVEY_THREADS]):
-                if u.state == COMPLETE and (kept < KEEP_LISTS or (name and name in (u.key, u.name))):
-                    kept += 1
-                else:
-                    u = u.summary()
-                units.append(u)
+        for u in self._judged(rd, keys, folders):
+            if u.state == COMPLETE and (kept < KEEP_LISTS or (name and name in (u.key, u.name))):
+                kept += 1
+            else:
+                u = u.summary()
+            units.append(u)
         ch = choose(units, name)
         if self.run is not None:
             ch.order, ch.skipped = self._whole_run(ch.order, ch.skipped)
@@ -179,26 +181,42 @@ class Restorer:
                 newer.append(replace(u, state=PARTIAL, why=f"not complete on every node of the run: {why}"))
         return whole, newer + skipped
 
-    def _judge_round(self, rd: Reader, keys: dict[str, int], folders: list[str]) -> list[UnitInfo]:
-        """The units of `folders`, their manifests and trainer_state.json files read in one round."""
-        wanted = [join_key(k, n) for k in folders if not problem(k) for n in (MANIFEST_NAME, STATE_NAME)
-                  if join_key(k, n) in keys]  # nothing is read under a refused key
-        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, len(wanted))), thread_name_prefix="resume-survey") as pool:
-            got = dict(zip(wanted, pool.map(rd.read_file, wanted), strict=True))
-        out = []
-        for k in folders:
-            u = judge(k, got.get(join_key(k, MANIFEST_NAME)), keys)
-            if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
-                u = with_state(u, got.get(join_key(k, STATE_NAME)))
-            out.append(u)
-        return out
+    def _judged(self, rd: Reader, keys: dict[str, int], folders: list[str]) -> Iterator[UnitInfo]:
+        """The units of `folders` in their order, each judged from its manifest and trainer_state.json.
+        A folder's reads start as soon as a thread is free (no round waits for its slowest GET:
+        with hundreds of checkpoints on the target, rounds of SURVEY_THREADS cost one GET's
+        latency each); at most SURVEY_WINDOW folders are read ahead of the one being judged."""
+        def read(k: str) -> dict[str, bytes | None]:
+            if problem(k):
+                return {}  # nothing is read under a refused key
+            return {n: rd.read_file(join_key(k, n)) for n in (MANIFEST_NAME, STATE_NAME) if join_key(k, n) in keys}
+
+        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, len(folders))), thread_name_prefix="resume-survey") as pool:
+            ahead: deque[tuple[str, Future[dict[str, bytes | None]]]] = deque()
+            todo = iter(folders)
+            for k in islice(todo, SURVEY_WINDOW):
+                ahead.append((k, pool.submit(read, k)))
+            try:
+                while ahead:
+                    k, fut = ahead.popleft()
+                    got = fut.result()
+                    nxt = next(todo, None)
+                    if nxt is not None:
+                        ahead.append((nxt, pool.submit(read, nxt)))
+                    u = judge(k, got.get(MANIFEST_NAME), keys)
+                    if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
+                        u = with_state(u, got.get(STATE_NAME))
+                    yield u
+            finally:
+                for _, f in ahead:  # a read failed (or the caller stopped): the ones not started never are
+                    f.cancel()
 
     def _listed(self, u: UnitInfo, keys: dict[str, int]) -> UnitInfo:
         """The unit with its file list, judged again from its manifest when the survey let the list
         go; a manifest changed meanwhile is judged as it is now."""
         if u.files or not u.count:
             return u
-        again = self._judge_round(reader(self.target), keys, [u.key])[0]
+        again = list(self._judged(reader(self.target), keys, [u.key]))[0]
         return again if again.state == COMPLETE else replace(u, state=again.state, why=again.why)
 
     # --- the restore ---------------------------------------------------------------------------
