@@ -17,8 +17,6 @@ import json
 import os
 import stat
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -342,6 +340,8 @@ class JupyterProbe:
         return Path(self.token_file).read_text(encoding="utf-8").strip()
 
     def _get(self, path: str, token: str) -> object:
+        import urllib.request  # here: ~1 MiB of a daemon at rest that has no Jupyter to ask
+
         req = urllib.request.Request(self.base + path, headers={"Accept": "application/json"})
         if token:
             req.add_header("Authorization", f"token {token}")
@@ -351,6 +351,7 @@ class JupyterProbe:
     def probe(self, now_wall: float, window: float) -> Probe:
         if not self.base:
             return False, "jupyter: not configured"
+        import urllib.error
         try:
             token = self._token()
         except OSError as e:

@@ -23,7 +23,6 @@ import dataclasses
 import os
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +66,8 @@ def poweroff(timeout: float = 60.0) -> str:
 
 def imds_instance(imds_url: str, region: str = "", timeout: float = 3.0) -> tuple[str, str]:
     """(instance id, region) from the instance metadata service, IMDSv2 (session token first)."""
+    import urllib.request  # here: only an EC2 stop asks the metadata service
+
     base = imds_url.rstrip("/")
     try:
         req = urllib.request.Request(f"{base}/latest/api/token", method="PUT",

@@ -17,8 +17,6 @@ import hashlib
 import hmac
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -81,9 +79,16 @@ def _iso(t: float) -> str:
 
 # --- the channel ---------------------------------------------------------------------------------
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, hdrs, newurl):  # noqa: ANN001
-        return None
+def _opener() -> Any:
+    """An opener that follows no redirect (a webhook URL that answers 3xx is a failure, never a
+    second receiver). urllib.request is ~1 MiB: imported only when a webhook is configured."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, hdrs, newurl):  # noqa: ANN001
+            return None
+
+    return urllib.request.build_opener(NoRedirect)
 
 
 class WebhookChannel:
@@ -101,7 +106,7 @@ class WebhookChannel:
         self.name = name
         self.target = redact_url(url)
         self._secrets = url_secret_parts(url, self.target)
-        self._opener = urllib.request.build_opener(_NoRedirect)
+        self._opener = _opener()
 
     def _key(self) -> bytes:
         try:
@@ -121,6 +126,9 @@ class WebhookChannel:
                 msg = _with_facts(msg, redact_obj(self.facts(msg.kind)))
             except Exception:  # noqa: BLE001 - the alert goes out without facts rather than not at all
                 pass
+        import urllib.error
+        import urllib.request
+
         body = json.dumps(payload(msg), default=str, separators=(",", ":")).encode()
         req = urllib.request.Request(self.url, data=body, method="POST",
                                      headers=headers(key, msg.id, int(self.wall()), body))

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import json
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -115,13 +114,24 @@ Fetch = Callable[[str, str, dict[str, str], float], tuple[int, bytes, dict[str, 
 
 
 def http_fetch(method: str, url: str, headers: dict[str, str], timeout: float) -> tuple[int, bytes, dict[str, str]]:
-    """(status, body, headers); a refused or timed-out request raises OSError."""
-    req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "PUT" else None)
+    """(status, body, headers); a refused or timed-out request raises OSError. Through http.client,
+    not urllib.request: no proxy from the environment ever sees a metadata request (the services
+    answer on a link-local address only), and a daemon at rest that finds no service has not
+    loaded urllib.request's 1 MiB for the one look at start."""
+    import http.client
+
+    u = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(u.hostname or "", u.port, timeout=timeout)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the configured metadata URL
-            return r.status, r.read(65536), {k.lower(): v for k, v in r.headers.items()}
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(65536) if e.fp else b"", {k.lower(): v for k, v in (e.headers or {}).items()}
+        conn.request(method, (u.path or "/") + (f"?{u.query}" if u.query else ""),
+                     body=b"" if method == "PUT" else None, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read(65536), {k.lower(): v for k, v in r.getheaders()}
+    except http.client.HTTPException as e:  # a garbled answer: as unreachable as no answer
+        raise OSError(f"{type(e).__name__}: {e}") from None
+    finally:
+        conn.close()
 
 
 class MetadataWatcher:

@@ -4,7 +4,9 @@ trainer_state.json, judge) against the number of checkpoints on a SeaweedFS targ
 every 100 steps for 20,000 steps leaves 200 checkpoints on the target, and a resume reads them all
 before its first byte of the newest.
 
-    python tests/bench/bench_survey.py [--units 20,200] [--rounds 5]
+    python tests/bench/bench_survey.py [--units 20,200] [--rounds 5] [--quick]
+
+`--quick` (tests/bench/run.sh's default): 20 and 100 units, 3 rounds.
 
 The units are tiny (the survey reads manifests, not the files): put on the target directly with
 their manifests, as our sync writes them. In one process, so the figure is the survey alone
@@ -54,7 +56,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--units", default="20,200")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    if args.quick:
+        args.units, args.rounds = "20,100", min(args.rounds, 3)
     base = Path(tempfile.mkdtemp(prefix="bench-survey-"))
     s3 = SeaweedS3(base / "seaweedfs")
     s3.start()
