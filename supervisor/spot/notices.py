@@ -121,6 +121,8 @@ def http_fetch(method: str, url: str, headers: dict[str, str], timeout: float) -
     import http.client
 
     u = urllib.parse.urlsplit(url)
+    if not u.hostname or u.scheme not in ("http", "https"):
+        raise OSError(f"not an http URL with a host: {url}")
     conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(u.hostname or "", u.port, timeout=timeout)
     try:
