@@ -58,6 +58,16 @@ def needs_marker(unit_name: str, marker: str) -> bool:
     return bool(marker) and bool(CHECKPOINT_RE.match(unit_name.rsplit("/", 1)[-1]))
 
 
+def temp_files(files: list[FileObs]) -> list[str]:
+    """The files under a temporary name anywhere in their path (a save still being written)."""
+    return [f.rel for f in files if any(is_temp_name(p) for p in f.rel.split("/"))]
+
+
+def marker_missing(unit_name: str, kind: str, files: list[FileObs], marker: str) -> bool:
+    """A `checkpoint-N` folder whose writer's last file (`marker`) is not among `files` yet."""
+    return kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in files)
+
+
 def judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mono_now: float,
           quiet: float, forced: bool = False, marker: str = HF_LAST_FILE, fmt: str = "",
           waiting: str = "") -> Verdict:
@@ -75,14 +85,14 @@ def _judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mon
            quiet: float, forced: bool, marker: str, waiting: str) -> Verdict:
     if not files:
         return Verdict(False, "empty")
-    temps = [f.rel for f in files if any(is_temp_name(p) for p in f.rel.split("/"))]
+    temps = temp_files(files)
     real = [f for f in files if f.rel not in temps]
     if not real:
         return Verdict(False, f"only temporary files ({temps[0]})", None if forced else quiet)
     truncated = tuple(f.rel for f in real if f.whole is False)
 
     if forced:
-        missing = kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real)
+        missing = marker_missing(unit_name, kind, real, marker)
         if missing or truncated or waiting:
             why = f"never finished: no {marker}" if missing else f"truncated or damaged: {truncated[0]}" \
                 if truncated else f"never finished: waiting for {waiting}"
@@ -103,7 +113,7 @@ def _judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mon
         return Verdict(False, f"writer active (quiet in {wait:.0f}s)", wait)
     if truncated:
         return Verdict(False, f"{truncated[0]} is truncated", None, damaged=truncated)
-    if kind == "dir" and needs_marker(unit_name, marker) and not any(f.rel == marker for f in real):
+    if marker_missing(unit_name, kind, real, marker):
         return Verdict(False, f"waiting for {marker}", None)
     if waiting:
         return Verdict(False, f"waiting for {waiting}", None)

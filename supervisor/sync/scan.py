@@ -13,8 +13,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from supervisor.durations import format_bytes, format_duration
-from supervisor.sync.complete import FileObs, Verdict, damage_words, judge, needs_marker
-from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy, is_temp_name
+from supervisor.sync.complete import (
+    FileObs,
+    Verdict,
+    damage_words,
+    judge,
+    marker_missing,
+    needs_marker,
+    temp_files,
+)
+from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy
 from supervisor.sync.targets.base import join_key
 
 # current(key, size, mtime_ns): truthy when the target holds exactly that version (Ledger.current)
@@ -210,10 +218,8 @@ def quieting(u: Unit, marker: str) -> bool:
     """Only the quiet period stands between the unit and complete: its writer's last file is
     there (when its name asks for one), nothing temporary, and a time is known when it may be."""
     v = u.verdict
-    if v.complete or v.ready_in is None or any(is_temp_name(p) for f in u.files for p in f.rel.split("/")):
-        return False
-    names = {f.rel for f in u.files}
-    return not (u.kind == "dir" and needs_marker(u.rel or u.root.path, marker) and marker not in names)
+    return (not v.complete and v.ready_in is not None and not temp_files(u.files)
+            and not marker_missing(u.rel or u.root.path, u.kind, u.files, marker))
 
 
 def to_check(u: Unit, checkable: Callable[[str], str | None]) -> list[Selected]:
