@@ -123,6 +123,43 @@ def test_a_listing_of_more_than_one_page(s3_server, s3_prefix):
     assert [k for k, _, _ in light.list(f"{s3_prefix}/f/")] == [f"{s3_prefix}/f/{i:05d}" for i in range(1005)]
 
 
+def test_a_released_connection_serves_the_next_pool_of_threads(s3_server, s3_prefix, monkeypatch):
+    """Issue 41: a restore's survey and its download each run a pool of threads; the download's
+    threads take the connections the survey's released (a new one costs a round trip, on https a
+    handshake too). A connection whose body was left half read is never handed on."""
+    import http.client
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = s3_server.client()
+    data = os.urandom(100_000)
+    keys = [f"{s3_prefix}/f{i}.bin" for i in range(8)]
+    for k in keys:
+        c.put_object(Bucket=s3_server.bucket, Key=k, Body=data)
+    light = LightS3(s3_server.endpoint, s3_server.bucket, "us-east-1", KEYS)
+    made: list[int] = []
+    real = socket.create_connection
+
+    def connect(*a, **kw):
+        made.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(http.client.socket, "create_connection", connect)
+
+    def read(key: str) -> bytes:
+        try:
+            return light.read(key, 1 << 20)
+        finally:
+            light.release()
+    for _ in range(3):
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(read, keys)) == [data] * len(keys)
+    assert 1 <= len(made) <= 4, f"{len(made)} connections for 3 pools of 4 threads"
+    fresh, before = LightS3(s3_server.endpoint, s3_server.bucket, "us-east-1", KEYS), len(made)
+    assert fresh.read(keys[0], 10) == data[:10]  # left half read: closed, not released
+    fresh.release()
+    assert fresh.read(keys[1], 1 << 20) == data and len(made) == before + 2
+
+
 class _Redirecting(http.server.BaseHTTPRequestHandler):
     """What AWS answers a request signed for the wrong region: a 301 with PermanentRedirect."""
 

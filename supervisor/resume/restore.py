@@ -190,30 +190,33 @@ class Restorer:
         A folder's reads start as soon as a thread is free (no round waits for its slowest GET:
         with hundreds of checkpoints on the target, rounds of SURVEY_THREADS cost one GET's
         latency each); at most SURVEY_WINDOW folders are read ahead of the one being judged."""
-        def read(k: str) -> dict[str, bytes | None]:
+        def submit(k: str) -> tuple[str, dict[str, Future[bytes | None]]]:
             if problem(k):
-                return {}  # nothing is read under a refused key
-            return {n: rd.read_file(join_key(k, n)) for n in (MANIFEST_NAME, STATE_NAME) if join_key(k, n) in keys}
+                return k, {}  # nothing is read under a refused key
+            # the manifest and trainer_state.json side by side: a folder costs one GET's latency
+            return k, {n: pool.submit(rd.read_file, join_key(k, n)) for n in (MANIFEST_NAME, STATE_NAME)
+                       if join_key(k, n) in keys}
 
-        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, len(folders))), thread_name_prefix="resume-survey") as pool:
-            ahead: deque[tuple[str, Future[dict[str, bytes | None]]]] = deque()
+        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, 2 * len(folders))), thread_name_prefix="resume-survey") as pool:
+            ahead: deque[tuple[str, dict[str, Future[bytes | None]]]] = deque()
             todo = iter(folders)
             for k in islice(todo, SURVEY_WINDOW):
-                ahead.append((k, pool.submit(read, k)))
+                ahead.append(submit(k))
             try:
                 while ahead:
-                    k, fut = ahead.popleft()
-                    got = fut.result()
+                    k, futs = ahead.popleft()
+                    got = {n: f.result() for n, f in futs.items()}
                     nxt = next(todo, None)
                     if nxt is not None:
-                        ahead.append((nxt, pool.submit(read, nxt)))
+                        ahead.append(submit(nxt))
                     u = judge(k, got.get(MANIFEST_NAME), keys)
                     if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
                         u = with_state(u, got.get(STATE_NAME))
                     yield u
             finally:
-                for _, f in ahead:  # a read failed (or the caller stopped): the ones not started never are
-                    f.cancel()
+                for _, futs in ahead:  # a read failed (or the caller stopped): the ones not started never are
+                    for f in futs.values():
+                        f.cancel()
 
     def _listed(self, u: UnitInfo, keys: dict[str, int]) -> UnitInfo:
         """The unit with its file list, judged again from its manifest when the survey let the list

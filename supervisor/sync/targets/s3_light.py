@@ -43,6 +43,7 @@ UNRESERVED = "-_.~"
 ATTEMPTS = 3
 CONNECT_TIMEOUT = 10   # as the boto3 client's (s3_client.py)
 READ_TIMEOUT = 120
+IDLE_KEPT = 16         # connections released for another thread's next request (release())
 # The environment settings boto3 honours that this client does not: with any of them set, boto3 it is.
 NOT_HANDLED_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTPS_PROXY",
                    "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "AWS_USE_FIPS_ENDPOINT",
@@ -129,7 +130,8 @@ def parse_listing(body: bytes) -> tuple[list[tuple[str, int, str]], str | None]:
 
 
 class LightS3:
-    """One bucket: GET (whole or a range) and list, a keep-alive connection per thread."""
+    """One bucket: GET (whole or a range) and list, a keep-alive connection per thread; a thread
+    done with its connection may release() it to the next thread that needs one."""
 
     def __init__(self, endpoint_url: str, bucket: str, region: str, keys: tuple[str, str, str]):
         if endpoint_url:
@@ -143,6 +145,8 @@ class LightS3:
             self.scheme, self.netloc, self.base = "https", f"{bucket}.s3.{region}.amazonaws.com", ""
         self.region, self.keys = region, keys
         self._local = threading.local()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._idle_lock = threading.Lock()
 
     @classmethod
     def for_target(cls, endpoint_url: str, bucket: str, region: str, credentials_file: str,
@@ -159,6 +163,10 @@ class LightS3:
 
     def _conn(self) -> http.client.HTTPConnection:
         c = getattr(self._local, "conn", None)
+        if c is None and self._idle:
+            with self._idle_lock:
+                c = self._idle.pop() if self._idle else None
+            self._local.conn = c
         if c is None:
             if self.scheme == "https":
                 import ssl
@@ -172,6 +180,20 @@ class LightS3:
             c.connect()
             c.sock.settimeout(READ_TIMEOUT)
         return c
+
+    def release(self) -> None:
+        """This thread's connection, its last answer read to the end, to the next thread that has
+        none: a restore's survey, then its download, each run a pool of threads, and a thread that
+        connects anew pays a round trip (and on https a handshake) before its first byte."""
+        c = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if c is None or c.sock is None:
+            return
+        with self._idle_lock:
+            if len(self._idle) < IDLE_KEPT:
+                self._idle.append(c)
+                return
+        c.close()
 
     def drop(self) -> None:
         c = getattr(self._local, "conn", None)

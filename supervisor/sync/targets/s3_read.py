@@ -38,7 +38,10 @@ class S3Reader:
     def list_keys(self) -> dict[str, int]:
         if self.c._light_client is not False:
             self.c._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
-        return {k: o.size for k, o in self.c.listing("").items()}  # through s3_light when it may
+        keys = {k: o.size for k, o in self.c.listing("").items()}  # through s3_light when it may
+        if self.c._light_client:
+            self.c._light_client.release()  # for the survey's first thread
+        return keys
 
     def read_file(self, key: str) -> bytes | None:
         light = self.c._light()
@@ -46,11 +49,15 @@ class S3Reader:
             from supervisor.sync.targets.s3_light import Unsupported
 
             try:
-                return light.read(self.c._key(key), SMALL_MAX)
+                data = light.read(self.c._key(key), SMALL_MAX)
             except NotFound:
+                light.release()  # a 404's short body was read: the connection is fit for another
                 return None
             except Unsupported as e:
                 self.c._not_light(e)
+            else:
+                light.release()
+                return data
         try:
             resp = self.c._call("get_object", Bucket=self.c.bucket, Key=self.c._key(key))
         except NotFound:
@@ -123,9 +130,12 @@ class S3Reader:
                 off = write_all(fd, buf[:got], off)
                 progress(got)
         finally:
-            if light is not None and not whole_body:
-                light.drop()  # a body left half read must not meet the connection's next request
             body.close()
+            if light is not None:
+                if whole_body:
+                    light.release()
+                else:
+                    light.drop()  # a body left half read must not meet the connection's next request
         if end >= 0 and off != end + 1:
             raise TargetError(f"S3 get {key}: range {start}-{end} came back short ({off - start} bytes)")
         if whole is not None:
