@@ -5,6 +5,7 @@ kept or recorded, whether the guess is stopped mid-download or after its files w
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 
@@ -50,14 +51,14 @@ def leftovers(out) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name.startswith("."))
 
 
-def test_the_newest_downloads_while_the_survey_reads_the_oldest(tmp_path, monkeypatch):
+def test_the_newest_downloads_from_the_listing_before_any_manifest_is_read(tmp_path, monkeypatch):
     target, _, rs, out = setup(tmp_path, [s * 10 for s in range(1, 26)])
     began = threading.Event()
     in_time: list[bool] = []
     real_read, real_download = target.read_file, target.download
 
     def read(key):
-        if key == "checkpoint-10/_MANIFEST.json":  # judged last: held until the newest is coming
+        if key == "checkpoint-250/_MANIFEST.json":  # its own manifest: held until its bytes are coming
             in_time.append(began.wait(WAIT))
         return real_read(key)
 
@@ -69,9 +70,49 @@ def test_the_newest_downloads_while_the_survey_reads_the_oldest(tmp_path, monkey
     monkeypatch.setattr(target, "read_file", read)
     monkeypatch.setattr(target, "download", download)
     res = rs.restore()
-    assert in_time == [True], "the newest unit's download waited for the whole survey"
+    assert in_time == [True], "the newest unit's download waited for its manifest"
     assert res.unit.key == "checkpoint-250" and not res.fallbacks
     assert (out / "checkpoint-250" / "adapter_model.safetensors").read_bytes() == bytes([250]) * 4000
+    assert leftovers(out) == []
+
+
+def partial(remote, step: int) -> None:
+    """checkpoint-N uploaded, its manifest saying it is not complete (a save cut short)."""
+    p = remote / f"checkpoint-{step}" / "_MANIFEST.json"
+    doc = json.loads(p.read_bytes())
+    doc["complete"] = False
+    p.write_text(json.dumps(doc))
+
+
+def stray(remote, step: int) -> None:
+    """An object in the folder that its manifest does not list (an earlier upload's leftover)."""
+    (remote / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"left from another save")
+
+
+@pytest.mark.parametrize("spoil", [partial, stray])
+def test_a_listed_unit_its_manifest_does_not_vouch_for_is_dropped(tmp_path, monkeypatch, spoil):
+    """The download begun from the listing goes on only if the manifest calls the unit complete
+    and lists exactly the files being fetched; otherwise it is dropped and the first complete unit
+    judged after it downloads ahead instead."""
+    target, _, rs, out = setup(tmp_path, [s * 10 for s in range(1, 26)])
+    spoil(tmp_path / "remote", 250)
+    started: list[str] = []
+    real_download = target.download
+
+    def download(unit_key, files, into, progress):
+        started.append(unit_key)
+        return real_download(unit_key, files, into, progress)
+
+    monkeypatch.setattr(target, "download", download)
+    res = rs.restore()
+    if spoil is partial:
+        assert res.unit.key == "checkpoint-240"
+        assert started == ["checkpoint-250", "checkpoint-240"]
+        assert not (out / "checkpoint-250").exists()
+    else:  # complete, but the listing showed one more file: fetched again as its manifest lists it
+        assert res.unit.key == "checkpoint-250" and not (out / "checkpoint-250" / "optimizer.pt").exists()
+        assert started == ["checkpoint-250", "checkpoint-250"]
+    assert (out / res.unit.name / "adapter_model.safetensors").read_bytes() == bytes([res.unit.step]) * 4000
     assert leftovers(out) == []
 
 

@@ -99,3 +99,18 @@ def test_choice_is_the_highest_complete_step_and_skips_exactly_the_newer_unusabl
     assert [u.step for u in ch.order] == complete
     top = complete[0] if complete else -1
     assert sorted(u.step for u in ch.skipped) == sorted(s for s, state in spec if state != COMPLETE and s > top)
+
+
+def test_the_step_a_manifest_carries_ranks_its_unit_and_a_bad_one_is_ignored():
+    keys = keys_of("checkpoint-20", FILES)
+    u = judge("checkpoint-20", manifest("checkpoint-20", FILES, trainer=(1200, 5000)), keys)
+    assert (u.state, u.step, u.max_steps) == (COMPLETE, 1200, 5000)
+    for bad in ({"global_step": True}, {"global_step": -1}, {"global_step": "5"}, {"global_step": 1.5}, [], "x",
+                {"max_steps": 10}):
+        doc = json.loads(manifest("checkpoint-20", FILES))
+        doc["trainer_state"] = bad
+        v = judge("checkpoint-20", json.dumps(doc).encode(), keys)
+        assert (v.state, v.step, v.max_steps) == (COMPLETE, 20, None), bad
+    assert mf.trainer_facts({"trainer_state": {"global_step": 5, "max_steps": 0}}) == (5, None)
+    assert mf.state_facts(b'{"global_step": 7, "max_steps": true}') == (7, None)
+    assert mf.state_facts(b"[1, 2]") is None and mf.state_facts(b"\xff") is None and mf.state_facts(None) is None

@@ -101,3 +101,72 @@ def test_a_slow_manifest_does_not_hold_back_the_folders_after_it(tmp_path, monke
     assert in_time == [True], f"only {sorted(started)} were read while {slow} was slow"
     assert peak[0] <= rmod.SURVEY_THREADS
     assert [u.step for u in sv.order][:3] == [250, 240, 230] and len(sv.units) == 25
+
+
+def test_the_survey_ranks_from_the_manifests_and_reads_no_trainer_state(make_engine, hf_writer, tmp_path,
+                                                                         monkeypatch):
+    """Issue 41: each checkpoint's manifest carries its trainer_state.json's global_step (read back
+    as it went up), so a restore's survey reads one object per unit, not two (a long run's
+    trainer_state.json holds its whole log history: megabytes per checkpoint). A manifest written
+    before that (no step in it) still gets its trainer_state.json read."""
+    import json
+
+    from supervisor.sync.policy import MANIFEST_NAME
+
+    remote, out = tmp_path / "remote", tmp_path / "restored"
+    for s in (10, 20, 30):
+        hf_writer.checkpoint(s)
+    hf_writer.age(60)
+    e = make_engine({"target": str(remote), "watch": [str(hf_writer.out)]})
+    assert e.wait_idle(60).ok
+    for s in (10, 20, 30):
+        assert json.loads((remote / f"checkpoint-{s}" / MANIFEST_NAME).read_bytes())["trainer_state"] == \
+            {"global_step": s}
+    # a unit named 40 whose trainer says step 5 (renamed by hand): ranked by the manifest's step
+    (remote / "checkpoint-30").rename(remote / "checkpoint-40")
+    doc = json.loads((remote / "checkpoint-40" / MANIFEST_NAME).read_bytes())
+    doc["trainer_state"] = {"global_step": 5, "max_steps": 100}
+    (remote / "checkpoint-40" / MANIFEST_NAME).write_text(json.dumps(doc))
+    cfg = from_dict({"state_dir": str(tmp_path / "state2"), "sync": {"target": str(remote), "watch": [str(out)]}})
+    target = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir)
+    rs = Restorer(target, None, watch_roots(cfg.sync.watch), time.time)
+    read: list[str] = []
+    real = target.read_file
+    monkeypatch.setattr(target, "read_file", lambda key: read.append(key) or real(key))
+
+    sv = rs.survey()
+    assert [(u.key, u.step, u.max_steps) for u in sv.order] == [
+        ("checkpoint-20", 20, None), ("checkpoint-10", 10, None), ("checkpoint-40", 5, 100)]
+    assert sorted(read) == [f"checkpoint-{s}/{MANIFEST_NAME}" for s in (10, 20, 40)]
+
+    older = json.loads((remote / "checkpoint-20" / MANIFEST_NAME).read_bytes())
+    del older["trainer_state"]  # as a manifest written before the step was in it
+    (remote / "checkpoint-20" / MANIFEST_NAME).write_text(json.dumps(older))
+    ts = remote / "checkpoint-20" / "trainer_state.json"
+    ts.write_bytes(ts.read_bytes().replace(b'"global_step": 20', b'"global_step": 21'))  # same size
+    read.clear()
+    sv = rs.survey()
+    assert [(u.key, u.step) for u in sv.order][0] == ("checkpoint-20", 21)
+    assert "checkpoint-20/trainer_state.json" in read and "checkpoint-10/trainer_state.json" not in read
+
+
+def test_a_trainer_state_changed_since_it_went_up_is_not_described(tmp_path):
+    """The step in a manifest is from the very bytes the manifest lists: a trainer_state.json that
+    is not the version uploaded (another sha256, or grown) gives no step, and the survey reads
+    the file on the target instead."""
+    from supervisor.sync.scan import Selected, Unit
+    from supervisor.sync.upload import trainer_facts
+
+    f = tmp_path / "trainer_state.json"
+    data = b'{"global_step": 70, "max_steps": 700}'
+    f.write_bytes(data)
+    st = f.stat()
+    sel = Selected(str(f), "checkpoint-70/trainer_state.json", "trainer_state.json", len(data), st.st_mtime_ns,
+                   "checkpoint-70/trainer_state.json", st.st_ino)
+    u = Unit(watch_roots([str(tmp_path)])[0], "dir", "checkpoint-70", "checkpoint-70", selected=[sel])
+    good = ManifestFile("trainer_state.json", len(data), hashlib.sha256(data).hexdigest())
+    assert trainer_facts(u, [good]) == (70, 700)
+    assert trainer_facts(u, [ManifestFile("trainer_state.json", len(data), "0" * 64)]) is None
+    f.write_bytes(b'{"global_step": 71, "max_steps": 700}')  # same size, rewritten since the scan
+    assert trainer_facts(u, [good]) is None
+    assert trainer_facts(u, []) is None

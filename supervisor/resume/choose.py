@@ -11,10 +11,9 @@ Pure: the caller lists the target and reads the manifests; nothing here does I/O
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 
-from supervisor.sync.manifest_doc import ManifestFile, digest, parse_doc
+from supervisor.sync.manifest_doc import ManifestFile, digest, parse_doc, state_facts, trainer_facts
 from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
 from supervisor.training.checkpoints import checkpoint_step
@@ -95,8 +94,10 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
                         step)
     files = tuple(listed)
     d = digest(list(files))
-    base = UnitInfo(key, COMPLETE, "", step, files, sum(f.size for f in files), str(doc.get("created_at") or ""),
-                    str(doc.get("host") or ""), d)
+    facts = trainer_facts(doc)  # what its trainer_state.json said as it went up (newer manifests)
+    base = UnitInfo(key, COMPLETE, "", facts[0] if facts else step, files, sum(f.size for f in files),
+                    str(doc.get("created_at") or ""), str(doc.get("host") or ""), d,
+                    max_steps=facts[1] if facts else None)
     if doc.get("digest") and doc["digest"] != d:
         return _with(base, DAMAGED, "manifest digest does not match its file list")
     if doc.get("complete") is not True:
@@ -116,16 +117,10 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
 
 def with_state(u: UnitInfo, trainer_state: bytes | None) -> UnitInfo:
     """The unit's step and max_steps from its `trainer_state.json` (when read), else as named."""
-    if trainer_state is None:
+    facts = state_facts(trainer_state)
+    if facts is None:
         return u
-    try:
-        doc = json.loads(trainer_state.decode("utf-8"))
-        step = int(doc["global_step"])
-        mx = doc.get("max_steps")
-        max_steps = int(mx) if isinstance(mx, int | float) and mx > 0 else None
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return u
-    return replace(u, step=step, max_steps=max_steps)
+    return replace(u, step=facts[0], max_steps=facts[1])
 
 
 def _with(u: UnitInfo, state: str, why: str) -> UnitInfo:

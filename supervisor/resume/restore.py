@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -26,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
-from supervisor.resume.ahead import Ahead, Cancelled, Declined
+from supervisor.resume.ahead import Ahead, Cancelled, Declined, from_listing
 from supervisor.resume.choose import (
     COMPLETE,
     PARTIAL,
@@ -42,6 +43,7 @@ from supervisor.resume.place import hand_over as _hand_over
 from supervisor.sync import parts
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
+from supervisor.sync.manifest_doc import STATE_NAME, trainer_facts
 from supervisor.sync.names import problem
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.scan import Root
@@ -57,7 +59,6 @@ SURVEY_WINDOW = 2 * SURVEY_THREADS  # folders read ahead of the one being judged
 WHOLE_RUN_CHECKED = 16  # complete units checked on every node's part, newest first (a resume needs one)
 KEEP_LISTS = 4          # complete units whose file lists a survey keeps (the restore's first choices)
 VERIFY_THREADS = 4
-STATE_NAME = "trainer_state.json"
 
 
 class NothingToRestore(Exception):
@@ -142,20 +143,24 @@ class Restorer:
         self.progress = progress or Progress()
 
     # --- what the target holds -----------------------------------------------------------------
-    def survey(self, name: str | None = None, on_complete: Callable[[UnitInfo], None] | None = None) -> Survey:
+    def survey(self, name: str | None = None, on_listed: Callable[[dict[str, int], list[str]], None] | None = None,
+               on_judged: Callable[[UnitInfo], None] | None = None) -> Survey:
         """Every unit on the target, judged. The manifests are read newest first (by folder name),
         SURVEY_THREADS at a time, each parsed and let go in that order: the memory held is the
         bytes of SURVEY_WINDOW folders and the file lists of the KEEP_LISTS newest complete units
         (the ones a restore may use; another is read again if the restore falls back that far).
-        on_complete(unit) is called for each complete unit as soon as it is judged."""
+        on_listed(keys, folders) is called once the target is listed (the unit folders newest first
+        by name), on_judged(unit) for each unit as soon as it is judged."""
         rd = reader(self.target)
         keys = rd.list_keys()
         folders = sorted(unit_keys(keys), key=lambda k: checkpoint_step(k.rsplit("/", 1)[-1]) or -1, reverse=True)
+        if on_listed is not None:
+            on_listed(keys, folders)
         units: list[UnitInfo] = []
         kept = 0
         for u in self._judged(rd, keys, folders):
-            if on_complete is not None and u.state == COMPLETE:
-                on_complete(u)
+            if on_judged is not None:
+                on_judged(u)
             if u.state == COMPLETE and (kept < KEEP_LISTS or (name and name in (u.key, u.name))):
                 kept += 1
             else:
@@ -190,33 +195,34 @@ class Restorer:
         A folder's reads start as soon as a thread is free (no round waits for its slowest GET:
         with hundreds of checkpoints on the target, rounds of SURVEY_THREADS cost one GET's
         latency each); at most SURVEY_WINDOW folders are read ahead of the one being judged."""
-        def submit(k: str) -> tuple[str, dict[str, Future[bytes | None]]]:
+        def read(k: str) -> dict[str, bytes | None]:
             if problem(k):
-                return k, {}  # nothing is read under a refused key
-            # the manifest and trainer_state.json side by side: a folder costs one GET's latency
-            return k, {n: pool.submit(rd.read_file, join_key(k, n)) for n in (MANIFEST_NAME, STATE_NAME)
-                       if join_key(k, n) in keys}
+                return {}  # nothing is read under a refused key
+            got = {MANIFEST_NAME: rd.read_file(join_key(k, MANIFEST_NAME)) if join_key(k, MANIFEST_NAME) in keys
+                   else None}
+            if join_key(k, STATE_NAME) in keys and not _says_step(got[MANIFEST_NAME]):
+                got[STATE_NAME] = rd.read_file(join_key(k, STATE_NAME))  # an older manifest: the step is there
+            return got
 
-        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, 2 * len(folders))), thread_name_prefix="resume-survey") as pool:
-            ahead: deque[tuple[str, dict[str, Future[bytes | None]]]] = deque()
+        with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, len(folders))), thread_name_prefix="resume-survey") as pool:
+            ahead: deque[tuple[str, Future[dict[str, bytes | None]]]] = deque()
             todo = iter(folders)
             for k in islice(todo, SURVEY_WINDOW):
-                ahead.append(submit(k))
+                ahead.append((k, pool.submit(read, k)))
             try:
                 while ahead:
-                    k, futs = ahead.popleft()
-                    got = {n: f.result() for n, f in futs.items()}
+                    k, fut = ahead.popleft()
+                    got = fut.result()
                     nxt = next(todo, None)
                     if nxt is not None:
-                        ahead.append(submit(nxt))
+                        ahead.append((nxt, pool.submit(read, nxt)))
                     u = judge(k, got.get(MANIFEST_NAME), keys)
-                    if u.state == COMPLETE and any(f.path == STATE_NAME for f in u.files):
-                        u = with_state(u, got.get(STATE_NAME))
+                    if u.state == COMPLETE and STATE_NAME in got and any(f.path == STATE_NAME for f in u.files):
+                        u = with_state(u, got[STATE_NAME])
                     yield u
             finally:
-                for _, futs in ahead:  # a read failed (or the caller stopped): the ones not started never are
-                    for f in futs.values():
-                        f.cancel()
+                for _, f in ahead:  # a read failed (or the caller stopped): the ones not started never are
+                    f.cancel()
 
     def _listed(self, u: UnitInfo, keys: dict[str, int]) -> UnitInfo:
         """The unit with its file list, judged again from its manifest when the survey let the list
@@ -231,23 +237,43 @@ class Restorer:
         """The newest complete unit (or `name`) into its place; the unit before it when one of its
         files is damaged. Raises NothingToRestore, TargetError.
 
-        The first complete unit the survey judges starts downloading while the survey goes on
-        (ahead.py); a run of several nodes waits for the whole-run check instead."""
-        ahead = Ahead(self._fetch) if not dry_run and self.run is None else None
+        The newest unit's download starts from the listing while the survey goes on (ahead.py);
+        a run of several nodes waits for the whole-run check instead."""
+        guess = [Ahead(self._fetch) if not dry_run and self.run is None else None]
         try:
-            return self._restore(name, dry_run, ahead)
+            return self._restore(name, dry_run, guess)
         finally:
-            if ahead is not None:
-                ahead.drop()
+            if guess[0] is not None:
+                guess[0].drop()
 
-    def _restore(self, name: str | None, dry_run: bool, ahead: Ahead | None) -> Result:
-        def offer(u: UnitInfo) -> None:
-            if ahead is not None and not ahead.started and (not name or name in (u.key, u.name)):
+    def _restore(self, name: str | None, dry_run: bool, guess: list[Ahead | None]) -> Result:
+        def wanted(key: str) -> bool:
+            return not name or name in (key, key.rsplit("/", 1)[-1])
+
+        def listed(keys: dict[str, int], folders: list[str]) -> None:
+            ahead = guess[0]
+            for k in folders if ahead is not None else ():
+                u = from_listing(k, keys) if wanted(k) else None
+                if u is not None:
+                    dest, _why = self._dest(u)
+                    if dest:
+                        ahead.offer(u, dest, listed=True)
+                    return  # only the newest: an older one is the choice only when a manifest says so
+
+        def judged(u: UnitInfo) -> None:
+            ahead = guess[0]
+            if ahead is None:
+                return
+            if ahead.waiting and ahead.unit is not None and ahead.unit.key == u.key:
+                if ahead.confirm(u):
+                    return
+                ahead = guess[0] = Ahead(self._fetch)  # not complete as listed: the next complete one
+            if not ahead.started and u.state == COMPLETE and wanted(u.key):
                 dest, _why = self._dest(u)
                 if dest:
                     ahead.offer(u, dest)
 
-        sv = self.survey(name, on_complete=offer)
+        sv = self.survey(name, on_listed=listed, on_judged=judged)
         for u in sv.skipped:
             log.warning("resume_unit_skipped", unit=u.key, state=u.state, why=u.why)
         fallbacks: list[tuple[str, str]] = []
@@ -263,6 +289,7 @@ class Restorer:
             if dry_run:
                 return Result(u, dest, u.total_bytes, 0.0, sv.skipped, fallbacks, dry_run=True)
             t0 = time.monotonic()
+            ahead = guess[0]
             try:
                 already = None
                 if ahead is not None and ahead.holds(u, dest):
@@ -346,6 +373,8 @@ class Restorer:
             self.progress.begin(u.key, u.total_bytes)
             add = self.progress.add if hold is None else hold.progress(self.progress.add)
             sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], into, add)
+            if hold is not None:
+                u = hold.checked()  # begun from the listing: the bytes are checked against the manifest
             bad = _compare(sfd, u, sums) if isinstance(sums, dict) else _verify(sfd, u)
             extra = into.extras()
             if extra:
@@ -452,6 +481,19 @@ def _compare(folder: int, u: UnitInfo, sums: dict[str, str]) -> list[str]:
         elif sums.get(f.path) != f.sha256:
             bad.append(f"{f.path}: sha256 differs from the manifest")
     return bad
+
+
+def _says_step(manifest: bytes | None) -> bool:
+    """The manifest carries its unit's step (written from trainer_state.json as it went up), so
+    the survey need not read trainer_state.json: one GET per unit, not two, and a long run's
+    trainer_state.json (its log history: megabytes) is not fetched twenty times."""
+    if manifest is None:
+        return False
+    try:
+        doc = json.loads(manifest)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and trainer_facts(doc) is not None
 
 
 def _epoch(iso: str) -> float | None:

@@ -23,10 +23,22 @@ import os
 import sys
 
 from supervisor.fileopen import open_regular
-from supervisor.sync.manifest_doc import FORMAT, ManifestFile, build, digest, parse, parse_doc
+from supervisor.sync.manifest_doc import (
+    FORMAT,
+    STATE_MAX,
+    STATE_NAME,
+    ManifestFile,
+    build,
+    digest,
+    parse,
+    parse_doc,
+    state_facts,
+    trainer_facts,
+)
 from supervisor.sync.policy import MANIFEST_NAME
 
-__all__ = ["FORMAT", "ManifestFile", "build", "check_folder", "digest", "parse", "parse_doc"]
+__all__ = ["FORMAT", "STATE_MAX", "STATE_NAME", "ManifestFile", "build", "check_folder", "digest", "parse", "parse_doc",
+           "state_facts", "trainer_facts"]
 
 def check_folder(folder: str) -> list[str]:
     """Problems found comparing a local copy of a folder with its manifest; [] when it matches."""

@@ -14,6 +14,8 @@ from supervisor.sync.names import BadName, check_tree, remote_path, shown
 from supervisor.timefmt import utc_stamp
 
 FORMAT = "train-supervisor-manifest/1"
+STATE_NAME = "trainer_state.json"   # the HF Trainer's; its step ranks a unit among the others
+STATE_MAX = 64 << 20                # a trainer_state.json larger than this is not read for its step
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -34,9 +36,11 @@ def digest(files: list[ManifestFile]) -> str:
 
 
 def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "",
-          damaged: tuple[str, ...] = (), partial: str = "") -> bytes:
+          damaged: tuple[str, ...] = (), partial: str = "", trainer: tuple[int, int | None] | None = None) -> bytes:
     """The manifest of a folder; with `damaged` (files that failed their format check) or a
-    `partial` reason it says the folder is not complete."""
+    `partial` reason it says the folder is not complete. `trainer`: (global_step, max_steps) from
+    the folder's trainer_state.json as it went up, so that a restore ranks the units on the
+    target from their manifests alone (state_facts)."""
     fs = sorted(files, key=lambda f: f.path)
     doc: dict = {
         "format": FORMAT,
@@ -50,6 +54,8 @@ def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "
         "digest": digest(fs),
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in fs],
     }
+    if trainer is not None:
+        doc["trainer_state"] = {"global_step": trainer[0], **({"max_steps": trainer[1]} if trainer[1] else {})}
     if damaged or partial:
         doc["partial"] = partial or "damaged files"
         doc["damaged"] = sorted(damaged)
@@ -94,3 +100,30 @@ def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
     if doc.get("digest") and doc["digest"] != digest(out):
         raise ValueError("manifest digest does not match its file list")
     return doc, out
+
+
+def state_facts(data: bytes | None) -> tuple[int, int | None] | None:
+    """(global_step, max_steps or None) of a trainer_state.json; None when it says neither."""
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        step = int(doc["global_step"])
+        mx = doc.get("max_steps")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return step, (int(mx) if isinstance(mx, int | float) and not isinstance(mx, bool) and mx > 0 else None)
+
+
+def trainer_facts(doc: dict) -> tuple[int, int | None] | None:
+    """What build(trainer=...) put in a manifest: (global_step, max_steps or None), or None when the
+    manifest says nothing of it (an older one, or not an HF Trainer's folder) or says it wrongly."""
+    t = doc.get("trainer_state")
+    if not isinstance(t, dict):
+        return None
+    step, mx = t.get("global_step"), t.get("max_steps")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None
+    if not (isinstance(mx, int) and not isinstance(mx, bool) and mx > 0):
+        mx = None
+    return step, mx

@@ -9,6 +9,7 @@ ledger records the commit that holds each one."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -28,6 +29,9 @@ from supervisor.sync.targets.base import (
     TargetError,
     UnitPut,
     Uploaded,
+    check_unchanged,
+    open_source,
+    pread_exact,
     put_units,
     read_manifest,
 )
@@ -187,7 +191,8 @@ class Uploader:
                 files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
             v = u.verdict
             return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
-                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
+                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
+                            trainer=trainer_facts(u, files))
 
         return build
 
@@ -264,7 +269,8 @@ class Uploader:
         kept = m is None and maybe_there and self._there_already(u, d)
         if not kept:
             data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
-                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason)
+                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
+                            trainer=trainer_facts(u, files))
             self.target.write_manifest(u.key, data)
         self.ledger.manifest_done(u.key, d, self.clock.time())
         self.ledger.sync()
@@ -376,3 +382,27 @@ class _UnitsSink(_Sink):
             u = self._unit_of.get(f.key)
             if u is not None:
                 self.failed.add(u.label)
+
+
+def trainer_facts(u: Unit, files: list[mf.ManifestFile]) -> tuple[int, int | None] | None:
+    """(global_step, max_steps) of the unit's trainer_state.json for its manifest, read back as it
+    went up (its sha256 must be the one the manifest lists; a file changed since is left out), so
+    that a restore ranks the units on the target from their manifests alone. None when there is
+    none, or it is too large to read for this, or it says no step."""
+    listed = next((f for f in files if f.path == mf.STATE_NAME), None)
+    s = next((s for s in u.selected if s.rel == mf.STATE_NAME), None)
+    if listed is None or s is None or s.size > mf.STATE_MAX or s.size != listed.size:
+        return None
+    lf = LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino)
+    try:
+        fd = open_source(lf)  # as the upload read it: no link followed, the version judged
+        try:
+            data = pread_exact(fd, lf, s.size, 0)
+            check_unchanged(fd, lf)
+        finally:
+            os.close(fd)
+    except SourceProblem:
+        return None
+    if hashlib.sha256(data).hexdigest() != listed.sha256:
+        return None
+    return mf.state_facts(data)

@@ -19,8 +19,11 @@ The trees go up once with our sync (`python -m supervisor.sync --once`). Each ro
 downloads into an empty folder as a fresh process (start-up counts for everyone), the order rotated;
 the result is checked (file count and bytes), then removed. Dirty pages are written out before
 each run (os.sync, untimed): ours fsyncs the restored folder, and ext4's journal would otherwise
-make it wait for the writeback of the 2 GiB the tool before it left dirty. Prints each round and the medians, and
-our time relative to each peer. Peers come from the bench extra (`pip install -e .[bench]`); a
+make it wait for the writeback of the 2 GiB the tool before it left dirty. Then the disk settles
+for SETTLE_S (untimed): ours is the only tool that fsyncs, and on this VM an fsync just after the
+previous tool's folder was removed and synced took 21-23 ms, a second later 1-11 ms (the root is
+ext4 mounted with `discard`: the trim of the freed blocks is the likely cause). Prints each round
+and the medians, and our time relative to each peer. Peers come from the bench extra (`pip install -e .[bench]`); a
 missing one is reported and skipped. `--quick`: 256 MiB checkpoint, 20 x 12 MiB LoRA run.
 `--rtt MS`: the restores (not the upload) reach the store through latency_proxy.py, which adds a
 round trip to every connection and request, as S3 in the same region has and loopback has not.
@@ -49,6 +52,8 @@ from tests.bench.bench_sync import Bench, MiB, make_checkpoint, make_lora_run, r
 from tests.bench.latency_proxy import LatencyProxy  # noqa: E402
 from tests.fixtures.s3 import SeaweedS3  # noqa: E402
 from tests.fixtures.sync_engine import to_toml  # noqa: E402
+
+SETTLE_S = 1.0
 
 
 class Restore(Bench):
@@ -169,6 +174,7 @@ def bench_tree(b: Restore, prefix: str, unit: str, want: tuple[int, int], rounds
                     shutil.rmtree(dest)
                 dest.mkdir()
                 os.sync()  # no tool's timing pays for the writeback of the one before (ours fsyncs its folder)
+                time.sleep(SETTLE_S)  # ...nor for the trim of the blocks the last rmtree freed (see the doc)
                 if n == "daemon":
                     argv = b.ours_restore(prefix, dest)
                     dt = daemon.restore(argv[-1])
