@@ -6,7 +6,9 @@ before its first byte of the newest.
 
     python tests/bench/bench_survey.py [--units 20,200] [--rounds 5] [--quick]
 
-`--quick` (tests/bench/run.sh's default): 20 and 100 units, 3 rounds.
+`--quick` (tests/bench/run.sh's default): 20 and 100 units, 3 rounds. Each count twice: manifests
+that carry their unit's step (as the sync writes them since 2026-12-06: one GET per unit), and
+manifests without it (written before: trainer_state.json read too).
 
 The units are tiny (the survey reads manifests, not the files): put on the target directly with
 their manifests, as our sync writes them. In one process, so the figure is the survey alone
@@ -39,7 +41,7 @@ from tests.bench.bench_sync import tool  # noqa: E402
 from tests.fixtures.s3 import ACCESS_KEY, SECRET_KEY, SeaweedS3  # noqa: E402
 
 
-def put_units(s3: SeaweedS3, prefix: str, n: int) -> None:
+def put_units(s3: SeaweedS3, prefix: str, n: int, with_step: bool = True) -> None:
     c = s3.client()
     for step in range(1, n + 1):
         files = {"adapter_model.safetensors": os.urandom(1024),
@@ -49,7 +51,8 @@ def put_units(s3: SeaweedS3, prefix: str, n: int) -> None:
         for name, data in files.items():
             c.put_object(Bucket=s3.bucket, Key=f"{prefix}/{unit}/{name}", Body=data)
         mfs = [ManifestFile(k, len(v), hashlib.sha256(v).hexdigest()) for k, v in files.items()]
-        c.put_object(Bucket=s3.bucket, Key=f"{prefix}/{unit}/_MANIFEST.json", Body=build(unit, mfs, time.time()))
+        c.put_object(Bucket=s3.bucket, Key=f"{prefix}/{unit}/_MANIFEST.json", Body=build(unit, mfs, time.time(),
+                                                                                    trainer=(step * 100, n * 100) if with_step else None))
 
 
 def main() -> int:
@@ -67,9 +70,9 @@ def main() -> int:
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
            "AWS_REGION": "us-east-1"}
     try:
-        for n in (int(x) for x in args.units.split(",")):
-            prefix = f"run{n}"
-            put_units(s3, prefix, n)
+        for n, with_step in ((int(x), w) for x in args.units.split(",") for w in (True, False)):
+            prefix = f"run{n}{'' if with_step else '-older'}"
+            put_units(s3, prefix, n, with_step)
             cfg = from_dict({"state_dir": str(base / "state"), "log_level": "warning",
                              "sync": {**s3.sync_config(prefix), "watch": [str(base / "out")]}})
             ours, peer = [], []
@@ -87,7 +90,7 @@ def main() -> int:
                                    env=env,
                                    check=True, capture_output=True)
                     peer.append(time.perf_counter() - t)
-            line = f"{n:4} units: survey {statistics.median(ours):.3f}s ({statistics.median(ours) / n * 1000:.1f} ms a unit)"
+            line = f"{n:4} units{'' if with_step else ', manifests without the step'}: survey {statistics.median(ours):.3f}s ({statistics.median(ours) / n * 1000:.1f} ms a unit)"
             if peer:
                 line += f", s5cmd ls {statistics.median(peer):.3f}s, ratio {statistics.median(ours) / statistics.median(peer):.2f}"
             print(line, flush=True)
