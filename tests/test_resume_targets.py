@@ -144,7 +144,12 @@ def test_s3_damaged_object_falls_back(make_engine, s3_server, s3_prefix, tmp_pat
     e.close()
 
 
-def test_rsync_target(make_engine, sshd, tmp_path):
+def test_rsync_target(make_engine, sshd, tmp_path, monkeypatch):
+    from supervisor.resume.ahead import Ahead
+
+    offered: list[str] = []
+    real_offer = Ahead.offer
+    monkeypatch.setattr(Ahead, "offer", lambda self, u, *a, **kw: offered.append(u.key) or real_offer(self, u, *a, **kw))
     remote = tmp_path / "remote"
     sync = sshd.sync_config(remote)
     w = machine_a(make_engine, sync, tmp_path / "a" / "out")
@@ -154,6 +159,7 @@ def test_rsync_target(make_engine, sshd, tmp_path):
         (half / n).write_bytes(d)
     e, rs = machine_b(make_engine, sync, tmp_path / "b" / "out")
     check_restored(w, tmp_path / "b" / "out", rs.restore(), e)
+    assert offered == []  # one rsync run per unit cannot be stopped midway: nothing fetched on a guess
 
 
 def test_hub_target(make_engine, fake_hub, tmp_path):

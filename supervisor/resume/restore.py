@@ -238,8 +238,10 @@ class Restorer:
         files is damaged. Raises NothingToRestore, TargetError.
 
         The newest unit's download starts from the listing while the survey goes on (ahead.py);
-        a run of several nodes waits for the whole-run check instead."""
-        guess = [Ahead(self._fetch) if not dry_run and self.run is None else None]
+        a run of several nodes waits for the whole-run check instead, and a reader that cannot
+        stop a download midway (rsync's one run per unit) for the choice."""
+        ahead_ok = not dry_run and self.run is None and getattr(reader(self.target), "stops_midway", True)
+        guess = [Ahead(self._fetch) if ahead_ok else None]
         try:
             return self._restore(name, dry_run, guess)
         finally:

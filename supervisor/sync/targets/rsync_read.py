@@ -25,6 +25,11 @@ SMALL_MAX = 64 << 20
 class RsyncReader:
     """The read side of RsyncTarget (a restore): keys, small files, a unit's files by rsync."""
 
+    # A download's progress is counted by a watcher thread while one rsync run fetches the whole
+    # unit, so a restore that stops it (progress raising) would wait for the run to end: no unit
+    # is downloaded here on a guess (resume/ahead.py).
+    stops_midway = False
+
     def __init__(self, c: RsyncTarget):
         self.c = c  # the target: its ssh command, remote names and listings
 
