@@ -35,6 +35,7 @@ class UnitInfo:
     digest: str = ""
     max_steps: int | None = None
     count: int = 0                         # files listed, when `files` was let go (summary)
+    step_known: bool = False               # step from trainer_state.json (or its manifest's copy), not the name
 
     @property
     def name(self) -> str:
@@ -97,7 +98,7 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
     facts = trainer_facts(doc)  # what its trainer_state.json said as it went up (newer manifests)
     base = UnitInfo(key, COMPLETE, "", facts[0] if facts else step, files, sum(f.size for f in files),
                     str(doc.get("created_at") or ""), str(doc.get("host") or ""), d,
-                    max_steps=facts[1] if facts else None)
+                    max_steps=facts[1] if facts else None, step_known=facts is not None)
     if doc.get("digest") and doc["digest"] != d:
         return _with(base, DAMAGED, "manifest digest does not match its file list")
     if doc.get("complete") is not True:
@@ -120,7 +121,7 @@ def with_state(u: UnitInfo, trainer_state: bytes | None) -> UnitInfo:
     facts = state_facts(trainer_state)
     if facts is None:
         return u
-    return replace(u, step=facts[0], max_steps=facts[1])
+    return replace(u, step=facts[0], max_steps=facts[1], step_known=True)
 
 
 def _with(u: UnitInfo, state: str, why: str) -> UnitInfo:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import secrets
 import shutil
@@ -43,7 +42,7 @@ from supervisor.resume.place import hand_over as _hand_over
 from supervisor.sync import parts
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
-from supervisor.sync.manifest_doc import STATE_NAME, trainer_facts
+from supervisor.sync.manifest_doc import STATE_NAME
 from supervisor.sync.names import problem
 from supervisor.sync.policy import MANIFEST_NAME
 from supervisor.sync.scan import Root
@@ -146,8 +145,8 @@ class Restorer:
     def survey(self, name: str | None = None, on_listed: Callable[[dict[str, int], list[str]], None] | None = None,
                on_judged: Callable[[UnitInfo], None] | None = None) -> Survey:
         """Every unit on the target, judged. The manifests are read newest first (by folder name),
-        SURVEY_THREADS at a time, each parsed and let go in that order: the memory held is the
-        bytes of SURVEY_WINDOW folders and the file lists of the KEEP_LISTS newest complete units
+        SURVEY_THREADS at a time, each judged as it arrives and let go in that order: the memory
+        held is the file lists of SURVEY_WINDOW folders and those of the KEEP_LISTS newest complete units
         (the ones a restore may use; another is read again if the restore falls back that far).
         on_listed(keys, folders) is called once the target is listed (the unit folders newest first
         by name), on_judged(unit) for each unit as soon as it is judged."""
@@ -191,37 +190,35 @@ class Restorer:
         return whole, newer + skipped
 
     def _judged(self, rd: Reader, keys: dict[str, int], folders: list[str]) -> Iterator[UnitInfo]:
-        """The units of `folders` in their order, each judged from its manifest and trainer_state.json.
+        """The units of `folders` in their order, each judged from its manifest (and its
+        trainer_state.json when the manifest predates carrying the step), in the reading thread.
         A folder's reads start as soon as a thread is free (no round waits for its slowest GET:
         with hundreds of checkpoints on the target, rounds of SURVEY_THREADS cost one GET's
         latency each); at most SURVEY_WINDOW folders are read ahead of the one being judged."""
-        def read(k: str) -> dict[str, bytes | None]:
-            if problem(k):
-                return {}  # nothing is read under a refused key
-            got = {MANIFEST_NAME: rd.read_file(join_key(k, MANIFEST_NAME)) if join_key(k, MANIFEST_NAME) in keys
-                   else None}
-            if join_key(k, STATE_NAME) in keys and not _says_step(got[MANIFEST_NAME]):
-                got[STATE_NAME] = rd.read_file(join_key(k, STATE_NAME))  # an older manifest: the step is there
-            return got
+        def read(k: str) -> UnitInfo:
+            manifest = None
+            if not problem(k) and join_key(k, MANIFEST_NAME) in keys:  # nothing is read under a refused key
+                manifest = rd.read_file(join_key(k, MANIFEST_NAME))
+            u = judge(k, manifest, keys)
+            if (u.state == COMPLETE and not u.step_known and join_key(k, STATE_NAME) in keys
+                    and any(f.path == STATE_NAME for f in u.files)):
+                u = with_state(u, rd.read_file(join_key(k, STATE_NAME)))  # a manifest older than its step
+            return u
 
         with ThreadPoolExecutor(max(1, min(SURVEY_THREADS, len(folders))), thread_name_prefix="resume-survey") as pool:
-            ahead: deque[tuple[str, Future[dict[str, bytes | None]]]] = deque()
+            ahead: deque[Future[UnitInfo]] = deque()
             todo = iter(folders)
             for k in islice(todo, SURVEY_WINDOW):
-                ahead.append((k, pool.submit(read, k)))
+                ahead.append(pool.submit(read, k))
             try:
                 while ahead:
-                    k, fut = ahead.popleft()
-                    got = fut.result()
+                    u = ahead.popleft().result()
                     nxt = next(todo, None)
                     if nxt is not None:
-                        ahead.append((nxt, pool.submit(read, nxt)))
-                    u = judge(k, got.get(MANIFEST_NAME), keys)
-                    if u.state == COMPLETE and STATE_NAME in got and any(f.path == STATE_NAME for f in u.files):
-                        u = with_state(u, got[STATE_NAME])
+                        ahead.append(pool.submit(read, nxt))
                     yield u
             finally:
-                for _, f in ahead:  # a read failed (or the caller stopped): the ones not started never are
+                for f in ahead:  # a read failed (or the caller stopped): the ones not started never are
                     f.cancel()
 
     def _listed(self, u: UnitInfo, keys: dict[str, int]) -> UnitInfo:
@@ -483,19 +480,6 @@ def _compare(folder: int, u: UnitInfo, sums: dict[str, str]) -> list[str]:
         elif sums.get(f.path) != f.sha256:
             bad.append(f"{f.path}: sha256 differs from the manifest")
     return bad
-
-
-def _says_step(manifest: bytes | None) -> bool:
-    """The manifest carries its unit's step (written from trainer_state.json as it went up), so
-    the survey need not read trainer_state.json: one GET per unit, not two, and a long run's
-    trainer_state.json (its log history: megabytes) is not fetched twenty times."""
-    if manifest is None:
-        return False
-    try:
-        doc = json.loads(manifest)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and trainer_facts(doc) is not None
 
 
 def _epoch(iso: str) -> float | None:
