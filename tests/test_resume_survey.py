@@ -155,7 +155,7 @@ def test_a_trainer_state_changed_since_it_went_up_is_not_described(tmp_path):
     is not the version uploaded (another sha256, or grown) gives no step, and the survey reads
     the file on the target instead."""
     from supervisor.sync.scan import Selected, Unit
-    from supervisor.sync.upload import trainer_facts
+    from supervisor.sync.upload import sent_trainer_facts
 
     f = tmp_path / "trainer_state.json"
     data = b'{"global_step": 70, "max_steps": 700}'
@@ -165,8 +165,8 @@ def test_a_trainer_state_changed_since_it_went_up_is_not_described(tmp_path):
                    "checkpoint-70/trainer_state.json", st.st_ino)
     u = Unit(watch_roots([str(tmp_path)])[0], "dir", "checkpoint-70", "checkpoint-70", selected=[sel])
     good = ManifestFile("trainer_state.json", len(data), hashlib.sha256(data).hexdigest())
-    assert trainer_facts(u, [good]) == (70, 700)
-    assert trainer_facts(u, [ManifestFile("trainer_state.json", len(data), "0" * 64)]) is None
+    assert sent_trainer_facts(u, [good]) == (70, 700)
+    assert sent_trainer_facts(u, [ManifestFile("trainer_state.json", len(data), "0" * 64)]) is None
     f.write_bytes(b'{"global_step": 71, "max_steps": 700}')  # same size, rewritten since the scan
-    assert trainer_facts(u, [good]) is None
-    assert trainer_facts(u, []) is None
+    assert sent_trainer_facts(u, [good]) is None
+    assert sent_trainer_facts(u, []) is None

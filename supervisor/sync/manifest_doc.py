@@ -10,11 +10,12 @@ import json
 import re
 from dataclasses import dataclass
 
+from supervisor.sync.complete import HF_LAST_FILE
 from supervisor.sync.names import BadName, check_tree, remote_path, shown
 from supervisor.timefmt import utc_stamp
 
 FORMAT = "train-supervisor-manifest/1"
-STATE_NAME = "trainer_state.json"   # the HF Trainer's; its step ranks a unit among the others
+STATE_NAME = HF_LAST_FILE           # the HF Trainer's trainer_state.json; its step ranks a unit
 STATE_MAX = 64 << 20                # a trainer_state.json larger than this is not read for its step
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

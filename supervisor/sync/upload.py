@@ -189,12 +189,15 @@ class Uploader:
                 if e is None:
                     return None
                 files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
-            v = u.verdict
-            return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
-                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
-                            trainer=trainer_facts(u, files))
+            return self._manifest_bytes(u, files)
 
         return build
+
+    def _manifest_bytes(self, u: Unit, files: list[mf.ManifestFile]) -> bytes:
+        v = u.verdict
+        return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
+                        source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
+                        trainer=sent_trainer_facts(u, files))
 
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
@@ -268,10 +271,7 @@ class Uploader:
             return
         kept = m is None and maybe_there and self._there_already(u, d)
         if not kept:
-            data = mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
-                            source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
-                            trainer=trainer_facts(u, files))
-            self.target.write_manifest(u.key, data)
+            self.target.write_manifest(u.key, self._manifest_bytes(u, files))
         self.ledger.manifest_done(u.key, d, self.clock.time())
         self.ledger.sync()
         log.info("sync_unit_complete" if v.complete else "sync_unit_damaged_manifest", unit=u.label,
@@ -384,7 +384,7 @@ class _UnitsSink(_Sink):
                 self.failed.add(u.label)
 
 
-def trainer_facts(u: Unit, files: list[mf.ManifestFile]) -> tuple[int, int | None] | None:
+def sent_trainer_facts(u: Unit, files: list[mf.ManifestFile]) -> tuple[int, int | None] | None:
     """(global_step, max_steps) of the unit's trainer_state.json for its manifest, read back as it
     went up (its sha256 must be the one the manifest lists; a file changed since is left out), so
     that a restore ranks the units on the target from their manifests alone. None when there is
