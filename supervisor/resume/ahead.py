@@ -5,7 +5,7 @@ A restore must judge every unit on the target before it may choose (the newest i
 checkpoints on the target that survey costs a GET round per SURVEY_THREADS folders: on a LoRA run
 as long as the download itself. The listing already names the newest folder and every file in it
 with its size, and that folder is nearly always the choice: its download starts as soon as the
-listing is read (`offer(..., listed=True)`), before its manifest is.
+listing is read (`offer()` of a unit `from_listing`), before its manifest is.
 
 Nothing of it is checked against anything but the manifest, and nothing is placed before the
 choice is final:
@@ -67,7 +67,6 @@ class Ahead:
         self.unit: UnitInfo | None = None
         self.dest = ""
         self.t0 = 0.0
-        self.listed = False
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._confirmed = threading.Event()
@@ -85,13 +84,13 @@ class Ahead:
         """Offered from the listing and its manifest not judged yet."""
         return self.started and not self._confirmed.is_set()
 
-    def offer(self, u: UnitInfo, dest: str, listed: bool = False) -> None:
-        """The download of u starts (only the first offer); `listed`: u comes from the listing
-        and waits for confirm()."""
+    def offer(self, u: UnitInfo, dest: str) -> None:
+        """The download of u starts (only the first offer); a unit from_listing waits for
+        confirm() before its bytes are checked."""
         if self._thread is not None or self._cancel.is_set():
             return
-        self.unit, self.dest, self.t0, self.listed = u, dest, time.monotonic(), listed
-        if not listed:
+        self.unit, self.dest, self.t0 = u, dest, time.monotonic()
+        if u.state != LISTED:
             self._confirmed.set()
         self._thread = threading.Thread(target=self._run, name="resume-ahead", daemon=True)
         self._thread.start()

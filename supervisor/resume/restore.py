@@ -251,12 +251,14 @@ class Restorer:
 
         def listed(keys: dict[str, int], folders: list[str]) -> None:
             ahead = guess[0]
-            for k in folders if ahead is not None else ():
+            if ahead is None:
+                return
+            for k in folders:
                 u = from_listing(k, keys) if wanted(k) else None
                 if u is not None:
                     dest, _why = self._dest(u)
                     if dest:
-                        ahead.offer(u, dest, listed=True)
+                        ahead.offer(u, dest)
                     return  # only the newest: an older one is the choice only when a manifest says so
 
         def judged(u: UnitInfo) -> None:
