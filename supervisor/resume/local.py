@@ -8,10 +8,9 @@ import json
 import os
 import stat
 
+from supervisor.sync.manifest_doc import STATE_MAX
 from supervisor.training.checkpoints import checkpoint_step
 from supervisor.training.finder import find_checkpoints
-
-STATE_MAX = 16 << 20
 
 
 def newest_local(folders: list[str], marker: str = "trainer_state.json") -> tuple[str, int] | None:

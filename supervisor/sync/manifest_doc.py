@@ -16,7 +16,7 @@ from supervisor.timefmt import utc_stamp
 
 FORMAT = "train-supervisor-manifest/1"
 STATE_NAME = HF_LAST_FILE           # the HF Trainer's trainer_state.json; its step ranks a unit
-STATE_MAX = 64 << 20                # a trainer_state.json larger than this is not read for its step
+STATE_MAX = 16 << 20                # a trainer_state.json larger than this is not read for its step
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
