@@ -4,7 +4,6 @@ nothing follows a symlink and every file read is capped."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from supervisor.sync.policy import is_cache_dir
 from supervisor.training.checkpoints import checkpoint_step
 from supervisor.training.finder import find_checkpoints
+from supervisor.untrusted import Unreadable, json_object
 
 STATE_FILE = "trainer_state.json"
 STATE_MAX_BYTES = 16 << 20     # a trainer_state.json larger than this is not read (log_history grows)
@@ -121,11 +121,9 @@ def best_checkpoint(folder: str) -> str | None:
         return None
     finally:
         os.close(fd)
-    if len(data) > STATE_MAX_BYTES:
-        return None
     try:
-        v = json.loads(data).get("best_model_checkpoint")
-    except (ValueError, AttributeError):
+        v = json_object(data, limit=STATE_MAX_BYTES, what=STATE_FILE).get("best_model_checkpoint")
+    except Unreadable:
         return None
     return v if isinstance(v, str) and v else None
 

@@ -4,13 +4,13 @@ Trainer). Its path is what the training gets in TRAIN_SUPERVISOR_RESUME_FROM."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
 from supervisor.sync.manifest_doc import STATE_MAX
 from supervisor.training.checkpoints import checkpoint_step
 from supervisor.training.finder import find_checkpoints
+from supervisor.untrusted import Unreadable, finite_int, json_object
 
 
 def newest_local(folders: list[str], marker: str = "trainer_state.json") -> tuple[str, int] | None:
@@ -39,6 +39,7 @@ def _step(path: str) -> int | None:
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError("not a regular file")
-            return int(json.loads(fh.read(STATE_MAX))["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
+            doc = json_object(fh.read(STATE_MAX + 1), limit=STATE_MAX, what="trainer_state.json")
+            return finite_int(doc.get("global_step"), what="global_step")
+    except (OSError, Unreadable):
         return checkpoint_step(os.path.basename(path))

@@ -20,12 +20,18 @@ a format this checker cannot read), is *partial*: its files go up all the same, 
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from dataclasses import dataclass, replace
 
 from supervisor.sync.policy import is_temp_name
+from supervisor.untrusted import (
+    SAFETENSORS_PARSE_MAX,
+    Unreadable,
+    json_doc,
+    safetensors_end,
+    safetensors_header_len,
+    zip_ends_whole,
+)
 
 FUTURE_SKEW_S = 5.0  # mtimes further ahead than this are a clock problem, not activity
 CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
@@ -120,70 +126,37 @@ def _judge(unit_name: str, kind: str, files: list[FileObs], wall_now: float, mon
     return Verdict(True, "complete")
 
 
-# --- format checks (pure: given the bytes read from the file) -----------------------------------
+# --- format checks (pure: given the bytes read from the file; supervisor.untrusted reads them) ---
 
-MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
-
-
-def safetensors_header_len(first8: bytes) -> int | None:
-    if len(first8) < 8:
-        return None
-    (n,) = struct.unpack("<Q", first8[:8])
-    return n if 0 < n <= MAX_SAFETENSORS_HEADER else None
-
-
-def safetensors_whole(first8: bytes, header: bytes, size: int) -> bool:
-    """True when the file holds exactly the bytes its header promises (8 + header + data)."""
+def safetensors_whole(first8: bytes, header: bytes, size: int) -> bool | None:
+    """True when the file holds exactly the bytes its header promises (8 + header + data); None
+    when the header is too large to be worth parsing (the quiet period decides)."""
     n = safetensors_header_len(first8)
     if n is None or len(header) < n:
         return False
+    if n > SAFETENSORS_PARSE_MAX:
+        return None
     try:
-        meta = json.loads(header[:n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        return size == 8 + n + safetensors_end(header[:n])
+    except Unreadable:
         return False
-    if not isinstance(meta, dict):
-        return False
-    end = 0
-    for k, v in meta.items():
-        if k == "__metadata__":
-            continue
-        try:
-            a, b = v["data_offsets"]
-            a, b = int(a), int(b)
-        except (TypeError, KeyError, ValueError):
-            return False
-        if a < 0 or b < a:
-            return False
-        end = max(end, b)
-    return size == 8 + n + end
-
-
-ZIP_LOCAL_MAGIC = b"PK\x03\x04"
-ZIP_EOCD_MAGIC = b"PK\x05\x06"
-ZIP_TAIL = 22 + 65535  # end-of-central-directory record plus the longest comment
 
 
 def zip_whole(tail: bytes) -> bool:
     """True when `tail` (the last bytes of a zip file, up to ZIP_TAIL) ends with a consistent
     end-of-central-directory record: torch.save's archive format is only whole once it is."""
-    i = tail.rfind(ZIP_EOCD_MAGIC)
-    while i != -1:
-        if len(tail) - i >= 22:
-            (comment_len,) = struct.unpack("<H", tail[i + 20:i + 22])
-            if i + 22 + comment_len == len(tail):
-                return True
-        i = tail.rfind(ZIP_EOCD_MAGIC, 0, i)
-    return False
+    return zip_ends_whole(tail)
 
 
 MAX_JSON_CHECK = 16 * 1024 * 1024
 
 
 def json_whole(data: bytes) -> bool:
-    """A JSON file cut short does not parse (trainer_state.json, adapter_config.json)."""
+    """A JSON file cut short does not parse (trainer_state.json, adapter_config.json); nor does one
+    nested beyond reason or holding numbers out of range."""
     try:
-        json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        json_doc(data, limit=MAX_JSON_CHECK, depth=1000)  # whole is all it asks: any depth that parses
+    except Unreadable:
         return False
     return True
 

@@ -36,6 +36,7 @@ MEGATRON_ITER = re.compile(r"^iter_(\d{7})$")
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 NEMO_UNFINISHED = "-unfinished"
 TEXT_MAX = 4096   # a tracker file longer than this is not a tracker
+RANKS_MAX = 1 << 17  # more ranks than any run has: a name claiming more is not a shard to wait for
 
 FORMATS = ("hf", "adapter", "deepspeed", "dcp", "megatron", "nemo", "lightning", "files")
 
@@ -48,6 +49,8 @@ class Facts:
     texts: Mapping[str, str] = field(default_factory=dict)  # small tracker files: rel in the unit, or
                                                        # "../NAME" beside it -> their text
     siblings: frozenset[str] = frozenset()             # names beside the unit (markers written there)
+    text_mtimes: Mapping[str, float] = field(default_factory=dict)  # those tracker files' mtimes
+    newest: float | None = None                        # the newest mtime among the unit's own files
 
 
 def detect(unit_name: str, rels: Iterable[str], siblings: Iterable[str] = ()) -> str:
@@ -119,9 +122,14 @@ def _deepspeed(names: list[str], facts: Facts) -> str:
 
 
 def _ranks(folder: str, files: list[str], world: int | None) -> str:
-    shards = {(int(m.group(1)), int(m.group(2))): n for n in files if (m := DS_SHARD.match(n))}
-    models = [n for n in files if DS_MODEL.match(n)]
     where = f"{folder}/" if folder else ""
+    shards = {}
+    for n in files:
+        if m := DS_SHARD.match(n):
+            if len(m.group(1)) > 7 or len(m.group(2)) > 7:  # int() of a 5,000-digit name raises
+                return f"{where}{n[:80]} to name a rank any run has (its number is {len(m.group(1))} digits long)"
+            shards[(int(m.group(1)), int(m.group(2)))] = n
+    models = [n for n in files if DS_MODEL.match(n)]
     if not models:
         return f"{where}mp_rank_00_model_states.pt (the model's states)"
     if not shards:
@@ -132,6 +140,9 @@ def _ranks(folder: str, files: list[str], world: int | None) -> str:
     if world is not None and world % mps == 0:
         dps = max(dps, world // mps)
     total = dps * mps
+    if total > RANKS_MAX:
+        # a name like zero_pp_rank_9999999_... would have the loop below count ranks for hours
+        return f"{where}shards of {total} ranks, more than any run has ({RANKS_MAX}): not judged complete"
     for mp in range(mps):
         for dp in range(dps):
             if (dp, mp) not in shards:
@@ -152,11 +163,18 @@ def _megatron(base: str, facts: Facts) -> str:
     said = text.strip()
     if said == "release":
         return ""
-    try:
-        latest = int(said)
-    except ValueError:
+    latest = int(said) if said.isascii() and said.isdigit() and len(said) <= 15 else None
+    if latest is None:
         return f"{MEGATRON_TRACKER} to name iteration {n} (it holds {said[:40]!r})"
-    return "" if latest >= n else f"{MEGATRON_TRACKER} to name iteration {n} (it names {latest})"
+    if latest < n:
+        return f"{MEGATRON_TRACKER} to name iteration {n} (it names {latest})"
+    # Megatron rewrites the tracker after each save: one older than this iteration's files is left
+    # from an earlier run (a rollback), and says nothing of the save now being written
+    written = facts.text_mtimes.get(f"../{MEGATRON_TRACKER}")
+    if written is not None and facts.newest is not None and written < facts.newest:
+        return (f"{MEGATRON_TRACKER} to be written after iteration {n} (it names {latest} but is older "
+                "than this iteration's files: left from an earlier run)")
+    return ""
 
 
 def texts_wanted(fmt: str, unit_name: str, rels: Iterable[str]) -> list[str]:

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from supervisor.sync.complete import HF_LAST_FILE
 from supervisor.sync.names import BadName, check_tree, remote_path, shown
 from supervisor.timefmt import utc_stamp
+from supervisor.untrusted import Unreadable, finite_int, int_or_none, json_doc, json_object
 
 FORMAT = "train-supervisor-manifest/1"
 STATE_NAME = HF_LAST_FILE           # the HF Trainer's trainer_state.json; its step ranks a unit
 STATE_MAX = 16 << 20                # a trainer_state.json larger than this is not read for its step
+MANIFEST_MAX = 64 << 20             # a manifest larger than this is not one of ours
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -71,35 +73,35 @@ def parse(data: bytes) -> list[ManifestFile]:
 def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
     """The manifest's document and its files; ValueError naming what is wrong."""
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"manifest is not JSON: {e}") from None
+        doc = json_doc(data, limit=MANIFEST_MAX, what="manifest")
+    except Unreadable as e:
+        raise Unreadable(f"manifest is not readable: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError("not a train-supervisor manifest")
+        raise Unreadable("not a train-supervisor manifest")
     out = []
     files = doc.get("files") or []
     if not isinstance(files, list):
-        raise ValueError("manifest 'files' is not a list")
+        raise Unreadable("manifest 'files' is not a list")
     for i, f in enumerate(files):
         try:
             path, size, sha = f["path"], f["size"], f["sha256"]
         except (KeyError, TypeError):
-            raise ValueError(f"manifest entry {i} is malformed") from None
+            raise Unreadable(f"manifest entry {i} is malformed") from None
         # the target's words, not ours: checked before anything joins them to a folder here
         try:
             rel = remote_path(path, f"manifest entry {i}: the path")
         except BadName as e:
-            raise ValueError(str(e)) from None
+            raise Unreadable(str(e)) from None
         if type(size) is not int or size < 0:
-            raise ValueError(f"manifest entry {i} ({shown(path)}): size {shown(size)} is not a byte count")
+            raise Unreadable(f"manifest entry {i} ({shown(path)}): size {shown(size)} is not a byte count")
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-            raise ValueError(f"manifest entry {i} ({shown(path)}): sha256 {shown(sha)} is not 64 hex digits")
+            raise Unreadable(f"manifest entry {i} ({shown(path)}): sha256 {shown(sha)} is not 64 hex digits")
         out.append(ManifestFile(rel, size, sha))
     clash = check_tree([f.path for f in out])  # type: ignore[misc]
     if clash:
-        raise ValueError(f"manifest {clash}")
+        raise Unreadable(f"manifest {clash}")
     if doc.get("digest") and doc["digest"] != digest(out):
-        raise ValueError("manifest digest does not match its file list")
+        raise Unreadable("manifest digest does not match its file list")
     return doc, out
 
 
@@ -108,12 +110,12 @@ def state_facts(data: bytes | None) -> tuple[int, int | None] | None:
     if data is None:
         return None
     try:
-        doc = json.loads(data.decode("utf-8"))
-        step = int(doc["global_step"])
-        mx = doc.get("max_steps")
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        doc = json_object(data, limit=STATE_MAX, what=STATE_NAME)
+        step = finite_int(doc.get("global_step"), what="global_step")
+    except Unreadable:
         return None
-    return step, (int(mx) if isinstance(mx, int | float) and not isinstance(mx, bool) and mx > 0 else None)
+    mx = int_or_none(doc.get("max_steps"), lo=1)
+    return step, mx
 
 
 def trainer_facts(doc: dict) -> tuple[int, int | None] | None:
@@ -122,9 +124,8 @@ def trainer_facts(doc: dict) -> tuple[int, int | None] | None:
     t = doc.get("trainer_state")
     if not isinstance(t, dict):
         return None
-    step, mx = t.get("global_step"), t.get("max_steps")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    step = t.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool):
         return None
-    if not (isinstance(mx, int) and not isinstance(mx, bool) and mx > 0):
-        mx = None
-    return step, mx
+    step = int_or_none(step)
+    return None if step is None else (step, int_or_none(t.get("max_steps"), lo=1))

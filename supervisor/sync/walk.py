@@ -16,8 +16,6 @@ from supervisor.sync import scan as sc
 from supervisor.sync._log import Once
 from supervisor.sync.complete import (
     MAX_JSON_CHECK,
-    ZIP_LOCAL_MAGIC,
-    ZIP_TAIL,
     Verdict,
     checkable,
     json_whole,
@@ -29,6 +27,7 @@ from supervisor.sync.complete import (
 from supervisor.sync.policy import Policy
 from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step
+from supervisor.untrusted import SAFETENSORS_PARSE_MAX, ZIP_LOCAL_MAGIC, ZIP_TAIL, Unreadable, text
 
 WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often
 
@@ -125,11 +124,13 @@ class Walker:
         names beside it and the small tracker files a rule names: never a shard, never a pickle."""
         fmt, name, rels, near = self._detect(u, siblings)
         texts: dict[str, str] = {}
+        mtimes: dict[str, float] = {}
         for rel in formats.texts_wanted(fmt, name, rels):
-            text = read_text(os.path.normpath(os.path.join(u.abspath, rel)))
-            if text is not None:
-                texts[rel] = text
-        return fmt, formats.waiting_for(fmt, name, rels, formats.Facts(world, texts, near))
+            got = read_text(os.path.normpath(os.path.join(u.abspath, rel)))
+            if got is not None:
+                texts[rel], mtimes[rel] = got
+        newest = max((f.mtime for f in u.files), default=None)
+        return fmt, formats.waiting_for(fmt, name, rels, formats.Facts(world, texts, near, mtimes, newest))
 
     def _leave_out_sparse(self, u: sc.Unit) -> None:
         """A sparse file is not uploaded (complete.sparse): the rest of its folder goes up with a
@@ -245,6 +246,8 @@ def read_whole(path: str, kind: str | None, size: int,
             n = safetensors_header_len(first8)
             if n is None or 8 + n > size:
                 return False
+            if n > SAFETENSORS_PARSE_MAX:
+                return None  # not worth a gigabyte to parse: the quiet period decides
             return safetensors_whole(first8, os.pread(fd, n, 8), size)
         if kind == "zip":
             if os.pread(fd, 4, 0) != ZIP_LOCAL_MAGIC:
@@ -270,22 +273,25 @@ def read_whole(path: str, kind: str | None, size: int,
         os.close(fd)
 
 
-def read_text(path: str) -> str | None:
-    """A tracker file's text (`latest`, `latest_checkpointed_iteration.txt`): a regular file, no
-    link followed, at most formats.TEXT_MAX bytes; None when it is not there or not such a file."""
+def read_text(path: str) -> tuple[str, float] | None:
+    """A tracker file's text (`latest`, `latest_checkpointed_iteration.txt`) and its mtime: a
+    regular file, no link followed, at most formats.TEXT_MAX bytes; None when it is not there or
+    not such a file."""
     try:
         fd = open_regular(path)
     except OSError:
         return None
     try:
+        mtime = os.fstat(fd).st_mtime_ns / 1e9
         data = os.read(fd, formats.TEXT_MAX + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    if len(data) > formats.TEXT_MAX:
+    try:
+        return text(data, limit=formats.TEXT_MAX, what=os.path.basename(path)), mtime
+    except Unreadable:
         return None
-    return data.decode("utf-8", "replace")
 
 
 def tell_sparse(found: dict[str, tuple[int, int]], told: set[tuple[str, int]], alerts: AlertSink | None) -> None:

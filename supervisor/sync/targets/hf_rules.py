@@ -6,13 +6,13 @@ after a checkpoint, and the git blob id the Hub's tree lists for a regular file.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable
 from typing import Any
 
 from supervisor.redact import register as register_secret
 from supervisor.sync.targets.base import AccessDenied
+from supervisor.untrusted import Unreadable, json_object
 
 
 def git_blob_id(data: bytes) -> str:
@@ -66,10 +66,9 @@ def find_token(token_file: str, env: dict[str, str]) -> tuple[str | None, str]:
 
 def parse_trainer_state(data: bytes) -> dict | None:
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        return json_object(data, what="trainer_state.json")
+    except Unreadable:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def unit_summary(unit: str, state: dict | None) -> str:
