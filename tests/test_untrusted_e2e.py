@@ -70,7 +70,7 @@ def test_hostile_files_beside_a_good_checkpoint_never_stop_the_sync_status_or_th
     wait_until(lambda: "checkpoint-10/_MANIFEST.json" in s3_server.objects(s3_prefix), 60,
                what="the good checkpoint's manifest")
     t0 = time.monotonic()
-    st = d.status()
+    d.status()
     assert time.monotonic() - t0 < 1.0
     r = d.ctl("status")
     assert r.returncode == 0 and "internal error" not in r.stdout + r.stderr, r.stdout + r.stderr
