@@ -4,6 +4,7 @@ answers at once, the finish stop completes, and no pass fails."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import struct
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sync.manifest_doc import FORMAT
+from supervisor.sync.manifest_doc import FORMAT, ManifestFile, build
 from tests.fixtures.hf_writer import HFWriter, safetensors_bytes
 from tests.fixtures.inproc import wait_mail
 from tests.fixtures.nvml import gpu
@@ -95,3 +96,41 @@ def test_hostile_files_beside_a_good_checkpoint_never_stop_the_sync_status_or_th
     log = d.log_text()
     assert "sync_iteration_failed" not in log and "Traceback" not in log, log[-4000:]
     assert lines(tmp_path / "stopped.txt") == ["stopped"]
+
+
+def put_unit(s3, prefix: str, unit: str, files: dict[str, bytes], manifest: bytes | None = None) -> None:
+    """A unit on the target as the sync leaves it: its files, then its manifest (or the given bytes)."""
+    c = s3.client()
+    listed = []
+    for name, data in files.items():
+        c.put_object(Bucket=s3.bucket, Key=f"{prefix}/{unit}/{name}", Body=data)
+        listed.append(ManifestFile(name, len(data), hashlib.sha256(data).hexdigest()))
+    doc = manifest if manifest is not None else build(unit, listed, time.time(), host="box-a")
+    c.put_object(Bucket=s3.bucket, Key=f"{prefix}/{unit}/_MANIFEST.json", Body=doc)
+
+
+def test_a_hostile_target_never_kills_the_restore_a_good_checkpoint_beside_it_is_restored(
+        tmp_path, make_daemon, s3_server, s3_prefix):
+    files = dict(HFWriter(tmp_path / "src").checkpoint_files(10, model_bytes=1000, optimizer_bytes=1000))
+    put_unit(s3_server, s3_prefix, "checkpoint-10", files)
+    # newer units whose manifest or trainer_state.json no reader may choke on
+    put_unit(s3_server, s3_prefix, "checkpoint-30", files, manifest=b'{"files": ' + b"[" * 100_000)
+    put_unit(s3_server, s3_prefix, "checkpoint-40", files, manifest=b"[" * 100_000 + b"]" * 100_000)
+    put_unit(s3_server, s3_prefix, "checkpoint-50", {**files, "trainer_state.json": b'{"global_step": 1e999}'},
+             manifest=b'{"format": "train-supervisor-manifest/1", "complete": true, "files": 7}')
+    out = tmp_path / "out"
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('resume from', os.environ.get('TRAIN_SUPERVISOR_RESUME_FROM'))\n")
+    d = make_daemon({"training": {"command": f"{sys.executable} {script}", "autostart": True,
+                                  "log": str(tmp_path / "train.log")},
+                     "sync": {**s3_server.sync_config(s3_prefix), "watch": [str(out)], "quiet_period": "0.3s"},
+                     "resume": {"from_target": True}, "alerts": {"first_delay": "0"}})
+    d.wait_training("FINISHED", timeout=60)
+    st = d.status()["resume"]
+    assert st["state"] == "done" and st["result"]["unit"] == "checkpoint-10", st
+    skipped = {s["unit"]: s["why"] for s in st["result"]["skipped"]}
+    assert {"checkpoint-30", "checkpoint-40", "checkpoint-50"} <= set(skipped), skipped
+    assert "nests deeper" in skipped["checkpoint-40"], skipped
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-10").iterdir()} == files
+    assert f"resume from {out / 'checkpoint-10'}" in (tmp_path / "train.log").read_text()
+    assert "Traceback" not in d.log_text()

@@ -18,10 +18,12 @@ skew would otherwise read as silence (or hide it).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from supervisor.config.cluster import PART_PREFIX, Identity
+from supervisor.untrusted import Unreadable, int_or_none, json_object
 
 CLUSTER_FOLDER = "_cluster"
 BEAT_MAX = 64 << 10  # bytes: a heartbeat larger than this is not one of ours
@@ -61,16 +63,12 @@ def beat_doc(b: Beat) -> bytes:
 def parse_beat(data: bytes, rank: int) -> Beat:
     """ValueError naming what is wrong with what was read as node `rank`'s heartbeat."""
     if len(data) > BEAT_MAX:
-        raise ValueError(f"node {rank}'s heartbeat is {len(data)} bytes, more than any heartbeat")
-    try:
-        d = json.loads(data)
-    except ValueError:
-        raise ValueError(f"node {rank}'s heartbeat is not JSON") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"node {rank}'s heartbeat is not an object")
+        raise Unreadable(f"node {rank}'s heartbeat is {len(data)} bytes, more than any heartbeat")
+    d = json_object(data, limit=BEAT_MAX, depth=4, what=f"node {rank}'s heartbeat")
     seq, at, r = d.get("seq"), d.get("at"), d.get("rank")
-    if r != rank or isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(at, int | float):
-        raise ValueError(f"node {rank}'s heartbeat lacks its rank, seq or time")
+    if r != rank or int_or_none(seq) is None or not isinstance(at, int | float) or isinstance(at, bool) \
+            or not math.isfinite(at):
+        raise Unreadable(f"node {rank}'s heartbeat lacks its rank, seq or time")
     run = d.get("run")
     return Beat(rank, str(d.get("host") or "")[:253], seq, str(d.get("boot") or "")[:80], float(at),
                 str(d.get("training") or "")[:16], run if isinstance(run, int) and not isinstance(run, bool) else 0,

@@ -8,7 +8,6 @@ added for this: `status --host` runs `supervisorctl status --json` on each machi
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from typing import Any
 
 from supervisor.durations import format_duration
 from supervisor.timefmt import clock
+from supervisor.untrusted import Unreadable, json_doc
 
 IDLE_STATES = ("IDLE", "WARNED", "STOPPING", "STOPPED")
 ACTIVE_STATES = ("ACTIVE",)
@@ -121,8 +121,8 @@ def interpret(host: str, rc: int, stdout: str, stderr: str) -> HostResult:
                           exit_code=rc)
     if rc in (0, 3):
         try:
-            st = json.loads(stdout)
-        except json.JSONDecodeError:
+            st = json_doc(stdout, what="status JSON")
+        except Unreadable:
             return HostResult(host, False, error="answered with something that is not status JSON", exit_code=rc)
         if isinstance(st, dict):
             return HostResult(host, True, status=st, exit_code=rc)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import glob
-import json
 import os
 import stat
 import subprocess
@@ -29,6 +28,7 @@ from supervisor.idle.machine import Now, Signal, Signals
 from supervisor.interfaces import GpuView, TrainingInfo
 from supervisor.proc import CpuProbe
 from supervisor.states import TRAINING_ALIVE, TrainingState
+from supervisor.untrusted import Unreadable, json_doc
 
 log = structlog.get_logger("activity")
 
@@ -346,7 +346,10 @@ class JupyterProbe:
         if token:
             req.add_header("Authorization", f"token {token}")
         with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310 - the configured URL
-            return json.loads(r.read(4 * 1024 * 1024).decode("utf-8", "replace"))
+            try:
+                return json_doc(r.read(4 * 1024 * 1024), what="Jupyter's answer")
+            except Unreadable:
+                return None
 
     def probe(self, now_wall: float, window: float) -> Probe:
         if not self.base:

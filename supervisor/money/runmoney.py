@@ -18,6 +18,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from supervisor.untrusted import Unreadable, float_or_none, int_or_none, json_doc
+
 LEDGER = "_run/ledger"
 RECORD_FORMAT = "train-supervisor-run-boot/1"
 RECORD_MAX = 16 << 10
@@ -63,21 +65,21 @@ def parse_record(data: bytes, run_id: str) -> Boot | None:
     if len(data) > RECORD_MAX:
         return None
     try:
-        d = json.loads(data)
-    except ValueError:
+        d = json_doc(data, limit=RECORD_MAX, what="a run record")
+    except Unreadable:
         return None
     if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT or d.get("run_id") != run_id:
         return None
-    num = (int, float)
-    since, secs, upd, price = d.get("since"), d.get("seconds"), d.get("updated"), d.get("price_per_hour")
-    rank = d.get("rank")
-    if not all(isinstance(v, num) and not isinstance(v, bool) for v in (since, secs, upd)):
+    since, upd = float_or_none(d.get("since"), lo=0), float_or_none(d.get("updated"), lo=0)
+    secs = float_or_none(d.get("seconds"), lo=0, hi=10 * 365 * 86400)
+    price = d.get("price_per_hour")
+    if since is None or upd is None or secs is None:
         return None
-    if not 0 <= secs <= 10 * 365 * 86400 or (price is not None and (not isinstance(price, num) or price < 0)):
+    if price is not None and (price := float_or_none(price, lo=0, hi=1e6)) is None:
         return None
     return Boot(str(d.get("host") or "")[:253], str(d.get("boot_id") or "")[:80],
-                rank if isinstance(rank, int) and not isinstance(rank, bool) else 0, float(since), float(secs),
-                None if price is None else float(price), str(d.get("currency") or "")[:8], float(upd))
+                int_or_none(d.get("rank"), hi=1 << 20) or 0, since, secs, price,
+                str(d.get("currency") or "")[:8], upd)
 
 
 @dataclass(frozen=True)

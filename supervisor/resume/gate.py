@@ -105,6 +105,7 @@ class ResumeGate:
 
     def _run(self, start: Callable[[], dict]) -> None:
         attempt = 0
+        unexpected = False
         while not self._closing.is_set():
             try:
                 res = self._with(lambda rs: rs.restore())
@@ -124,7 +125,14 @@ class ResumeGate:
                 self._set(state="fresh", note=words.nothing_on_target(self.hostname, self.engine.display, str(e)))
                 self._start(start)
                 return
-            except (TargetError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - the thread must never die with status saying "restoring"
+                if not isinstance(e, TargetError | OSError):
+                    # a bug or a target's bytes no reader expected: said once, then handled like a
+                    # target that cannot be read (the owner's if_unreachable decides: wait or fresh)
+                    if not unexpected:
+                        log.exception("resume_internal_error")
+                    unexpected = True
+                    e = TargetError(f"internal error while restoring: {type(e).__name__}: {str(e)[:200]}")
                 attempt += 1
                 delay = min(RETRY_MAX_S, self.retry_base_s * 2 ** (attempt - 1))
                 fresh = self.cfg.resume.if_unreachable == "start_fresh"

@@ -12,11 +12,12 @@ network; `MetadataWatcher` is the thin shell that asks, with short timeouts, and
 from __future__ import annotations
 
 import email.utils
-import json
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+
+from supervisor.untrusted import Unreadable, json_doc
 
 PROVIDERS = ("ec2", "gcp", "azure")
 DEFAULT_URLS = {
@@ -58,8 +59,8 @@ def parse_ec2_action(status: int, body: bytes, now: float) -> Notice | None:
     if status != 200:
         return None
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        doc = json_doc(body, limit=1 << 20, what="the metadata service's answer")
+    except Unreadable:
         return Notice("ec2", "terminate", now + TYPICAL_NOTICE_S["ec2"], "unreadable instance-action reply")
     if not isinstance(doc, dict):
         return Notice("ec2", "terminate", now + TYPICAL_NOTICE_S["ec2"], "unreadable instance-action reply")
@@ -90,8 +91,8 @@ def parse_azure_events(status: int, body: bytes, now: float) -> Notice | None:
     if status != 200:
         return None
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        doc = json_doc(body, limit=1 << 20, what="the metadata service's answer")
+    except Unreadable:
         return None
     events = doc.get("Events") if isinstance(doc, dict) else None
     for ev in events if isinstance(events, list) else []:

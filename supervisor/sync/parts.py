@@ -17,6 +17,9 @@ from collections.abc import Callable
 from supervisor.config.cluster import PART_PREFIX
 from supervisor.sync.manifest_doc import digest, parse_doc
 from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.untrusted import Unreadable, json_object
+
+RECORD_MAX = 1 << 20  # a run-wide record names one digest per node
 
 RECORDS = "_cluster"
 RECORD_FORMAT = "train-supervisor-run-unit/1"
@@ -51,10 +54,10 @@ def record_names_all(data: bytes | None, unit: str, nodes: int) -> bool:
     if data is None:
         return False
     try:
-        doc = json.loads(data)
-    except ValueError:
+        doc = json_object(data, limit=RECORD_MAX, what="a run-wide record")
+    except Unreadable:
         return False
-    parts = doc.get("parts") if isinstance(doc, dict) else None
+    parts = doc.get("parts")
     return (doc.get("format") == RECORD_FORMAT and doc.get("unit") == unit and isinstance(parts, dict)
             and all(isinstance(parts.get(str(k)), str) and parts[str(k)] for k in range(nodes)))
 

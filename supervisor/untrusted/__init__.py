@@ -26,7 +26,9 @@ from supervisor.untrusted.readers import (
     DEPTH_MAX,
     INT_MAX,
     Unreadable,
+    finite_float,
     finite_int,
+    float_or_none,
     int_or_none,
     json_doc,
     json_object,
@@ -35,6 +37,6 @@ from supervisor.untrusted.readers import (
 
 __all__ = [
     "DEPTH_MAX", "INT_MAX", "SAFETENSORS_HEADER_MAX", "SAFETENSORS_PARSE_MAX", "ZIP_EOCD_MAGIC",
-    "ZIP_LOCAL_MAGIC", "ZIP_TAIL", "Unreadable", "finite_int", "int_or_none", "json_doc", "json_object",
+    "ZIP_LOCAL_MAGIC", "ZIP_TAIL", "Unreadable", "finite_float", "finite_int", "float_or_none", "int_or_none", "json_doc", "json_object",
     "safetensors_end", "safetensors_header_len", "text", "zip_ends_whole",
 ]

@@ -80,6 +80,28 @@ def finite_int(v: object, *, lo: int = 0, hi: int = INT_MAX, what: str = "the va
     return v
 
 
+def finite_float(v: object, *, lo: float = float("-inf"), hi: float = float("inf"),
+                 what: str = "the value") -> float:
+    """`v` as a finite float in [lo, hi] (an int or a float, never a bool, nan or inf); else Unreadable."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise Unreadable(f"{what} is not a number")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise Unreadable(f"{what} is out of range") from None
+    if not math.isfinite(f) or not (lo <= f <= hi):
+        raise Unreadable(f"{what} is out of range")
+    return f
+
+
+def float_or_none(v: object, *, lo: float = float("-inf"), hi: float = float("inf")) -> float | None:
+    """finite_float, or None where it is not one."""
+    try:
+        return finite_float(v, lo=lo, hi=hi)
+    except Unreadable:
+        return None
+
+
 def int_or_none(v: object, *, lo: int = 0, hi: int = INT_MAX) -> int | None:
     """finite_int, or None where it is not one."""
     try:

@@ -26,7 +26,6 @@ batch, one PUT per missing object). `describe()` says which, and why.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Collection
 from pathlib import Path
@@ -51,6 +50,7 @@ from supervisor.sync.targets.hf_repo import HubRepo
 from supervisor.sync.targets.hf_rules import parse_trainer_state, unit_of, unit_summary
 from supervisor.sync.targets.hf_stage import Stager
 from supervisor.syncurl import TargetURL
+from supervisor.untrusted import Unreadable, json_object
 
 STATE_MAX = 32 << 20            # trainer_state.json read for commit messages only up to this size
 
@@ -176,8 +176,10 @@ class HfTarget:
     # --- small helpers --------------------------------------------------------------------------------
     def _state_from_manifest(self, data: bytes | None) -> dict | None:
         try:
-            src = json.loads(data or b"").get("source") or ""
-        except (ValueError, AttributeError):
+            src = json_object(data or b"", what="the manifest").get("source") or ""
+        except Unreadable:
+            return None
+        if not isinstance(src, str):
             return None
         return _read_state(os.path.join(src, "trainer_state.json")) if src else None
 

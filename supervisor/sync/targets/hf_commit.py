@@ -6,7 +6,6 @@ a commit landed before a crash is recognised (same digest) and not committed aga
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from supervisor.sync._log import get_logger
@@ -15,6 +14,7 @@ from supervisor.sync.targets.base import LocalFile, SourceProblem, TargetError, 
 from supervisor.sync.targets.hf_repo import HubRepo
 from supervisor.sync.targets.hf_rules import git_blob_id
 from supervisor.sync.targets.hf_stage import Staged
+from supervisor.untrusted import Unreadable, json_object
 
 log = get_logger("sync.hf")
 
@@ -121,8 +121,8 @@ def remote_etag(o: Any) -> str | None:
 
 def manifest_digest(manifest: bytes) -> str | None:
     try:
-        d = json.loads(manifest).get("digest")
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        d = json_object(manifest, what="the manifest").get("digest")
+    except Unreadable:
         return None
     return d if isinstance(d, str) and d else None
 
