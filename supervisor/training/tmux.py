@@ -20,8 +20,9 @@ class TmuxError(Exception):
 
 
 def under_systemd() -> bool:
-    """True when we can put the tmux server in a scope of its own, outside the daemon's cgroup, so
-    that `systemctl restart train-supervisor` (which kills the unit's cgroup) spares the training."""
+    """True when we can put the tmux server in a transient service of its own, outside the daemon's
+    unit: `systemctl restart train-supervisor` (which kills the unit's cgroup) spares the training,
+    and none of the unit's sandbox or memory cap falls on it."""
     return (os.geteuid() == 0 and os.path.isdir("/run/systemd/system") and shutil.which("systemd-run") is not None
             and os.environ.get("TRAIN_SUPERVISOR_NO_SCOPE") != "1")
 
@@ -37,6 +38,29 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
     out = base(env, as_other_user=False)
     out.update({k: env[k] for k in RUNNER_NEEDS if k in env})
     return out
+
+
+# What the training's transient service sets that a service would not have by default: the limits the
+# training needs (NCCL over InfiniBand/RoCE locks large buffers, DataLoader workers outgrow 1024
+# descriptors, workers x threads outgrow a task cap), and an OOM kill of one worker leaves the rest
+# to the training (the daemon alerts on it) instead of stopping the whole service.
+TRAINING_PROPERTIES = ("Type=forking", "LimitMEMLOCK=infinity", "LimitNOFILE=65536", "TasksMax=infinity",
+                       "OOMPolicy=continue")
+
+
+def transient_service(unit: str, description: str, argv: list[str], *, properties: tuple[str, ...] | list[str] = (),
+                      env: Mapping[str, str] | None = None, wait: bool = False, pipe: bool = False) -> list[str]:
+    """The systemd-run command line that runs `argv` as a transient SERVICE (never a scope: a scope's
+    processes are our children and keep our unit's sandbox, a service is started by systemd afresh).
+    `env`: harmless names only (they are on the command line, and in the unit for `systemctl show`)."""
+    args = ["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--description={description}"]
+    args += [f"--property={p}" for p in properties]
+    args += [f"--setenv={k}={v}" for k, v in (env or {}).items()]
+    if wait:
+        args.append("--wait")
+    if pipe:
+        args.append("--pipe")
+    return [*args, "--", *argv]
 
 
 class Tmux:
@@ -66,23 +90,30 @@ class Tmux:
             return False
 
     def new_session(self, name: str, argv: list[str], cwd: str | None, scope_unit: str | None = None) -> None:
+        """The session `name` running `argv`; under systemd its server is the main process of the
+        transient service `scope_unit` (the name is older than the service)."""
+        unit = scope_unit
         Path(self.socket).parent.mkdir(parents=True, exist_ok=True)
         args = [self.binary, "-S", self.socket, "new-session", "-d", "-s", name, "-x", "220", "-y", "50"]
         if cwd:
             args += ["-c", cwd]
         args += ["--", *argv]
-        if scope_unit and under_systemd():
-            args = ["systemd-run", "--scope", "--quiet", "--collect", f"--unit={scope_unit}",
-                    "--description=train-supervisor training (tmux)", "--", *args]
+        env = server_env(os.environ)
+        if unit and under_systemd():
+            # Type=forking: the tmux client forks the server and exits once the session exists; the
+            # server (the service's main process) holds the panes. Where our server already runs, the
+            # session joins it (in its own service) and this one ends empty, as a scope did.
+            args = transient_service(unit, "train-supervisor training (tmux)", args,
+                                     properties=TRAINING_PROPERTIES, env=env)
         try:
-            cp = subprocess.run(args, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
-                                env=server_env(os.environ))
+            cp = subprocess.run(args, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL, env=env)
         except FileNotFoundError as e:
             raise TmuxError(f"cannot run {e.filename}: not installed") from None
         except subprocess.TimeoutExpired:
             raise TmuxError("tmux new-session timed out") from None
         if cp.returncode != 0:
-            raise TmuxError(f"tmux new-session failed: {(cp.stderr or cp.stdout).strip()}")
+            hint = f" (its output: journalctl -u {unit})" if args[0] == "systemd-run" else ""
+            raise TmuxError(f"tmux new-session failed: {(cp.stderr or cp.stdout).strip()}{hint}")
         # keep the training alive if its own tmux client disconnects or the server is asked to exit
         self._run("set-option", "-t", f"={name}", "remain-on-exit", "off", check=False)
 
