@@ -17,10 +17,13 @@ supervisor.gpu.health for the verdict, keeps it for status and metrics, and send
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -34,7 +37,10 @@ from supervisor.gpu.nvml import NvmlProbe
 from supervisor.interfaces import Duty, TrainingView, Verb
 from supervisor.notify.mails import health as words
 from supervisor.states import TRAINING_ALIVE, TrainingState
-from supervisor.training.job import TrainingError
+from supervisor.training.job import TrainingError, start_env
+from supervisor.training.runner import as_user
+from supervisor.training.safeopen import open_to_others, user_ids
+from supervisor.training.tmux import server_env, transient_service, under_systemd
 
 log = structlog.get_logger("health")
 
@@ -62,6 +68,13 @@ ts = [threading.Thread(target=run, args=(i,)) for i in range(torch.cuda.device_c
 [t.start() for t in ts]; [t.join() for t in ts]
 print(json.dumps({"tflops": out, "torch": torch.__version__}))
 """
+
+# How the burn-in's Python starts: the environment arrives on stdin, never in argv (which every local
+# user reads in /proc) nor in a transient unit's properties (which `systemctl show` prints to anyone);
+# the Python then runs the burn-in in a fresh exec of itself with exactly that environment (the
+# loader reads LD_LIBRARY_PATH only at a process's start).
+BOOT = ("import json, os, sys; e = json.loads(sys.stdin.read()); "
+        "os.execve(sys.executable, [sys.executable, '-c', sys.argv[1], *sys.argv[2:]], e)")
 
 
 class HealthWatch:
@@ -204,36 +217,66 @@ class HealthWatch:
             log.error("health_state_save_failed", error=str(e))
 
     def _run_burn_in(self, seconds: float) -> None:
-        env = {**os.environ, **self.job.env}
+        """The training's Python runs the load test as the training would run: the job's own
+        environment (jobenv: never a secret of the daemon's), as training.user, and under systemd in a
+        transient service of its own (outside this unit's sandbox and memory cap, as the training).
+        Nothing of another user's ever runs as root: no drop to training.user, no burn-in."""
+        self._burn = {"state": "running", "seconds": seconds}
+        env, _ = start_env(self.job, dict, None)
         # every GPU of the machine, numbered as NVML numbers them (PCI bus order, not CUDA's fastest-first)
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         py = _training_python(self.job.workdir, env.get("PATH"))
-        self._burn = {"state": "running", "seconds": seconds}
         if not py:
-            self._burn = {"state": "skipped", "note": "no python3 in the training's workdir venv or PATH"}
-            log.info("burn_in_skipped", reason=self._burn["note"])
+            self._skip("no python3 in the training's workdir venv or PATH")
             return
-        argv = [py, "-c", BURN_IN, str(seconds)]
-        user = self.job.user
-        if user and os.geteuid() == 0 and shutil.which("runuser"):
-            argv = ["runuser", "-u", user, "--", *argv]  # the training's Python runs as the training's user
+        who = _burn_in_identity(self.job.user, env, set(self.job.env))
+        if isinstance(who, str):
+            self._skip(f"{who}; no burn-in rather than the training's Python as another user")
+            return
+        if who is None:
+            why = _not_roots_alone(py, self.job.workdir or None, env)
+            if why:
+                self._skip(f"would run {py} as root ({why}); set training.user to run it as the training's user")
+                return
+        argv = [py, "-c", BOOT, BURN_IN, str(seconds)]
+        popen: dict[str, Any] = {"env": env, "cwd": self.job.workdir or None}
+        if under_systemd():
+            name = who["name"] if who else None
+            argv = burn_in_service(argv, user=name, workdir=self.job.workdir or None, max_s=seconds + 120)
+            popen = {"env": server_env(os.environ)}
+        elif who:
+            popen.update(user=who["user"], group=who["group"], extra_groups=who["extra_groups"])
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=seconds + 120,
-                               cwd=self.job.workdir or None)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 150,
+                               input=json.dumps(env), **popen)
             out = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
-        except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+            if not isinstance(out, dict):
+                raise ValueError(f"not a JSON object: {str(out)[:80]}")
+        except (OSError, subprocess.TimeoutExpired, ValueError, RecursionError) as e:
             self._burn = {"state": "failed", "note": f"{type(e).__name__}: {e}"[:300]}
             log.warning("burn_in_failed", error=str(e))
             return
         if "skipped" in out:
-            self._burn = {"state": "skipped", "note": f"{out['skipped']} in the training's environment ({py})"}
+            self._burn = {"state": "skipped", "note": f"{out['skipped']} in the training's environment ({py})"[:300]}
         elif isinstance(out.get("tflops"), dict):
-            self._burn = {"state": "done", "seconds": seconds, "torch": out.get("torch"),
-                          "tflops": {int(k): round(float(v), 1) for k, v in out["tflops"].items()}}
+            try:
+                tflops = {int(k): round(float(v), 1) for k, v in out["tflops"].items()}
+                if not all(math.isfinite(v) for v in tflops.values()):
+                    raise ValueError("not finite")
+            except (TypeError, ValueError, OverflowError):
+                tflops = None
+            torch = out.get("torch")
+            self._burn = {"state": "done", "seconds": seconds, "torch": torch[:40] if isinstance(torch, str) else None,
+                          "tflops": tflops} if tflops is not None else \
+                {"state": "failed", "note": "the burn-in printed no usable TFLOP/s"}
         else:
             self._burn = {"state": "failed", "note": f"exit {r.returncode}: {r.stderr[-300:]}"}
         log.info("burn_in", **{k: v for k, v in self._burn.items() if k != "tflops"}, tflops=self._burn.get("tflops"))
+
+    def _skip(self, note: str) -> None:
+        self._burn = {"state": "skipped", "note": note}
+        log.warning("burn_in_skipped", reason=note)
 
     # --- the duty ---------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -332,3 +375,98 @@ def _training_python(workdir: str, path: str | None) -> str | None:
         if cand and os.access(cand, os.X_OK):
             return cand
     return shutil.which("python3", path=path) or shutil.which("python", path=path)
+
+
+def _burn_in_identity(user: str, env: dict[str, str], from_config: set[str]) -> dict[str, Any] | str | None:
+    """Who the burn-in runs as: {} for the daemon's own user (a daemon not run as root drops nothing),
+    the Popen arguments (and "name") of training.user's drop, None for root (no training.user, or one
+    that is uid 0), or a string saying why it cannot run at all. HOME/USER/LOGNAME in `env` follow
+    the user, as the job's do (runner.as_user)."""
+    if os.geteuid() != 0:
+        return {}
+    if not user:
+        return None
+    ids = user_ids(user)
+    if ids is None:
+        return f"training.user {user!r} does not exist"
+    if ids[0] == 0:
+        return None
+    drop = as_user(user, env, from_config)
+    try:
+        import pwd
+        drop["name"] = pwd.getpwuid(ids[0]).pw_name
+    except KeyError:
+        drop["name"] = str(ids[0])
+    return drop
+
+
+def _not_roots_alone(py: str, workdir: str | None, env: dict[str, str]) -> str:
+    """Why running `py` as root would run something a user other than root controls ("" when
+    nothing does): the interpreter itself, its venv (bin, the venv folder, site-packages: what
+    `import torch` reads), the workdir (`python -c` puts its cwd first on sys.path), PYTHONPATH's
+    folders; each must be root's and writable by root alone, and so must every folder above them
+    (a root-owned sticky folder such as /tmp excepted: nobody else can move root's entries in it)."""
+    folders = [os.path.dirname(py)]
+    venv = os.path.dirname(os.path.dirname(py))
+    if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
+        folders.append(venv)
+        for lib in ("lib", "lib64"):
+            base = os.path.join(venv, lib)
+            try:
+                names = sorted(os.listdir(base))
+            except OSError:
+                continue
+            for n in names:
+                folders.append(os.path.join(base, n))
+                folders.append(os.path.join(base, n, "site-packages"))
+    if workdir:
+        folders.append(workdir)
+    folders += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for path in [py, *folders]:
+        why = _others_control(path)
+        if why:
+            return why
+    return ""
+
+
+def _others_control(path: str) -> str:
+    """"" when only root can change `path` (and so what it names), else which part another can."""
+    path = os.path.abspath(path)
+    real = os.path.realpath(path)
+    for p in dict.fromkeys([path, real]):
+        parts = [x for x in p.split(os.sep) if x]
+        cur = os.sep
+        for name in parts[:-1]:
+            cur = os.path.join(cur, name)
+            try:
+                st = os.stat(cur)
+            except FileNotFoundError:
+                break   # a folder that is not there holds nothing to run (a PYTHONPATH entry, lib64)
+            except OSError as e:
+                return f"{cur}: {e.strerror}"
+            if open_to_others(st) and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
+                return f"{cur} is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}"
+        else:
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                return f"{p}: {e.strerror}"
+            if open_to_others(st):
+                return f"{p} is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}"
+    return ""
+
+
+def burn_in_service(argv: list[str], *, user: str | None, workdir: str | None, max_s: float) -> list[str]:
+    """The burn-in as a transient service of its own (systemd-run --wait --pipe): outside the daemon's
+    unit, so neither its sandbox (NoNewPrivileges would stop CUDA's setuid nvidia-modprobe) nor its
+    memory cap falls on the training's Python; `user` is dropped to by systemd (User=, with the
+    user's groups), the output comes back on the pipe, and RuntimeMaxSec ends it if we stop waiting."""
+    props = [f"RuntimeMaxSec={int(max_s)}"]
+    if workdir:
+        props.append(f"WorkingDirectory={workdir}")
+    if user:
+        props.append(f"User={user}")
+    return transient_service(f"train-supervisor-burn-in-{os.getpid()}-{time.time_ns() // 1_000_000}",
+                             "train-supervisor GPU burn-in", argv, properties=props, wait=True, pipe=True)
