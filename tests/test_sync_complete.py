@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.sync.complete import (
-    ZIP_TAIL,
     FileObs,
     checkable,
     json_whole,
@@ -21,6 +20,7 @@ from supervisor.sync.complete import (
     safetensors_whole,
     zip_whole,
 )
+from supervisor.untrusted import ZIP_TAIL
 from tests.fixtures.hf_writer import HFWriter, safetensors_bytes, torch_zip_bytes
 
 WALL = 1_800_000_000.0

@@ -101,3 +101,28 @@ def test_a_daemon_holding_the_ledger_is_never_answered_from_the_stamp(tmp_path):
         assert r.returncode == 3 and "in use by another process" in r.stderr, r
     finally:
         os.close(fd)
+
+
+# a checkpoint written while the pass runs: after the engine's scan, before the stamp is written
+DURING = ("import sys; from pathlib import Path; from supervisor.sync.engine import SyncEngine; once = SyncEngine.once\n"
+          "def late(self, t):\n"
+          "    r = once(self, t)\n"
+          "    from tests.fixtures.hf_writer import HFWriter\n"
+          "    w = HFWriter(Path(sys.argv[-1]))\n"
+          "    w.checkpoint(30)\n"
+          "    w.age(60)\n"
+          "    return r\n"
+          "SyncEngine.once = late\n")
+
+
+def test_a_checkpoint_written_during_the_pass_is_never_answered_from_the_stamp(tmp_path):
+    w, cfg = setup(tmp_path)
+    code = DURING + PROBE.replace("main(sys.argv[1:])", "main(sys.argv[1:-1])")
+    r = subprocess.run([sys.executable, "-c", code, "--config", str(cfg), "--once", "--timeout", "60", str(w.out)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert json.loads(r.stdout.split("@@")[1])["rc"] == 0, r.stderr
+    assert (w.out / "checkpoint-30" / "trainer_state.json").exists()
+    again, built = once(cfg)
+    assert built, "a tree the pass never scanned was stamped as in sync"
+    assert again["ok"] and again["uploaded_files"] > 0
+    assert (tmp_path / "remote" / "checkpoint-30" / "_MANIFEST.json").exists()

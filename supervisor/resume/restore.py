@@ -404,7 +404,8 @@ class Restorer:
             st = _stat_inside(folder, f.path)
             self.ledger.done(join_key(u.key, f.path), Entry(st.st_size, st.st_mtime_ns, f.sha256,
                                                              f.sha256 if self.etag_is_sha else "",
-                                                             os.path.join(dest, f.path), at, st.st_ino))
+                                                             os.path.join(dest, f.path), at, st.st_ino,
+                                                             ctime_ns=st.st_ctime_ns))
 
     def _record(self, u: UnitInfo, dest: str, units: list[UnitInfo]) -> None:
         """The restored unit's files (when already here) and every complete unit's manifest: the

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.once:
             stamp.forget(cfg.state_dir)
+            tree = stamp.tree_digest(roots)  # before the scan: what the pass will have seen at most
             r = engine.once(args.timeout)
             answer = dataclasses.asdict(r)
             sys.stdout.write(json.dumps(answer) + "\n")
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(f"sync failed: {r.error}\n")
             p = engine.board.pending
             if r.ok and engine.enabled and not (r.unsynced or r.partial_units or r.damaged or p.files or p.waiting):
-                settled = answer
+                settled = {"answer": answer, "tree": tree}
             return 0 if r.ok else 1
         if args.serve:
             stop = threading.Event()
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
         if settled is not None and engine.ledger is not None:
             try:
-                stamp.write(settings, cfg.state_dir, roots, str(engine.ledger.dir), settled)
+                stamp.write(settings, cfg.state_dir, roots, str(engine.ledger.dir), settled["answer"],
+                            settled["tree"])
             except OSError:
                 stamp.forget(cfg.state_dir)  # no stamp: the next pass runs the engine
 

@@ -42,7 +42,7 @@ def expected(scope: Iterable[Unit], current: Callable[[str, int, int], Entry | N
     out: dict[str, tuple[int, str]] = {}
     for u in scope:
         for s in u.selected:
-            e = current(s.key, s.size, s.mtime_ns)
+            e = current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)
             if e is not None:
                 out[s.key] = (s.size, e.etag)
     return out

@@ -45,9 +45,12 @@ class Entry:
     # when the target's copy of this version was last checked by content in a final sync (0: not
     # since it was sent); a later final sync checks such a file by the target's cheap means only
     checked: float = 0.0
+    ctime_ns: int = 0   # the source's ctime when it was sent (0: not recorded, older ledgers)
 
     def pack(self) -> list:
         v = [self.size, self.mtime_ns, self.sha256, self.etag, self.src, self.at]
+        if self.ctime_ns:
+            return [*v, self.ino, self.checked, self.ctime_ns]
         if self.checked:
             return [*v, self.ino, self.checked]
         return [*v, self.ino] if self.ino else v
@@ -55,7 +58,8 @@ class Entry:
     @staticmethod
     def unpack(v: list) -> Entry:
         return Entry(int(v[0]), int(v[1]), str(v[2]), str(v[3]), str(v[4]), float(v[5]),
-                     int(v[6]) if len(v) > 6 else 0, float(v[7]) if len(v) > 7 else 0.0)
+                     int(v[6]) if len(v) > 6 else 0, float(v[7]) if len(v) > 7 else 0.0,
+                     int(v[8]) if len(v) > 8 else 0)
 
 
 class LedgerBusy(Exception):
@@ -118,12 +122,15 @@ class Ledger:
         with self._lock:
             return self.files.get(key)
 
-    def current(self, key: str, size: int, mtime_ns: int, ino: int = 0) -> Entry | None:
+    def current(self, key: str, size: int, mtime_ns: int, ino: int = 0, ctime_ns: int = 0) -> Entry | None:
         """The entry when the target holds exactly this version of the file (`ino`, when given
-        and recorded, must match too: a file replaced by a copy with the same size and mtime)."""
+        and recorded, must match too: a file replaced by a copy with the same size and mtime;
+        `ctime_ns` likewise: bytes rewritten in place with the mtime set back move the ctime)."""
         with self._lock:
             e = self.files.get(key)
             if e is None or e.size != size or e.mtime_ns != mtime_ns:
+                return None
+            if ctime_ns and e.ctime_ns and ctime_ns != e.ctime_ns:
                 return None
             return e if not (ino and e.ino and ino != e.ino) else None
 

@@ -25,8 +25,9 @@ from supervisor.sync.complete import (
 from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy
 from supervisor.sync.targets.base import join_key
 
-# current(key, size, mtime_ns): truthy when the target holds exactly that version (Ledger.current)
-Current = Callable[[str, int, int], object]
+# current(key, size, mtime_ns, ctime_ns=...): truthy when the target holds exactly that version
+# (Ledger.current)
+Current = Callable[..., object]
 
 UnitKey = tuple[str, str, str]   # (root path, kind, unit rel)
 MARKER_HINT_AFTER = 600.0        # a checkpoint quiet this long without its marker: say how to fix it
@@ -48,6 +49,7 @@ class Seen:
     whole: bool | None = None      # the format check's answer ...
     whole_for: tuple[int, int] | None = None  # ... for this (size, mtime_ns) (and `ino`)
     ino: int = 0                   # 0: unknown
+    ctime_ns: int = 0              # a rewrite that sets the mtime back still moves the ctime
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Selected:
     mtime_ns: int
     rrel: str     # relative to the root
     ino: int = 0  # 0: unknown
+    ctime_ns: int = 0  # 0: unknown; part of the version (a rewrite with its mtime set back)
 
 
 @dataclass
@@ -149,16 +152,20 @@ def observe(seen: dict[tuple[str, str], Seen], root: Root, raw: dict[str, tuple[
     for rel, v in raw.items():
         size, mtime_ns = v[0], v[1]
         ino = v[2] if len(v) > 2 else 0
+        ctime_ns = v[3] if len(v) > 3 else 0
         sk = (root.path, rel)
         s = seen.get(sk)
         start = mono if since is None else min(mono, max(since, mono - max(0.0, wall - mtime_ns / 1e9)))
         if s is None:
             settled = first and wall - mtime_ns / 1e9 >= quiet
-            seen[sk] = Seen(size, mtime_ns, None if settled else start, ino=ino)
-        elif (s.size, s.mtime_ns, s.ino) != (size, mtime_ns, ino):
-            if s.ino != ino:
-                s.whole_for = None  # another file at the path: its format check is its own
-            s.size, s.mtime_ns, s.ino, s.stable_since = size, mtime_ns, ino, start
+            seen[sk] = Seen(size, mtime_ns, None if settled else start, ino=ino, ctime_ns=ctime_ns)
+        elif (s.size, s.mtime_ns, s.ino, s.ctime_ns) != (size, mtime_ns, ino, ctime_ns):
+            if s.ino != ino or (s.size, s.mtime_ns) == (size, mtime_ns):
+                s.whole_for = None  # another file at the path, or bytes rewritten under an old mtime
+            if (s.size, s.mtime_ns) == (size, mtime_ns) and ctime_ns:
+                # only the ctime moved (bytes rewritten, the mtime set back): quiet from that change
+                start = mono if since is None else min(mono, max(since, mono - max(0.0, wall - ctime_ns / 1e9)))
+            s.size, s.mtime_ns, s.ino, s.ctime_ns, s.stable_since = size, mtime_ns, ino, ctime_ns, start
 
 
 def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str], Seen],
@@ -200,7 +207,7 @@ def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str
         u.files.append(FileObs(inner, size, mtime_ns / 1e9, stable_since, whole))
         if selected:
             u.selected.append(Selected(os.path.join(root.path, rel), join_key(root.prefix, rel), inner,
-                                       size, mtime_ns, rel, v[2] if len(v) > 2 else 0))
+                                       size, mtime_ns, rel, v[2] if len(v) > 2 else 0, v[3] if len(v) > 3 else 0))
     return units
 
 
@@ -243,7 +250,7 @@ def next_ready(units: Iterable[Unit]) -> float | None:
 
 def files_synced(u: Unit, current: Current) -> bool:
     """Does the target hold every selected file of the unit?"""
-    return all(current(s.key, s.size, s.mtime_ns) for s in u.selected)
+    return all(current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns) for s in u.selected)
 
 
 def needs_manifest(u: Unit) -> bool:
@@ -356,7 +363,7 @@ def held(units: Iterable[Unit], current: Current, scope: list[str] | None) -> tu
         for s in u.selected:
             if scope is not None and not any(within(s.path, p) for p in scope):
                 continue
-            if current(s.key, s.size, s.mtime_ns):
+            if current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns):
                 n += 1
                 b += s.size
     return n, b
@@ -371,7 +378,7 @@ def unsynced(units: Iterable[Unit], current: Current, scope: list[str] | None) -
         for s in u.selected:
             if scope is not None and not overlaps(s.path, scope):
                 continue
-            if not current(s.key, s.size, s.mtime_ns):
+            if not current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns):
                 out.append(s.path)
     return sorted(out)
 
@@ -410,7 +417,7 @@ def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: flo
     for u in units:
         if not u.selected or u.retired:
             continue
-        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns)]
+        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)]
         n += len(missing)
         b += sum(s.size for s in missing)
         if missing and not u.verdict.complete and not u.verdict.partial:
@@ -541,7 +548,7 @@ def unsynced_units(units: Iterable[Unit], current: Current) -> list[str]:
     for u in units:
         if u.retired or not u.selected:
             continue
-        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns)]
+        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)]
         if missing:
             out.append(f"{u.abspath}: {len(missing)} of {len(u.selected)} files not on the target "
                        f"({format_bytes(sum(s.size for s in missing))}; {u.verdict.reason})")

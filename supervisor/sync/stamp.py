@@ -28,10 +28,14 @@ def _feed(h: hashlib._Hash, path: str, st: os.stat_result) -> None:
         "utf-8", "surrogateescape"))
 
 
-def digest(settings: object, roots: list[str], ledger_dir: str) -> str | None:
+def digest(settings: object, roots: list[str], ledger_dir: str, tree: str | None = None) -> str | None:
     """`settings`: what shapes the pass besides the files (the resolved [sync] section, the state
-    folder, the folders never entered), by its repr. None when a folder is too large (or
-    unreadable) to stand for the engine's scan."""
+    folder, the folders never entered), by its repr. `tree`: tree_digest(roots) as taken before
+    the pass (else now). None when a folder is too large (or unreadable) to stand for the
+    engine's scan."""
+    tree = tree if tree is not None else tree_digest(roots)
+    if tree is None:
+        return None
     h = hashlib.blake2b(digest_size=20)
     h.update(repr(settings).encode())
     for name in ("snapshot.json", "journal.jsonl"):
@@ -40,6 +44,15 @@ def digest(settings: object, roots: list[str], ledger_dir: str) -> str | None:
             _feed(h, p, os.stat(p))
         except FileNotFoundError:
             h.update(f"{p}\0absent\n".encode())
+    h.update(tree.encode())
+    return h.hexdigest()
+
+
+def tree_digest(roots: list[str]) -> str | None:
+    """Every entry under the watched folders. A stamp's is taken BEFORE its pass scans: a file
+    written while the pass ran then differs from it, and the next run goes the engine's way
+    (taken after the pass, it would stand for a tree the pass never saw)."""
+    h = hashlib.blake2b(digest_size=20)
     n = 0
     for root in sorted(set(roots)):
         try:
@@ -95,9 +108,11 @@ def answer(settings: object, state_dir: str, roots: list[str]) -> dict | None:
         os.close(fd)
 
 
-def write(settings: object, state_dir: str, roots: list[str], ledger_dir: str, result: dict) -> None:
-    """After a pass that left everything on the target (the caller checks), with the ledger closed."""
-    d = digest(settings, roots, ledger_dir)
+def write(settings: object, state_dir: str, roots: list[str], ledger_dir: str, result: dict,
+          tree: str | None) -> None:
+    """After a pass that left everything on the target (the caller checks), with the ledger closed;
+    `tree`: tree_digest(roots) taken before the pass began (None: no stamp)."""
+    d = digest(settings, roots, ledger_dir, tree) if tree is not None else None
     p = _stamp_path(state_dir)
     if d is None:
         p.unlink(missing_ok=True)

@@ -84,7 +84,7 @@ class Uploader:
         in this version."""
         files = []
         for s in u.selected:
-            e = self.ledger.current(s.key, s.size, s.mtime_ns, s.ino if same_inode else 0)
+            e = self.ledger.current(s.key, s.size, s.mtime_ns, s.ino if same_inode else 0, s.ctime_ns)
             if e is None:
                 return None
             files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
@@ -96,7 +96,7 @@ class Uploader:
         return None if files is None else _ledger_digest(files, u.verdict.complete)
 
     def _todo(self, selected: list[Selected]) -> list[Selected]:
-        return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns) is None]
+        return [s for s in selected if self.ledger.current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns) is None]
 
     # --- sending --------------------------------------------------------------------------------
     def batches(self, work: list[Unit], together: bool = True) -> list[list[Unit]]:
@@ -147,7 +147,7 @@ class Uploader:
                          forced=u.forced, partial=u.verdict.partial)
             builder = self._builder(u) if needs_manifest(u) else None
             plans[u.key] = u
-            puts.append(UnitPut(u.key, [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo],
+            puts.append(UnitPut(u.key, [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino, s.ctime_ns) for s in todo],
                                 builder))
         sink = _Sink(self)
         res = put_units(self.target, puts, sink)
@@ -185,7 +185,7 @@ class Uploader:
                 if r is not None:
                     files.append(mf.ManifestFile(s.rel, s.size, r.sha256))
                     continue
-                e = self.ledger.current(s.key, s.size, s.mtime_ns)
+                e = self.ledger.current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)
                 if e is None:
                     return None
                 files.append(mf.ManifestFile(s.rel, s.size, e.sha256))
@@ -225,7 +225,7 @@ class Uploader:
         for u, todo in plan:
             if not todo:
                 self._finish(u, maybe_there=True)
-        files = [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for _u, todo in plan for s in todo]
+        files = [LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino, s.ctime_ns) for _u, todo in plan for s in todo]
         if files:
             self.target.put_files(files, sink)
         for u, _todo in plan:
@@ -256,7 +256,7 @@ class Uploader:
             return True
         log.info("sync_files_upload", files=len(todo), bytes=sum(s.size for s in todo), root=units[0].root.path)
         sink = _Sink(self)
-        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino) for s in todo], sink)
+        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino, s.ctime_ns) for s in todo], sink)
         return not sink.problems
 
     def _manifest(self, u: Unit, maybe_there: bool = False) -> None:
@@ -326,7 +326,7 @@ class _Sink:
 
     def done(self, f: LocalFile, result: Uploaded) -> None:
         self.up.ledger.done(f.key, Entry(f.size, f.mtime_ns, result.sha256, result.etag, f.path,
-                                         self.up.clock.time(), f.ino))
+                                         self.up.clock.time(), f.ino, ctime_ns=f.ctime_ns))
         self.up.board.uploaded(result.sent)
 
     def problem(self, f: LocalFile, err: SourceProblem) -> None:
@@ -393,7 +393,7 @@ def sent_trainer_facts(u: Unit, files: list[mf.ManifestFile]) -> tuple[int, int 
     s = next((s for s in u.selected if s.rel == mf.STATE_NAME), None)
     if listed is None or s is None or s.size > mf.STATE_MAX or s.size != listed.size:
         return None
-    lf = LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino)
+    lf = LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino, s.ctime_ns)
     try:
         fd = open_source(lf)  # as the upload read it: no link followed, the version judged
         try:

@@ -177,14 +177,14 @@ class Walker:
         u.files = sc.with_whole(u, whole)
         return changed or any(f.whole is False for f in u.files)
 
-    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int, int]]:
-        """rel -> (size, mtime_ns, inode) for regular files; symlinks are never followed, caches,
+    def walk(self, root: sc.Root, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, int, int, int]]:
+        """rel -> (size, mtime_ns, inode, ctime_ns) for regular files; symlinks are never followed, caches,
         folders no glob can reach and the folders in `skip` (other roots) are never entered."""
-        out: dict[str, tuple[int, int, int]] = {}
+        out: dict[str, tuple[int, int, int, int]] = {}
         if not os.path.isdir(root.path):
             if os.path.isfile(root.path) and not os.path.islink(root.path):
                 st = os.stat(root.path)
-                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                out[os.path.basename(root.path)] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
             return out
         if any(sc.within(root.path, r) for r in self.policy.excluded_roots):
             self.once.warning(f"root-in-cache:{root.path}", "sync_watch_folder_is_a_cache", folder=root.path)
@@ -222,7 +222,7 @@ class Walker:
                     self.once.warning(f"stat:{e.path}", "sync_file_unreadable", path=e.path,
                                       error=err.strerror or str(err))
                     continue
-                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
                 if not self.upload_sparse and sparse(st.st_size, st.st_blocks * 512):
                     self.sparse[e.path] = (st.st_size, st.st_blocks * 512)
         return out

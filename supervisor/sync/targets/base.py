@@ -75,6 +75,7 @@ class LocalFile:
     size: int
     mtime_ns: int
     ino: int = 0     # the inode judged (0: unknown); another inode at the path is another file
+    ctime_ns: int = 0  # the ctime judged (0: unknown): recorded with the upload, part of the version
 
 
 @dataclass(frozen=True)
