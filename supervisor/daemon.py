@@ -205,11 +205,20 @@ class Daemon:
         if not duty.every:
             return
 
+        failing: list[str] = []  # the error it fails with now: its traceback is logged once, not every run
+
         def run() -> None:
             try:
                 duty.run()
-            except Exception:  # noqa: BLE001 - one failing duty must never stop the others
-                log.exception("duty_failed", duty=duty.name)
+            except Exception as e:  # noqa: BLE001 - one failing duty must never stop the others
+                said = f"{type(e).__name__}: {e}"[:300]
+                if failing != [said]:
+                    log.exception("duty_failed", duty=duty.name)
+                    failing[:] = [said]
+                return
+            if failing:
+                log.info("duty_recovered", duty=duty.name, was=failing[0])
+                failing.clear()
 
         # every duty starts at the same instant, so duties whose periods divide one another fall due
         # together and the scheduler wakes once for all of them (once a second at rest, not 4 times)

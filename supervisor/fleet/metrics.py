@@ -392,9 +392,18 @@ class MetricsDuty:
         return self.text or self.poll()
 
     def poll(self) -> str:
-        st = self._status()
+        try:
+            st = self._status()
+            text = exposition(st)
+        except Exception as e:
+            # never go on serving the values from before: a scrape fails (500) until status answers
+            self.text = ""
+            self._problem(f"status failed: {type(e).__name__}: {str(e)[:200]}")
+            raise
+        if self.error and self.error.startswith("status failed"):
+            log.info("metrics_status_ok")
+            self.error = None
         self.last_status = st
-        text = exposition(st)
         self.text = text
         if self.textfile:
             try:

@@ -262,16 +262,21 @@ class SyncEngine:
             self._dirty = True
 
     def _run(self) -> None:
+        failed_with = ""
         try:
             while not self._closing.is_set():
                 try:
                     self._iteration()
+                    failed_with = ""
                 except Exception as e:  # noqa: BLE001 - the worker must outlive any bug or odd file
-                    self._note_error(f"internal error: {type(e).__name__}: {e}")
+                    said = f"internal error: {type(e).__name__}: {e}"
+                    self._note_error(said)
                     try:
-                        log.exception("sync_iteration_failed")
+                        if said != failed_with:  # the traceback once, not every second
+                            log.exception("sync_iteration_failed")
                     except Exception:  # noqa: BLE001 - not even a broken logger may end the worker
                         pass
+                    failed_with = said
                     self._closing.wait(1.0)
                 self._wake.wait(self._sleep_for())
                 self._wake.clear()
