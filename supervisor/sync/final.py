@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from supervisor.interfaces import FinalSyncResult
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.policy import MANIFEST_NAME
-from supervisor.sync.scan import Unit, final_saves, needs_manifest, newest_checkpoints
+from supervisor.sync.scan import Unit, final_saves, holds, needs_manifest, newest_checkpoints
 from supervisor.sync.targets.base import join_key
 
 VERIFY_ROUNDS = 3        # re-upload what the target lost at most this often
@@ -42,7 +42,7 @@ def expected(scope: Iterable[Unit], current: Callable[[str, int, int], Entry | N
     out: dict[str, tuple[int, str]] = {}
     for u in scope:
         for s in u.selected:
-            e = current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)
+            e = holds(current, s)
             if e is not None:
                 out[s.key] = (s.size, e.etag)
     return out

@@ -29,6 +29,14 @@ from supervisor.sync.targets.base import join_key
 # (Ledger.current)
 Current = Callable[..., object]
 
+
+def holds(current: Current, s: Selected) -> object:
+    """current() for this version of the file; its ctime too where the scan saw one."""
+    if s.ctime_ns:
+        return current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)
+    return current(s.key, s.size, s.mtime_ns)
+
+
 UnitKey = tuple[str, str, str]   # (root path, kind, unit rel)
 MARKER_HINT_AFTER = 600.0        # a checkpoint quiet this long without its marker: say how to fix it
 
@@ -250,7 +258,7 @@ def next_ready(units: Iterable[Unit]) -> float | None:
 
 def files_synced(u: Unit, current: Current) -> bool:
     """Does the target hold every selected file of the unit?"""
-    return all(current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns) for s in u.selected)
+    return all(holds(current, s) for s in u.selected)
 
 
 def needs_manifest(u: Unit) -> bool:
@@ -363,7 +371,7 @@ def held(units: Iterable[Unit], current: Current, scope: list[str] | None) -> tu
         for s in u.selected:
             if scope is not None and not any(within(s.path, p) for p in scope):
                 continue
-            if current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns):
+            if holds(current, s):
                 n += 1
                 b += s.size
     return n, b
@@ -378,7 +386,7 @@ def unsynced(units: Iterable[Unit], current: Current, scope: list[str] | None) -
         for s in u.selected:
             if scope is not None and not overlaps(s.path, scope):
                 continue
-            if not current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns):
+            if not holds(current, s):
                 out.append(s.path)
     return sorted(out)
 
@@ -417,7 +425,7 @@ def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: flo
     for u in units:
         if not u.selected or u.retired:
             continue
-        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)]
+        missing = [s for s in u.selected if not holds(current, s)]
         n += len(missing)
         b += sum(s.size for s in missing)
         if missing and not u.verdict.complete and not u.verdict.partial:
@@ -548,7 +556,7 @@ def unsynced_units(units: Iterable[Unit], current: Current) -> list[str]:
     for u in units:
         if u.retired or not u.selected:
             continue
-        missing = [s for s in u.selected if not current(s.key, s.size, s.mtime_ns, ctime_ns=s.ctime_ns)]
+        missing = [s for s in u.selected if not holds(current, s)]
         if missing:
             out.append(f"{u.abspath}: {len(missing)} of {len(u.selected)} files not on the target "
                        f"({format_bytes(sum(s.size for s in missing))}; {u.verdict.reason})")
