@@ -70,7 +70,10 @@ FINAL_MODEL_FILES = ["*.safetensors", "*.safetensors.index.json", "pytorch_model
 # tracker, DeepSpeed's global_stepN/ and `latest` outside the HF Trainer, torch.distributed.checkpoint
 # shards (their folder goes up whole, .metadata included), Lightning's and NeMo's .ckpt.
 TRAINER_LAYOUTS = ["iter_[0-9]*/**", "**/latest_checkpointed_iteration.txt", "global_step[0-9]*/**",
-                   "**/latest", "**/*.distcp", "**/*.ckpt", "*.ckpt/**"]
+                   "**/latest", "**/*.distcp", "**/*.ckpt", "*.ckpt/**",
+                   # Accelerate's save_state (checkpoints/checkpoint_N/), torchtune's epoch_N/, and the
+                   # single torch.save files of nanoGPT-style loops and Composer (ckpt.pt, ep1-ba300-rank0.pt)
+                   "**/checkpoint_[0-9]*/**", "**/epoch_[0-9]*/**", "**/*.pt", "**/*.pth"]
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from supervisor.sync.manifest_doc import ManifestFile, digest, parse_doc, state_facts, trainer_facts
 from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
-from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.checkpoints import checkpoint_step, name_order
 
 COMPLETE, PARTIAL, DAMAGED, NO_MANIFEST = "complete", "partial", "damaged", "no manifest"
 REFUSED = "refused"   # a name in it would lead outside its folder: never restored, and named
@@ -128,8 +128,10 @@ def _with(u: UnitInfo, state: str, why: str) -> UnitInfo:
     return replace(u, state=state, why=why)
 
 
-def _rank(u: UnitInfo) -> tuple[int, str]:
-    return (u.step if u.step is not None else -1, u.saved_at)
+def _rank(u: UnitInfo) -> tuple[int, int, str]:
+    # the step; else the number its name gives (checkpoint_7 after checkpoint_6 of the same second);
+    # the time it was saved only last
+    return (u.step if u.step is not None else -1, name_order(u.name), u.saved_at)
 
 
 def choose(units: list[UnitInfo], name: str | None = None) -> Choice:

@@ -13,6 +13,19 @@ def checkpoint_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_STEP_IN_NAME = re.compile(r"(?:^|[^A-Za-z])step[=_-]?(\d{1,15})(?!\d)")   # Lightning's epoch=2-step=300.ckpt
+_LAST_NUMBER = re.compile(r"(\d{1,15})(?!.*\d)")                           # checkpoint_7, epoch_3, 300/
+
+
+def name_order(name: str) -> int:
+    """A unit's place among its siblings by its name alone: the step it names (Lightning's
+    `epoch=2-step=300.ckpt`: 300), else its last number (Accelerate's `checkpoint_7`, torchtune's
+    `epoch_3`, Orbax's `300`); -1 for a name with none (nanoGPT's `ckpt.pt`). Saves are numbered in
+    order, so this ranks them where an upload time (one second's resolution) cannot."""
+    m = _STEP_IN_NAME.search(name) or _LAST_NUMBER.search(name)
+    return int(m.group(1)) if m else -1
+
+
 def unit_order(key: str) -> tuple[int, str]:
     """Sort key of a unit key ("out/checkpoint-40") by its folder's step, then its name: newest
     last (sort with reverse=True for newest first); a unit that is no checkpoint-N counts as -1."""

@@ -1,0 +1,53 @@
+"""Other trainers' saves are selected by the default config (issue 50): Accelerate's
+`checkpoints/checkpoint_N/`, a nanoGPT-style `ckpt.pt`, torchtune's `epoch_N/`, Composer's per-rank
+`.pt`, laid out as those writers lay them out. With the old default they matched nothing and
+a final sync said "verified, 0 files" while the only copy stayed on the machine."""
+
+from __future__ import annotations
+
+from supervisor.resume.choose import COMPLETE, UnitInfo, choose
+from supervisor.training.checkpoints import name_order
+from tests.fixtures.hf_writer import HFWriter, safetensors_bytes, torch_zip_bytes
+
+
+def accelerate_save(out, i: int, procs: int = 2) -> None:
+    d = out / "checkpoints" / f"checkpoint_{i}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(safetensors_bytes({"w": 4096}, i))
+    for name in ("optimizer.bin", "scheduler.bin", "sampler.bin"):
+        (d / name).write_bytes(torch_zip_bytes(512, i))
+    for r in range(procs):  # written last, one per process
+        (d / f"random_states_{r}.pkl").write_bytes(b"\x80\x04" + bytes(64))
+
+
+def test_the_default_config_selects_accelerate_nanogpt_torchtune_and_composer_saves(make_engine, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    accelerate_save(out, 0)
+    accelerate_save(out, 1)
+    (out / "ckpt.pt").write_bytes(torch_zip_bytes(8192, 1))                   # nanoGPT: one file, in place
+    (out / "epoch_0").mkdir()
+    (out / "epoch_0" / "model-00001-of-00001.safetensors").write_bytes(safetensors_bytes({"w": 64}))
+    (out / "epoch_0" / "recipe_state").mkdir()
+    (out / "epoch_0" / "recipe_state" / "recipe_state.pt").write_bytes(torch_zip_bytes(64))
+    (out / "ep0-ba300-rank0.pt").write_bytes(torch_zip_bytes(256, 3))            # Composer, one per rank
+    HFWriter(out).age(60)
+    remote = tmp_path / "remote"
+    e = make_engine({"target": str(remote), "watch": [str(out)], "quiet_period": "0.5s"})
+    r = e.final_sync([str(out)], 60)
+    assert r.ok, r
+    for rel in ("checkpoints/checkpoint_0/random_states_1.pkl", "checkpoints/checkpoint_1/model.safetensors",
+                "ckpt.pt", "epoch_0/recipe_state/recipe_state.pt", "ep0-ba300-rank0.pt"):
+        assert (remote / rel).read_bytes() == (out / rel).read_bytes(), rel
+    assert (remote / "checkpoints" / "checkpoint_1" / "_MANIFEST.json").exists()
+
+
+def test_units_named_by_number_rank_by_it_before_the_time_they_were_saved():
+    same_second = "2026-12-07T01:00:00Z"
+    units = [UnitInfo(f"out/checkpoints/checkpoint_{i}", COMPLETE, "", None, saved_at=same_second) for i in (6, 7)]
+    assert choose(units).order[0].key == "out/checkpoints/checkpoint_7"
+    lightning = [UnitInfo(f"out/{n}", COMPLETE, "", None, saved_at=same_second)
+                 for n in ("epoch=1-step=200.ckpt", "epoch=0-step=100.ckpt", "epoch=9-step=90.ckpt")]
+    assert choose(lightning).order[0].key == "out/epoch=1-step=200.ckpt"
+    assert [name_order(n) for n in ("checkpoint_12", "epoch_3", "300", "ckpt.pt", "epoch=2-step=300.ckpt")] == \
+        [12, 3, 300, -1, 300]
