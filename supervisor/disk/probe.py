@@ -17,6 +17,10 @@ STATE_FILE = "trainer_state.json"
 STATE_MAX_BYTES = 16 << 20     # a trainer_state.json larger than this is not read (log_history grows)
 UNREADABLE = "\0unreadable"    # files(): a folder that could not be read whole
 FIND_DEPTH = 3                 # checkpoint-N folders this deep under a watched folder are found
+# Folders walked below a checkpoint (or a folder sized for the mail) at most. Python 3.11's os.fwalk and
+# os.walk recurse once per level: a folder the training nests ~1000 deep would raise RecursionError (no
+# OSError) out of every look, and the disk guard would stop for the rest of the run.
+WALK_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def usage(path: str) -> tuple[int, int]:
 def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, int, int]]:
     """rel -> (size, mtime_ns, inode, ctime_ns) of every regular file under `folder` (relative to `dir_fd`
     when given), symlinks never followed: one is listed with size -1, so it never matches what was
-    verified."""
+    verified. A folder deeper than WALK_DEPTH is not entered: UNREADABLE is listed instead."""
     out: dict[str, tuple[int, int, int, int]] = {}
     try:
         # each fd fwalk yields is open only until the next step: stat inside the loop
@@ -88,11 +92,20 @@ def files(folder: str, dir_fd: int | None = None) -> dict[str, tuple[int, int, i
                 rel = os.path.relpath(os.path.join(top, n), folder)
                 out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) \
                     else (-1, 0, 0, 0)
+            if dirs and _depth(top, folder) >= WALK_DEPTH:
+                out[UNREADABLE] = (-1, 0, 0, 0)   # not read whole: never matches what was verified
+                dirs.clear()                      # topdown: fwalk does not go below
     except FileNotFoundError:
         return out
     except OSError:
         out[UNREADABLE] = (-1, 0, 0, 0)   # a walk that failed half-way never matches what was verified
     return out
+
+
+def _depth(top: str, folder: str) -> int:
+    """How many folders `top` (a path fwalk or walk gave, under `folder`) lies below `folder`."""
+    rel = os.path.relpath(top, folder)
+    return 0 if rel == os.curdir else rel.count(os.sep) + 1
 
 
 def checkpoints(root: str, depth: int = FIND_DEPTH) -> list[Folder]:
@@ -174,7 +187,9 @@ def large_folders(roots: list[str], skip: set[str], top: int = 3, limit: int = 2
             except OSError:
                 continue
             total, n = 0, 0
-            for d, _, names in os.walk(e.path):
+            for d, subdirs, names in os.walk(e.path):
+                if _depth(d, e.path) >= WALK_DEPTH:
+                    subdirs.clear()  # an estimate: what lies deeper is not counted (see WALK_DEPTH)
                 if any(d == s or d.startswith(s + "/") for s in skip):
                     continue
                 for name in names:

@@ -15,26 +15,32 @@
   an integer or value_json; and the step) and `exit` (field 18: the exit code). Field numbers as
   wandb's own descriptors give them (wandb_internal.proto).
 
-Records are read only when whole: a reader stops before a record the writer has not finished and
-reads it at the next look.
+Records are read only when whole, and never held: a reader stops before a record the writer has not
+finished and the next look reads it again from its start (supervisor.untrusted.records frames the
+bytes, with caps). The bytes are the training user's: every reader here returns its points or raises
+Unreadable (`Garbage`), whatever they hold; one bad record is the caller's to skip and count.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-RECORD_MAX = 16 << 20   # a TFRecord longer than this is not a scalar event: the file is not followed
+from supervisor.untrusted import Unreadable, finite_int, int_or_none, json_doc, json_object
+from supervisor.untrusted import records as rec_
+
+RECORD_MAX = rec_.TF_RECORD_MAX
+VALUE_MAX = 1 << 20      # a Trackio row's metrics, a W&B value_json: a few KiB from a real writer
 STEP_KEYS = ("train/global_step", "global_step")
 LOSS_KEYS = ("train/loss", "loss", "train_loss", "loss/train", "train/train_loss", "training_loss")
 EPOCH_KEYS = ("train/epoch", "epoch")
 LR_KEYS = ("train/learning_rate", "learning_rate", "lr", "train/lr")
 MLFLOW_STATUS = {"1": "RUNNING", "2": "SCHEDULED", "3": "FINISHED", "4": "FAILED", "5": "KILLED",
                  "RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "KILLED": "KILLED"}
+_DIGITS_MAX = 20         # an MLflow timestamp or step longer than this is no number we take
 
 
 @dataclass(frozen=True)
@@ -45,83 +51,45 @@ class Point:
     value: float
 
 
-class Garbage(ValueError):
-    """The bytes are not what the file's name says: the file is left alone from here on."""
+# The bytes are not what the file's name says, or one record is broken: the old name of Unreadable,
+# kept so that a caller catching either catches both.
+Garbage = Unreadable
+
+
+def _step(v: object) -> int:
+    return finite_int(v, what="the step")
+
+
+def _time(v: float) -> float:
+    if not math.isfinite(v):
+        raise Unreadable("the time is not finite")
+    return v
 
 
 # --- TFRecord and protobuf ---------------------------------------------------------------------------
 def tf_records(buf: bytes | memoryview) -> tuple[list[bytes], int]:
     """The whole records at the start of `buf`, and how many bytes they took."""
-    out, pos, n = [], 0, len(buf)
-    while n - pos >= 12:
-        (length,) = struct.unpack_from("<Q", buf, pos)
-        if length > RECORD_MAX:
-            raise Garbage(f"a record of {length} bytes")
-        end = pos + 12 + length + 4
-        if end > n:
-            break
-        out.append(bytes(buf[pos + 12: pos + 12 + length]))
-        pos = end
-    return out, pos
+    f = rec_.tf_records(bytes(buf))
+    return f.records, f.used
 
 
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    shift = out = 0
-    while True:
-        if i >= len(b) or shift > 63:
-            raise Garbage("a varint runs off the end")
-        c = b[i]
-        i += 1
-        out |= (c & 0x7F) << shift
-        if c < 0x80:
-            return out, i
-        shift += 7
-
-
-def _fields(b: bytes) -> Iterator[tuple[int, int, object]]:
-    """(field number, wire type, value) of one protobuf message: ints, 8/4-byte raw, or bytes."""
-    i = 0
-    while i < len(b):
-        key, i = _varint(b, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = _varint(b, i)
-        elif wt == 1:
-            if i + 8 > len(b):
-                raise Garbage("a 64-bit field runs off the end")
-            v, i = b[i:i + 8], i + 8
-        elif wt == 2:
-            n, i = _varint(b, i)
-            if i + n > len(b):
-                raise Garbage("a field runs off the end")
-            v, i = b[i:i + n], i + n
-        elif wt == 5:
-            if i + 4 > len(b):
-                raise Garbage("a 32-bit field runs off the end")
-            v, i = b[i:i + 4], i + 4
-        else:
-            raise Garbage(f"wire type {wt}")
-        yield num, wt, v
-
-
-def _tensor_value(b: bytes) -> float | None:
+def _tensor_value(b: bytes, walk: rec_.Walk) -> float | None:
     """A scalar TensorProto (dtype float or double): float_val, double_val, or tensor_content."""
     dtype = 0
     content = b""
-    floats: list[float] = []
-    for num, wt, v in _fields(b):
+    first: float | None = None
+    for num, wt, v in rec_.fields(b, walk):
         if num == 1 and wt == 0:
             dtype = int(v)  # type: ignore[arg-type]
         elif num == 4 and wt == 2:
             content = v  # type: ignore[assignment]
-        elif num == 5:  # float_val, packed or not
-            raw = v if isinstance(v, bytes) else b""
-            floats += list(struct.unpack(f"<{len(raw) // 4}f", raw[: len(raw) // 4 * 4]))
-        elif num == 6:  # double_val
-            raw = v if isinstance(v, bytes) else b""
-            floats += list(struct.unpack(f"<{len(raw) // 8}d", raw[: len(raw) // 8 * 8]))
-    if floats:
-        return floats[0]
+        elif first is None and isinstance(v, bytes) and (num, wt) in ((5, 2), (5, 5), (6, 2), (6, 1)):
+            # float_val / double_val, packed or not: only the first value is a scalar's
+            size = 4 if num == 5 else 8
+            if len(v) >= size:
+                (first,) = struct.unpack_from("<f" if num == 5 else "<d", v)
+    if first is not None:
+        return first
     if content and dtype == 1 and len(content) >= 4:
         return struct.unpack_from("<f", content)[0]
     if content and dtype == 2 and len(content) >= 8:
@@ -130,9 +98,20 @@ def _tensor_value(b: bytes) -> float | None:
 
 
 def tf_scalars(event: bytes) -> list[Point]:
-    """The scalars of one Event record (none for the file-version and graph records)."""
+    """The scalars of one Event record (none for the file-version and graph records); Unreadable
+    when it is no Event, or its step or time is none a writer gives."""
+    try:
+        return _tf_scalars(event)
+    except Unreadable:
+        raise
+    except Exception as e:  # noqa: BLE001 - nothing but Unreadable leaves a reader
+        raise Unreadable(f"an event: {type(e).__name__}") from None
+
+
+def _tf_scalars(event: bytes) -> list[Point]:
+    walk = rec_.Walk()
     wall, step, summary = 0.0, 0, b""
-    for num, wt, v in _fields(event):
+    for num, wt, v in rec_.fields(event, walk):
         if num == 1 and wt == 1:
             (wall,) = struct.unpack("<d", v)  # type: ignore[arg-type]
         elif num == 2 and wt == 0:
@@ -141,37 +120,53 @@ def tf_scalars(event: bytes) -> list[Point]:
         elif num == 5 and wt == 2:
             summary = v  # type: ignore[assignment]
     out = []
-    for num, wt, v in _fields(summary):
+    for num, wt, v in rec_.fields(summary, walk):
         if num != 1 or wt != 2:
             continue
         tag, value = "", None
-        for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+        for n2, w2, v2 in rec_.fields(v, walk):  # type: ignore[arg-type]
             if n2 == 1 and w2 == 2:
                 tag = bytes(v2).decode("utf-8", "replace")  # type: ignore[arg-type]
             elif n2 == 2 and w2 == 5:
                 (value,) = struct.unpack("<f", v2)  # type: ignore[arg-type]
             elif n2 == 8 and w2 == 2 and value is None:
-                value = _tensor_value(v2)  # type: ignore[arg-type]
-        if tag and value is not None and math.isfinite(value) and step >= 0:
-            out.append(Point(step, wall, tag, float(value)))
+                value = _tensor_value(v2, walk)  # type: ignore[arg-type]
+        if tag and value is not None and math.isfinite(value):
+            out.append(Point(_step(step), _time(wall), tag, float(value)))
     return out
 
 
 # --- MLflow file store ------------------------------------------------------------------------------
-def mlflow_lines(text: str, key: str) -> list[Point]:
-    """The whole lines of one metrics/<key> file ("timestamp_ms value step"); others skipped."""
+def mlflow_line(line: bytes | str, key: str) -> Point | None:
+    """One "timestamp_ms value step" line: its point, None for a blank line or a value that is no
+    finite number (MLflow writes NaN as it was logged), else Unreadable."""
+    try:
+        parts = (line.decode("utf-8", "replace") if isinstance(line, bytes | bytearray) else str(line)).split()
+        if not parts:
+            return None
+        if len(parts) < 2 or len(parts[0]) > _DIGITS_MAX or (len(parts) > 2 and len(parts[2]) > _DIGITS_MAX):
+            raise Unreadable("not a metric line")
+        ts = finite_int(int(parts[0]), what="the timestamp")
+        value = float(parts[1])
+        step = _step(int(parts[2])) if len(parts) > 2 else 0
+    except Unreadable:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Unreadable(f"not a metric line ({type(e).__name__})") from None
+    return Point(step, ts / 1000.0, key, value) if math.isfinite(value) else None
+
+
+def mlflow_lines(text: str, key: str, skipped: Callable[[Unreadable], None] = lambda e: None) -> list[Point]:
+    """The whole lines of one metrics/<key> file; a line that is none is passed to `skipped`."""
     out = []
     for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 2:
-            continue
         try:
-            ts, value = int(parts[0]), float(parts[1])
-            step = int(parts[2]) if len(parts) > 2 else 0
-        except ValueError:
+            p = mlflow_line(line, key)
+        except Unreadable as e:
+            skipped(e)
             continue
-        if math.isfinite(value) and step >= 0:
-            out.append(Point(step, ts / 1000.0, key, value))
+        if p is not None:
+            out.append(p)
     return out
 
 
@@ -185,76 +180,57 @@ def mlflow_status(meta_yaml: str) -> str:
 
 
 # --- Trackio ---------------------------------------------------------------------------------------
+# `id` is checked to be the table's integer primary key (the rowid): the range and the order are an
+# index walk, whatever the table holds
 TRACKIO_QUERY = "SELECT id, step, timestamp, metrics FROM metrics WHERE id > ? ORDER BY id LIMIT ?"
 
 
-def trackio_rows(rows: list[tuple], when: Callable[[str], float]) -> tuple[list[Point], int]:
-    """The scalars of rows (id, step, ISO timestamp, metrics JSON) and the highest id seen;
-    `when` reads a timestamp (ValueError when it is none)."""
+def trackio_row(row: tuple, when: Callable[[str], float]) -> list[Point]:
+    """The scalars of one row (id, step, ISO timestamp, metrics JSON); `when` reads a timestamp.
+    Unreadable: not such a row (a step out of range, a time that is none, metrics nested too deep)."""
+    try:
+        _rid, step, ts, metrics = row
+        if not isinstance(ts, str) or len(ts) > 64:
+            raise Unreadable("the timestamp is not one")
+        t = _time(float(when(ts)))
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise Unreadable("the step is not an integer")
+        s = _step(step)
+        d = json_object(metrics, limit=VALUE_MAX, what="the metrics")
+        return [Point(s, t, str(k), float(v)) for k, v in d.items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    except Unreadable:
+        raise
+    except Exception as e:  # noqa: BLE001 - `when` may raise anything on a strange time
+        raise Unreadable(f"a row: {type(e).__name__}") from None
+
+
+def trackio_rows(rows: list[tuple], when: Callable[[str], float],
+                 skipped: Callable[[Unreadable], None] = lambda e: None) -> tuple[list[Point], int]:
+    """The scalars of rows, and the highest id seen; a row that is none is passed to `skipped`."""
     out, last = [], 0
     for row in rows:
+        rid = int_or_none(row[0] if isinstance(row, tuple) and row else None)
+        last = max(last, rid or 0)
         try:
-            rid, step, ts, metrics = row
-            last = max(last, int(rid))
-            t = when(str(ts))
-            d = json.loads(metrics)
-        except (ValueError, TypeError):
-            continue
-        if not isinstance(d, dict) or not isinstance(step, int) or step < 0:
-            continue
-        for k, v in d.items():
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                out.append(Point(step, t, str(k), float(v)))
+            out += trackio_row(row, when)
+        except Unreadable as e:
+            skipped(e)
     return out, last
 
 
 # --- W&B offline ------------------------------------------------------------------------------------
-WANDB_HEADER = 7
-WANDB_MAGIC = b":W&B"
-WANDB_BLOCK = 32768
-FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+WANDB_HEADER = rec_.WANDB_HEADER
+WANDB_MAGIC = rec_.WANDB_MAGIC
+WANDB_BLOCK = rec_.WANDB_BLOCK
 
 
-def wandb_chunks(buf: bytes, base: int, pending: bytes) -> tuple[list[bytes], int, bytes]:
-    """The whole records in `buf` (which starts at file offset `base`), the bytes they took, and a
-    record begun but not yet ended (handed back in with the next read)."""
-    out: list[bytes] = []
-    i = 0
-    if base == 0:
-        if len(buf) < WANDB_HEADER:
-            return out, 0, pending
-        if buf[:4] != WANDB_MAGIC:
-            raise Garbage("no :W&B header")
-        i = WANDB_HEADER
-    while True:
-        left = WANDB_BLOCK - (base + i) % WANDB_BLOCK
-        if left < 7:  # a block's tail too short for a header: padding
-            if len(buf) - i < left:
-                break
-            i += left
-            continue
-        if len(buf) - i < 7:
-            break
-        _crc, length, typ = struct.unpack_from("<IHB", buf, i)
-        if typ == 0 and length == 0:  # zeroed space a writer reserved: the end for now
-            break
-        if length > left - 7 or typ not in (FULL, FIRST, MIDDLE, LAST):
-            raise Garbage(f"a chunk of {length} bytes, type {typ}")
-        if len(buf) - i < 7 + length:
-            break
-        data = bytes(buf[i + 7: i + 7 + length])
-        i += 7 + length
-        if typ == FULL:
-            out.append(data)
-            pending = b""
-        elif typ == FIRST:
-            pending = data
-        elif typ == MIDDLE:
-            pending += data
-        else:
-            out.append(pending + data)
-            pending = b""
-    return out, i, pending
+def wandb_chunks(buf: bytes, base: int, pending: bytes | None = b"") -> tuple[list[bytes], int, bytes | None]:
+    """records.wandb_chunks in the shape of the first reader: nothing is held (a record not ended
+    is read again from its first chunk), so `pending` is b"" between records, None inside one
+    being passed over."""
+    f = rec_.wandb_chunks(bytes(buf), base, skipping=pending is None)
+    return f.records, f.used, None if f.skipping else b""
 
 
 def _zigzag(n: int) -> int:
@@ -262,30 +238,41 @@ def _zigzag(n: int) -> int:
 
 
 def wandb_record(rec: bytes) -> tuple[list[Point], int | None]:
-    """A history record's scalars (at its step, its `_timestamp` as time), or an exit record's code."""
+    """A history record's scalars (at its step, its `_timestamp` as time), or an exit record's
+    code; Unreadable when it is no record (a step out of range, a value_json that is none)."""
+    try:
+        return _wandb_record(rec)
+    except Unreadable:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Unreadable(f"a record: {type(e).__name__}") from None
+
+
+def _wandb_record(rec: bytes) -> tuple[list[Point], int | None]:
+    walk = rec_.Walk()
     history = b""
-    for num, wt, v in _fields(rec):
+    for num, wt, v in rec_.fields(rec, walk):
         if num == 2 and wt == 2:
             history = v  # type: ignore[assignment]
         elif num == 18 and wt == 2:
             code = 0
-            for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+            for n2, w2, v2 in rec_.fields(v, walk):  # type: ignore[arg-type]
                 if n2 == 1 and w2 == 0:
                     code = int(v2)  # type: ignore[arg-type]
                     code = code - (1 << 64) if code >= 1 << 63 else code
             return [], code
     if not history:
         return [], None
-    step, t = 0, 0.0
+    step = 0
     values: dict[str, float] = {}
-    for num, wt, v in _fields(history):
+    for num, wt, v in rec_.fields(history, walk):
         if num == 2 and wt == 2:
-            for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+            for n2, w2, v2 in rec_.fields(v, walk):  # type: ignore[arg-type]
                 if n2 == 1 and w2 == 0:
                     step = int(v2)  # type: ignore[arg-type]
         elif num == 1 and wt == 2:
             key, nested, value = "", [], None
-            for n2, w2, v2 in _fields(v):  # type: ignore[arg-type]
+            for n2, w2, v2 in rec_.fields(v, walk):  # type: ignore[arg-type]
                 if n2 == 1 and w2 == 2:
                     key = bytes(v2).decode("utf-8", "replace")  # type: ignore[arg-type]
                 elif n2 == 2 and w2 == 2:
@@ -295,17 +282,17 @@ def wandb_record(rec: bytes) -> tuple[list[Point], int | None]:
                 elif n2 == 5 and w2 == 0:
                     value = float(_zigzag(int(v2)))  # type: ignore[arg-type]
                 elif n2 == 16 and w2 == 2:
-                    try:
-                        j = json.loads(bytes(v2))  # type: ignore[arg-type]
-                    except ValueError:
-                        continue
+                    j = json_doc(v2, limit=VALUE_MAX, what="a value_json")  # type: ignore[arg-type]
                     if isinstance(j, int | float) and not isinstance(j, bool):
                         value = float(j)
             name = "/".join(nested) if nested else key
             if name and value is not None and math.isfinite(value):
                 values[name] = value
     t = values.pop("_timestamp", 0.0)
-    return [Point(step, t, k, v) for k, v in values.items() if not k.startswith("_")], None
+    points = [Point(step, t, k, v) for k, v in values.items() if not k.startswith("_")]
+    if points:
+        _step(step)
+    return points, None
 
 
 # --- one observation per step -----------------------------------------------------------------------

@@ -40,3 +40,6 @@ __all__ = [
     "ZIP_LOCAL_MAGIC", "ZIP_TAIL", "Unreadable", "finite_float", "finite_int", "float_or_none", "int_or_none", "json_doc", "json_object",
     "safetensors_end", "safetensors_header_len", "text", "zip_ends_whole",
 ]
+from supervisor.untrusted import records  # noqa: E402 - tracker records: bounded framing (lines, TFRecord, W&B log, protobuf)
+
+__all__ += ["records"]
