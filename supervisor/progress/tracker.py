@@ -34,7 +34,8 @@ from supervisor.training.finder import find_checkpoints
 
 log = structlog.get_logger("progress")
 
-MAX_STATE_BYTES = 64 * 1024 * 1024   # a trainer_state.json beyond this is not read (log_history of millions)
+MAX_STATE_BYTES = 16 * 1024 * 1024   # a trainer_state.json beyond this is not read: parsing 64 MiB of
+# hostile JSON (`[[],[],...]`) took about 1.3 GB, past the unit's MemoryMax; the log lines still give progress
 SAVE_EVERY_S = 15.0
 
 
