@@ -92,7 +92,7 @@ def test_an_example_value_is_marked_as_one():
 
 def test_a_value_written_over_several_lines_stays_in_its_row():
     cell, _ = readme_rows()["sync.include"]
-    assert '"*results.json", ' in cell and cell.endswith('"*.ckpt/**"]`')
+    assert '"*results.json", ' in cell and cell.endswith('"**/*.pth"]`')
     cell, desc = readme_rows()["sync.exclude"]
     assert cell == "`[]`" and "safetensors" not in desc
 

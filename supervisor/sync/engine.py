@@ -23,6 +23,7 @@ FakeClock that stands still never stalls the worker: `realtime` is that one seam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -262,20 +263,16 @@ class SyncEngine:
             self._dirty = True
 
     def _run(self) -> None:
-        failed_with = ""
+        failed_with = ""  # the error whose traceback was logged: each new one once, never every second
         try:
             while not self._closing.is_set():
                 try:
                     self._iteration()
-                    failed_with = ""
                 except Exception as e:  # noqa: BLE001 - the worker must outlive any bug or odd file
-                    said = f"internal error: {type(e).__name__}: {e}"
-                    self._note_error(said)
-                    try:
+                    self._note_error(said := f"internal error: {type(e).__name__}: {e}")
+                    with contextlib.suppress(Exception):  # not even a broken logger may end the worker
                         if said != failed_with:  # the traceback once, not every second
                             log.exception("sync_iteration_failed")
-                    except Exception:  # noqa: BLE001 - not even a broken logger may end the worker
-                        pass
                     failed_with = said
                     self._closing.wait(1.0)
                 self._wake.wait(self._sleep_for())
