@@ -134,9 +134,10 @@ def test_final_expected_and_manifests():
     got = final.expected([done, part], lambda k, s, m: entries.get(k))
     assert got == {"checkpoint-1/a": (7, "etag-a"), "checkpoint-1/b": (7, "etag-b"), "checkpoint-2/c": (7, "etag-c"),
                    "checkpoint-2/d": (7, "etag-d")}  # a damaged file goes up and is checked like any other
-    assert final.manifest_units([done, part, never]) == {"checkpoint-1", "checkpoint-2"}
+    assert final.manifest_units([done, part, never]) == {"checkpoint-1": "dir", "checkpoint-2": "dir"}
     assert final.manifest_keys({"checkpoint-1", ""}) == {"checkpoint-1/_MANIFEST.json": (-1, ""),
                                                         "_MANIFEST.json": (-1, "")}
+    assert final.manifest_keys({"out/ckpt.pt": "file"}) == {"out/ckpt.pt._MANIFEST.json": (-1, "")}
     assert final.partial_notes([done, part, never]) == [
         "checkpoint-2 (partial: truncated or damaged: d; uploaded with a manifest naming its damaged files)",
         "checkpoint-3 (partial: never finished: no trainer_state.json; uploaded without manifest)"]
@@ -149,7 +150,8 @@ def test_final_expected_and_manifests():
 
 
 @pytest.mark.parametrize("key,unit", [("_MANIFEST.json", ""), ("a/b/_MANIFEST.json", "a/b"), ("a/b/c", None),
-                                      ("a/x_MANIFEST.json", None)])
+                                      ("a/x_MANIFEST.json", None), ("a/ckpt.pt._MANIFEST.json", "a/ckpt.pt"),
+                                      ("._MANIFEST.json", None)])
 def test_manifest_unit(key, unit):
     assert final.manifest_unit(key) == unit
 

@@ -1,10 +1,12 @@
 """Which unit on the target to resume from, decided from what the target lists and its manifests.
 
-A unit is a folder on the target that holds a `_MANIFEST.json` or is named `checkpoint-N`. It is
+A unit is a folder on the target that holds a `_MANIFEST.json` or is named `checkpoint-N`, or a
+single checkpoint file with its manifest beside it (`epoch=2-step=300.ckpt._MANIFEST.json`). It is
 *complete* only when its manifest parses, says `"complete": true`, and every file it lists is on
 the target with the listed size; anything else is skipped with the reason named (a half-uploaded
 `checkpoint-30` without a manifest is the classic trap). Newest = highest step: `global_step` from
-the unit's `trainer_state.json` when known, else the number in the folder's name.
+the unit's `trainer_state.json` when known, else the step its name gives (`checkpoint-300`,
+`epoch=2-step=300.ckpt`, `global_step300`), then the number in its name, then the time it was saved.
 
 Pure: the caller lists the target and reads the manifests; nothing here does I/O.
 """
@@ -15,8 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from supervisor.sync.manifest_doc import ManifestFile, digest, parse_doc, state_facts, trainer_facts
 from supervisor.sync.names import problem, shown
-from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
-from supervisor.training.checkpoints import checkpoint_step, name_order
+from supervisor.sync.policy import FILE_MANIFEST_SUFFIX, MANIFEST_NAME, PROBE_FOLDER, manifest_key
+from supervisor.training.checkpoints import checkpoint_step, name_order, named_step
 
 COMPLETE, PARTIAL, DAMAGED, NO_MANIFEST = "complete", "partial", "damaged", "no manifest"
 REFUSED = "refused"   # a name in it would lead outside its folder: never restored, and named
@@ -36,10 +38,19 @@ class UnitInfo:
     max_steps: int | None = None
     count: int = 0                         # files listed, when `files` was let go (summary)
     step_known: bool = False               # step from trainer_state.json (or its manifest's copy), not the name
+    kind: str = "dir"                      # "file": a single checkpoint file, its manifest beside it
 
     @property
     def name(self) -> str:
         return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def folder(self) -> str:
+        """The key its files' paths are relative to: the folder itself, or a single file's folder."""
+        return self.key if self.kind == "dir" else (self.key.rsplit("/", 1)[0] if "/" in self.key else "")
+
+    def file_key(self, path: str) -> str:
+        return f"{self.folder}/{path}" if self.folder else path
 
     @property
     def file_count(self) -> int:
@@ -50,7 +61,7 @@ class UnitInfo:
         return replace(self, files=(), count=self.file_count)
 
     def to_json(self) -> dict:
-        return {"unit": self.key, "state": self.state, "why": self.why, "step": self.step,
+        return {"unit": self.key, "kind": self.kind, "state": self.state, "why": self.why, "step": self.step,
                 "files": self.file_count, "bytes": self.total_bytes, "saved_at": self.saved_at,
                 "host": self.host, "max_steps": self.max_steps}
 
@@ -62,8 +73,9 @@ class Choice:
 
 
 def unit_keys(keys: dict[str, int]) -> list[str]:
-    """The unit folders among the target's keys (key -> size)."""
-    out: set[str] = set()
+    """The unit folders among the target's keys (key -> size), and the single checkpoint files
+    with a manifest beside them (file_units)."""
+    out: set[str] = set(file_units(keys))
     for k in keys:
         if "/" not in k:
             continue
@@ -79,14 +91,31 @@ def unit_keys(keys: dict[str, int]) -> list[str]:
     return sorted(out)
 
 
-def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
-    """A unit as its manifest and the target's listing describe it."""
+def file_units(keys: dict[str, int]) -> set[str]:
+    """The single-file units among the target's keys: a file with `NAME._MANIFEST.json` beside it."""
+    out = set()
+    for k in keys:
+        if k.endswith(FILE_MANIFEST_SUFFIX) and not k.endswith("/" + MANIFEST_NAME):
+            f = k[: -len(FILE_MANIFEST_SUFFIX)]
+            if f and not f.endswith("/") and not f.split("/", 1)[0].startswith(PROBE_FOLDER):
+                out.add(f)
+    return out
+
+
+def kind_of(key: str, keys: dict[str, int]) -> str:
+    """"file" for a single-file unit (its manifest beside it), "dir" for a folder."""
+    return "file" if manifest_key(key, "file") in keys and manifest_key(key) not in keys else "dir"
+
+
+def judge(key: str, manifest: bytes | None, keys: dict[str, int], kind: str = "dir") -> UnitInfo:
+    """A unit as its manifest and the target's listing describe it (`kind` "file": a single file,
+    its manifest beside it, listing that one file by its name)."""
     bad = problem(key)
     if bad:  # a key with `..`, a leading `/`, `//` ...: it names no folder here, and nothing of it is read
-        return UnitInfo(key, REFUSED, f"the unit's key {shown(key)} is refused: {bad}")
-    step = checkpoint_step(key.rsplit("/", 1)[-1])
+        return UnitInfo(key, REFUSED, f"the unit's key {shown(key)} is refused: {bad}", kind=kind)
+    step = named_step(key.rsplit("/", 1)[-1])
     if manifest is None:
-        return UnitInfo(key, NO_MANIFEST, f"no {MANIFEST_NAME}: a partial upload", step)
+        return UnitInfo(key, NO_MANIFEST, f"no {MANIFEST_NAME}: a partial upload", step, kind=kind)
     try:
         doc, listed = parse_doc(manifest)
     except ValueError as e:
@@ -98,7 +127,7 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
     facts = trainer_facts(doc)  # what its trainer_state.json said as it went up (newer manifests)
     base = UnitInfo(key, COMPLETE, "", facts[0] if facts else step, files, sum(f.size for f in files),
                     str(doc.get("created_at") or ""), str(doc.get("host") or ""), d,
-                    max_steps=facts[1] if facts else None, step_known=facts is not None)
+                    max_steps=facts[1] if facts else None, step_known=facts is not None, kind=kind)
     if doc.get("digest") and doc["digest"] != d:
         return _with(base, DAMAGED, "manifest digest does not match its file list")
     if doc.get("complete") is not True:
@@ -107,10 +136,15 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int]) -> UnitInfo:
                                     f"damaged: {damaged})")
     if not files:
         return _with(base, PARTIAL, "manifest lists no files")
-    gone = [f.path for f in files if keys.get(f"{key}/{f.path}") is None]
+    if kind == "file" and [f.path for f in files] != [base.name]:
+        # the manifest beside a file vouches for that file alone: any other name it lists would
+        # be written next to it, where the restore has no business
+        return _with(base, REFUSED, f"the manifest beside {shown(base.name)} lists other files: "
+                                    f"{', '.join(shown(f.path) for f in files[:3])}")
+    gone = [f.path for f in files if keys.get(base.file_key(f.path)) is None]
     if gone:
         return _with(base, PARTIAL, f"{len(gone)} listed file(s) missing on the target ({', '.join(gone[:3])})")
-    short = [f.path for f in files if keys.get(f"{key}/{f.path}", f.size) not in (f.size, -1)]
+    short = [f.path for f in files if keys.get(base.file_key(f.path), f.size) not in (f.size, -1)]
     if short:
         return _with(base, DAMAGED, f"size differs from the manifest: {', '.join(short[:3])}")
     return base

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -33,6 +34,7 @@ from supervisor.resume.choose import (
     UnitInfo,
     choose,
     judge,
+    kind_of,
     local_rel,
     unit_keys,
     with_state,
@@ -44,7 +46,7 @@ from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.manifest_doc import STATE_NAME
 from supervisor.sync.names import problem
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import manifest_key
 from supervisor.sync.scan import Root
 from supervisor.sync.targets.base import Reader, TargetError, join_key, reader
 from supervisor.training.checkpoints import checkpoint_step
@@ -52,6 +54,7 @@ from supervisor.training.safeopen import UnsafeLog, open_folder
 
 log = get_logger("resume")
 
+LAST_CKPT = re.compile(r"^last(?:-v\d+)?\.ckpt$")  # Lightning's save_last copy (ModelCheckpoint.CHECKPOINT_NAME_LAST)
 HASH_CHUNK = 8 << 20
 SURVEY_THREADS = 8
 SURVEY_WINDOW = 2 * SURVEY_THREADS  # folders read ahead of the one being judged
@@ -87,6 +90,7 @@ class Result:
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (unit, why it was not used)
     already_here: bool = False
     dry_run: bool = False
+    companions: list[str] = field(default_factory=list)  # restored beside it (Lightning's last.ckpt)
 
     def to_json(self) -> dict:
         return {"unit": self.unit.key, "step": self.unit.step, "max_steps": self.unit.max_steps,
@@ -94,7 +98,7 @@ class Result:
                 "saved_at": self.unit.saved_at, "saved_on": self.unit.host,
                 "skipped": [{"unit": u.key, "why": u.why} for u in self.skipped],
                 "fallbacks": [{"unit": k, "why": w} for k, w in self.fallbacks],
-                "already_here": self.already_here, "dry_run": self.dry_run}
+                "already_here": self.already_here, "dry_run": self.dry_run, "companions": self.companions}
 
 
 class Progress:
@@ -197,10 +201,11 @@ class Restorer:
         latency each); at most SURVEY_WINDOW folders are read ahead of the one being judged."""
         def read(k: str) -> UnitInfo:
             manifest = None
-            if not problem(k) and join_key(k, MANIFEST_NAME) in keys:  # nothing is read under a refused key
-                manifest = rd.read_file(join_key(k, MANIFEST_NAME))
-            u = judge(k, manifest, keys)
-            if (u.state == COMPLETE and not u.step_known and join_key(k, STATE_NAME) in keys
+            kind = kind_of(k, keys)
+            if not problem(k) and manifest_key(k, kind) in keys:  # nothing is read under a refused key
+                manifest = rd.read_file(manifest_key(k, kind))
+            u = judge(k, manifest, keys, kind)
+            if (u.state == COMPLETE and not u.step_known and kind == "dir" and join_key(k, STATE_NAME) in keys
                     and any(f.path == STATE_NAME for f in u.files)):
                 u = with_state(u, rd.read_file(join_key(k, STATE_NAME)))  # a manifest older than its step
             return u
@@ -269,7 +274,7 @@ class Restorer:
                 if ahead.confirm(u):
                     return
                 ahead = guess[0] = Ahead(self._fetch)  # not complete as listed: the next complete one
-            if not ahead.started and u.state == COMPLETE and wanted(u.key):
+            if not ahead.started and u.state == COMPLETE and u.kind == "dir" and wanted(u.key):
                 dest, _why = self._dest(u)
                 if dest:
                     ahead.offer(u, dest)
@@ -309,13 +314,38 @@ class Restorer:
                 continue
             self._record(u, dest, sv.units)
             res = Result(u, dest, 0 if already else u.total_bytes, time.monotonic() - t0, sv.skipped, fallbacks,
-                         already_here=already)
+                         already_here=already, companions=self._companions(u, sv))
             log.info("resume_restored", unit=u.key, path=dest, bytes=res.bytes, seconds=round(res.seconds, 2),
                      fallbacks=len(fallbacks))
             return res
         why = "; ".join(f"{k}: {w}" for k, w in fallbacks) or "; ".join(f"{u.key}: {u.why}" for u in sv.skipped)
         raise (AllDamaged if fallbacks else NothingToRestore)(f"no complete checkpoint{' named ' + name if name else ''} on the target"
                                + (f" ({why})" if why else ""))
+
+    def _companions(self, u: UnitInfo, sv: Survey) -> list[str]:
+        """Lightning resumes with `ckpt_path="last"`: it looks for `last.ckpt` beside the step-named
+        files, and a restore of `epoch=2-step=300.ckpt` alone would leave it starting from step 0.
+        So the `last*.ckpt` of the restored file's folder comes too: Lightning rewrites it at every
+        save, so it is as new as the newest step-named file, or newer (a save top-k did not keep).
+        One that fails to come is named in the log; the restore of the unit itself stands."""
+        if u.kind != "file" or sv is None:
+            return []
+        out = []
+        for v in sv.units:
+            if (v.kind != "file" or v.state != COMPLETE or v.key == u.key or v.folder != u.folder
+                    or not LAST_CKPT.match(v.name)):
+                continue
+            v = self._listed(v, sv.keys)
+            dest, _why = self._dest(v)
+            if v.state != COMPLETE or not dest:
+                continue
+            try:
+                self._fetch(v, dest)
+                self._record(v, dest, [])
+                out.append(v.key)
+            except (Damaged, TargetError, OSError) as e:
+                log.warning("resume_companion_failed", unit=v.key, why=str(e), restored=u.key)
+        return out
 
     def _dest(self, u: UnitInfo) -> tuple[str, str]:
         """(the unit's place here, "") or ("", why it has none)."""
@@ -353,7 +383,10 @@ class Restorer:
         if st is not None:
             if hold is not None:
                 raise Declined(dest)
-            if stat.S_ISDIR(st.st_mode):
+            if u.kind == "file" and stat.S_ISREG(st.st_mode):
+                if not _verify(parent, u):  # the one file, by its name beside the others
+                    return True
+            elif u.kind == "dir" and stat.S_ISDIR(st.st_mode):
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
                 try:
                     if not _verify(fd, u):
@@ -373,7 +406,7 @@ class Restorer:
             into = Staging(sfd, {f.path for f in u.files})
             self.progress.begin(u.key, u.total_bytes)
             add = self.progress.add if hold is None else hold.progress(self.progress.add)
-            sums = reader(self.target).download(u.key, [(f.path, f.size) for f in u.files], into, add)
+            sums = reader(self.target).download(u.folder, [(f.path, f.size) for f in u.files], into, add)
             if hold is not None:
                 u = hold.checked()  # begun from the listing: the bytes are checked against the manifest
             bad = _compare(sfd, u, sums) if isinstance(sums, dict) else _verify(sfd, u)
@@ -384,9 +417,15 @@ class Restorer:
                 raise Damaged("; ".join(bad[:3]))
             if hold is not None and not hold.place():
                 raise Cancelled(u.key)
-            self._record_files(u, sfd, dest)
+            # handed over before it is recorded: a chown moves the ctime, part of a file's version
             _hand_over(sfd, self.owner)
-            os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)
+            self._record_files(u, sfd, dest)
+            if u.kind == "file":  # the one checked file into its place; its staging folder goes.
+                os.rename(name, name, src_dir_fd=sfd, dst_dir_fd=parent)
+                os.rmdir(stage, dir_fd=parent)
+                self._record_files(u, parent, dest)  # a rename moves a file's ctime (a folder's files keep theirs)
+            else:
+                os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)
             os.fsync(parent)
         except BaseException:
             shutil.rmtree(stage, dir_fd=parent, ignore_errors=True)
@@ -400,20 +439,21 @@ class Restorer:
         if self.ledger is None:
             return
         at = self.now()
+        here = dest if u.kind == "dir" else os.path.dirname(dest)
         for f in u.files:
             st = _stat_inside(folder, f.path)
-            self.ledger.done(join_key(u.key, f.path), Entry(st.st_size, st.st_mtime_ns, f.sha256,
-                                                             f.sha256 if self.etag_is_sha else "",
-                                                             os.path.join(dest, f.path), at, st.st_ino,
-                                                             ctime_ns=st.st_ctime_ns))
+            self.ledger.done(u.file_key(f.path), Entry(st.st_size, st.st_mtime_ns, f.sha256,
+                                                       f.sha256 if self.etag_is_sha else "",
+                                                       os.path.join(here, f.path), at, st.st_ino,
+                                                       ctime_ns=st.st_ctime_ns))
 
     def _record(self, u: UnitInfo, dest: str, units: list[UnitInfo]) -> None:
         """The restored unit's files (when already here) and every complete unit's manifest: the
         sync treats them as its own uploads (keep_last counts them; nothing is sent again)."""
         if self.ledger is None:
             return
-        if self.ledger.get(join_key(u.key, u.files[0].path)) is None:
-            fd = open_folder(dest, self.user)
+        if self.ledger.get(u.file_key(u.files[0].path)) is None:
+            fd = open_folder(dest if u.kind == "dir" else os.path.dirname(dest), self.user)
             try:
                 self._record_files(u, fd, dest)
             finally:

@@ -4,14 +4,13 @@ asked for, and what to forget when the target turns out to have lost some. Pure 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from supervisor.interfaces import FinalSyncResult
 from supervisor.sync.ledger import Entry, Ledger
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import FILE_MANIFEST_SUFFIX, MANIFEST_NAME, manifest_key
 from supervisor.sync.scan import Unit, final_saves, holds, needs_manifest, newest_checkpoints
-from supervisor.sync.targets.base import join_key
 
 VERIFY_ROUNDS = 3        # re-upload what the target lost at most this often
 
@@ -60,14 +59,16 @@ def versions(keys: Iterable[str], get: Callable[[str], Entry | None]) -> dict[st
     return {k: e.sha256 for k in keys if (e := get(k)) is not None and e.sha256}
 
 
-def manifest_units(scope: Iterable[Unit]) -> set[str]:
-    """The unit keys whose manifest must be on the target."""
-    return {u.key for u in scope if needs_manifest(u)}
+def manifest_units(scope: Iterable[Unit]) -> dict[str, str]:
+    """The unit keys whose manifest must be on the target, each with its kind ("dir", "file")."""
+    return {u.key: u.kind for u in scope if needs_manifest(u)}
 
 
-def manifest_keys(units: Iterable[str]) -> dict[str, tuple[int, str]]:
-    """What to ask the target about the manifests: only that they exist."""
-    return {join_key(k, MANIFEST_NAME): (-1, "") for k in units}
+def manifest_keys(units: Mapping[str, str] | Iterable[str]) -> dict[str, tuple[int, str]]:
+    """What to ask the target about the manifests: only that they exist. `units`: unit key ->
+    kind (plain keys: folders)."""
+    kinds = units if isinstance(units, Mapping) else dict.fromkeys(units, "dir")
+    return {manifest_key(k, kind): (-1, "") for k, kind in kinds.items()}
 
 
 def manifest_unit(key: str) -> str | None:
@@ -76,10 +77,12 @@ def manifest_unit(key: str) -> str | None:
         return ""
     if key.endswith("/" + MANIFEST_NAME):
         return key[: -len(MANIFEST_NAME) - 1]
+    if key.endswith(FILE_MANIFEST_SUFFIX) and len(key) > len(FILE_MANIFEST_SUFFIX):
+        return key[: -len(FILE_MANIFEST_SUFFIX)]  # beside a single-file unit
     return None
 
 
-def forget_lost(ledger: Ledger, lost: list[str], manifests: set[str]) -> None:
+def forget_lost(ledger: Ledger, lost: list[str], manifests: Iterable[str]) -> None:
     """The target lost files the ledger says it holds: forget them (and the manifest of their
     folder) so the next pass sends them again, the manifest after them."""
     for k in lost:
@@ -89,7 +92,7 @@ def forget_lost(ledger: Ledger, lost: list[str], manifests: set[str]) -> None:
             continue
         ledger.forget(k)
         for uk in manifests:
-            if not uk or k.startswith(uk + "/"):
+            if not uk or k == uk or k.startswith(uk + "/"):
                 ledger.manifest_forget(uk)
 
 

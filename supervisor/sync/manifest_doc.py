@@ -39,16 +39,19 @@ def digest(files: list[ManifestFile]) -> str:
 
 
 def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "",
-          damaged: tuple[str, ...] = (), partial: str = "", trainer: tuple[int, int | None] | None = None) -> bytes:
+          damaged: tuple[str, ...] = (), partial: str = "", trainer: tuple[int, int | None] | None = None,
+          kind: str = "dir") -> bytes:
     """The manifest of a folder; with `damaged` (files that failed their format check) or a
     `partial` reason it says the folder is not complete. `trainer`: (global_step, max_steps) from
     the folder's trainer_state.json as it went up, so that a restore ranks the units on the
-    target from their manifests alone (state_facts)."""
+    target from their manifests alone (state_facts). `kind` "file": the manifest of a single-file
+    unit, beside it (policy.manifest_key); its one file's path is the file's name."""
     fs = sorted(files, key=lambda f: f.path)
     doc: dict = {
         "format": FORMAT,
         "complete": not damaged and not partial,
         "unit": unit,
+        **({"kind": "file"} if kind == "file" else {}),
         "created_at": utc_stamp(created_at),
         "host": host,
         "source": source,

@@ -30,6 +30,23 @@ if TYPE_CHECKING:
     from supervisor.config import Config
 
 MANIFEST_NAME = "_MANIFEST.json"
+# A single-file unit (a Lightning `.ckpt`, nanoGPT's `ckpt.pt`) has no folder of its own to hold a
+# `_MANIFEST.json`: its manifest sits beside it, named for it (`ckpt.pt._MANIFEST.json`). The `.`
+# before `_MANIFEST.json` tells it from a folder's manifest (`.../_MANIFEST.json`) in any listing.
+FILE_MANIFEST_SUFFIX = "." + MANIFEST_NAME
+
+
+def manifest_key(unit_key: str, kind: str = "dir") -> str:
+    """Where a unit's manifest is on the target: `KEY/_MANIFEST.json` for a folder,
+    `KEY._MANIFEST.json` beside a single file."""
+    if kind == "file":
+        return unit_key + FILE_MANIFEST_SUFFIX
+    return f"{unit_key.strip('/')}/{MANIFEST_NAME}" if unit_key.strip("/") else MANIFEST_NAME
+
+
+def is_manifest_name(name: str) -> bool:
+    """Our own manifest (a folder's or a single file's), never training output."""
+    return name == MANIFEST_NAME or (name.endswith(FILE_MANIFEST_SUFFIX) and len(name) > len(FILE_MANIFEST_SUFFIX))
 PROBE_FOLDER = ".train-supervisor-probe"  # the probe's tiny object (sync/probe.py): no unit, never restored
 
 # Names whose presence means "someone is still writing" and that are never uploaded as final.
@@ -45,8 +62,10 @@ _TEMP_RE = re.compile(
 )
 
 # Folder names that are caches or tool state, never training output.
+# (.train-supervisor-snapshots: the daemon's own snapshots of files sent, sync/snapshot.py)
 _CACHE_DIR_RE = re.compile(r"^(models--|datasets--|spaces--).+$|^(\.cache|\.locks|\.git|__pycache__|"
-                           r"\.ipynb_checkpoints|\.rsync-partial|\.Trash.*|\.huggingface|huggingface)$")
+                           r"\.ipynb_checkpoints|\.rsync-partial|\.Trash.*|\.huggingface|huggingface|"
+                           r"\.train-supervisor-snapshots)$")
 
 # Environment variables that point at Hugging Face caches.
 HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
@@ -210,7 +229,7 @@ class Policy:
         if not rel or rel.startswith("/") or ".." in rel.split("/"):
             return False
         name = rel.rsplit("/", 1)[-1]
-        if name == MANIFEST_NAME or has_temp_component(rel) or has_cache_component(rel):
+        if is_manifest_name(name) or has_temp_component(rel) or has_cache_component(rel):
             return False
         return not any(r.fullmatch(rel) for r in self._exc)
 

@@ -79,7 +79,7 @@ class Prover:
         return out
 
     def _check(self, u: sc.Unit, ledger: Ledger, target: Target) -> dict:
-        expected = {**final.expected([u], ledger.current), **final.manifest_keys({u.key})}
+        expected = {**final.expected([u], ledger.current), **final.manifest_keys(final.manifest_units([u]))}
         try:
             lost = target.missing(expected)
         except TargetError as e:

@@ -26,6 +26,28 @@ def name_order(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+_NAMED_STEP = (
+    re.compile(r"^checkpoint-(\d{1,15})$"),                          # HF Trainer
+    re.compile(r"(?:^|[^A-Za-z])step[=_-]?(\d{1,15})(?!\d)"),        # Lightning epoch=2-step=300.ckpt
+    re.compile(r"^global_step(\d{1,15})$"),                          # DeepSpeed
+    re.compile(r"^iter_(\d{7})$"),                                   # Megatron's iteration
+    re.compile(r"(?:^|-)ba(\d{1,15})(?:-|\.|$)"),                     # Composer ep1-ba300-rank0.pt: batches
+    re.compile(r"^(\d{1,15})$"),                                     # Orbax's <step>/
+)
+
+
+def named_step(name: str) -> int | None:
+    """The training step a unit's name states, where its writer puts one there (`checkpoint-300`,
+    `epoch=2-step=300.ckpt`, `global_step300`, `iter_0000300`, `ep1-ba300-rank0.pt`, Orbax's
+    `300`); None for a name that numbers saves, not steps (Accelerate's `checkpoint_7`, torchtune's
+    `epoch_3`) or has no number (`ckpt.pt`, `last.ckpt`)."""
+    for rx in _NAMED_STEP:
+        m = rx.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
 def unit_order(key: str) -> tuple[int, str]:
     """Sort key of a unit key ("out/checkpoint-40") by its folder's step, then its name: newest
     last (sort with reverse=True for newest first); a unit that is no checkpoint-N counts as -1."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from supervisor.fileopen import NotRegular, open_regular
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import manifest_key
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
@@ -125,11 +125,13 @@ class Target(Protocol):
 
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None: ...
 
-    def write_manifest(self, unit_key: str, data: bytes) -> str | None:
-        """Returns the commit that holds it, for targets with commits (the Hub); None otherwise."""
+    def write_manifest(self, unit_key: str, data: bytes, kind: str = "dir") -> str | None:
+        """The unit's manifest at policy.manifest_key(unit_key, kind) (kind "file": beside a
+        single-file unit). Returns the commit that holds it, for targets with commits (the Hub);
+        None otherwise."""
         ...
 
-    def delete_manifest(self, unit_key: str) -> None: ...
+    def delete_manifest(self, unit_key: str, kind: str = "dir") -> None: ...
 
     def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
         """Keys (of key -> (size, etag)) the target does not hold as expected (size -1: only
@@ -373,5 +375,5 @@ def reader(target: object) -> Reader:
     return side  # type: ignore[no-any-return]
 
 
-def read_manifest(target: object, unit_key: str) -> bytes | None:
-    return reader(target).read_file(join_key(unit_key, MANIFEST_NAME))
+def read_manifest(target: object, unit_key: str, kind: str = "dir") -> bytes | None:
+    return reader(target).read_file(manifest_key(unit_key, kind))

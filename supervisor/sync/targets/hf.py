@@ -34,7 +34,7 @@ from supervisor.config import SyncConfig
 from supervisor.fileopen import open_regular
 from supervisor.sync._log import get_logger
 from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import MANIFEST_NAME, manifest_key
 from supervisor.sync.targets.base import (
     LocalFile,
     TargetError,
@@ -42,7 +42,6 @@ from supervisor.sync.targets.base import (
     UnitsPut,
     Uploaded,
     UploadSink,
-    join_key,
 )
 from supervisor.sync.targets.hf_commit import Committer, NoSink, Plan, remote_etag
 from supervisor.sync.targets.hf_read import HfReader
@@ -127,14 +126,19 @@ class HfTarget:
                 out.manifests.append(unit)
         return out
 
-    def write_manifest(self, unit_key: str, data: bytes) -> str | None:
+    def write_manifest(self, unit_key: str, data: bytes, kind: str = "dir") -> str | None:
         """The manifest in a commit of its own (put_units puts it in the files' commit)."""
+        if kind == "file":  # beside a single file: no folder to land with it
+            hh = self.repo.hub()
+            return self.repo.commit([hh.CommitOperationAdd(path_in_repo=self.repo.path(manifest_key(unit_key, kind)),
+                                                           path_or_fileobj=data)],
+                                    f"{unit_key}: complete ({MANIFEST_NAME} beside it)")
         state = self._state_from_manifest(data)
         msg = f"{unit_summary(unit_key or '(top)', state)} (complete: {MANIFEST_NAME})"
         return self.committer.land([(unit_key, [], data)], NoSink(), msg).get(unit_key)
 
-    def delete_manifest(self, unit_key: str) -> None:
-        path = self.repo.path(join_key(unit_key, MANIFEST_NAME))
+    def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
+        path = self.repo.path(manifest_key(unit_key, kind))
         if path not in self.repo.paths_info([path], self.repo.revision):
             return
         hh = self.repo.hub()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.fileopen import open_regular
 from supervisor.sync._log import get_logger
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import manifest_key
 from supervisor.sync.targets.base import (
     LocalFile,
     SourceProblem,
@@ -28,7 +28,6 @@ from supervisor.sync.targets.base import (
     Uploaded,
     UploadSink,
     check_unchanged,
-    join_key,
     open_source,
     write_all,
 )
@@ -128,8 +127,8 @@ class LocalTarget:
             except OSError:
                 pass
 
-    def write_manifest(self, unit_key: str, data: bytes) -> None:
-        self.write_object(join_key(unit_key, MANIFEST_NAME), data, "manifest")
+    def write_manifest(self, unit_key: str, data: bytes, kind: str = "dir") -> None:
+        self.write_object(manifest_key(unit_key, kind), data, "manifest")
 
     def write_object(self, key: str, data: bytes, what: str = "object") -> None:
         """A small object written whole (a manifest, a cluster heartbeat): readers see the old
@@ -152,8 +151,8 @@ class LocalTarget:
                 pass
             raise TargetError(f"{dest}: cannot write {what}: {e.strerror or e}") from None
 
-    def delete_manifest(self, unit_key: str) -> None:
-        dest = self._dest(f"{unit_key}/{MANIFEST_NAME}" if unit_key else MANIFEST_NAME)
+    def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
+        dest = self._dest(manifest_key(unit_key, kind))
         try:
             os.unlink(dest)
             _fsync_dir(dest.parent)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from supervisor.config import SyncConfig
 from supervisor.sync._log import get_logger
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import MANIFEST_NAME, manifest_key
 from supervisor.sync.targets.base import (
     LocalFile,
     SourceProblem,
@@ -278,11 +278,11 @@ class RsyncTarget:
             raise TargetError(f"{self.display}: {lost[0]} is not on the target whole after rsync ({rc}): {_tail(err)}")
 
     # --- manifests, checks, deletes ------------------------------------------------------------
-    def write_manifest(self, unit_key: str, data: bytes) -> None:
+    def write_manifest(self, unit_key: str, data: bytes, kind: str = "dir") -> None:
         """One manifest through the shell kept open on the host: a round trip and a `mv` there,
         not an rsync and an ssh process here for each folder (an engine that sends several
         folders in one put_files writes each one's manifest as its last file is verified)."""
-        self.write_object(join_key(unit_key, MANIFEST_NAME), data, unit_key)
+        self.write_object(manifest_key(unit_key, kind), data, unit_key)
 
     def write_object(self, rel: str, data: bytes, unit_key: str | None = None) -> None:
         """A small object written whole (a manifest, a cluster heartbeat) through the kept shell."""
@@ -347,8 +347,8 @@ class RsyncTarget:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.with_name(tmp.name + ".list").unlink(missing_ok=True)
 
-    def delete_manifest(self, unit_key: str) -> None:
-        self._ssh(f"rm -f -- {shlex.quote(self._remote(join_key(unit_key, MANIFEST_NAME)))}")
+    def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
+        self._ssh(f"rm -f -- {shlex.quote(self._remote(manifest_key(unit_key, kind)))}")
 
     def listing(self, sub: str) -> dict[str, int]:
         """Remote files under sub (relative keys -> size)."""

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from supervisor.config import SyncConfig
 from supervisor.sync._log import get_logger
 from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.sync.policy import manifest_key
 from supervisor.sync.targets.base import (
     NoCredentials,
     RemoteObject,
@@ -248,8 +248,8 @@ class S3Connection:
         return light.list_page(kw["Prefix"], kw.get("ContinuationToken"))
 
     # --- manifests, checks, deletes ------------------------------------------------------------
-    def write_manifest(self, unit_key: str, data: bytes) -> None:
-        self.write_object(join_key(unit_key, MANIFEST_NAME), data)
+    def write_manifest(self, unit_key: str, data: bytes, kind: str = "dir") -> None:
+        self.write_object(manifest_key(unit_key, kind), data)
 
     def write_object(self, rel: str, data: bytes) -> None:
         """A small object in one PUT the store checks by its checksum (a manifest, a heartbeat)."""
@@ -257,8 +257,8 @@ class S3Connection:
         extra = {"ChecksumCRC32": crc32_b64(data)} if self.crc else {"ContentMD5": md5_b64(data)}
         self._call("put_object", Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **extra)
 
-    def delete_manifest(self, unit_key: str) -> None:
-        key = self._key(join_key(unit_key, MANIFEST_NAME))
+    def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
+        key = self._key(manifest_key(unit_key, kind))
         try:
             self._call("delete_object", Bucket=self.bucket, Key=key)
         except NotFound:
