@@ -7,6 +7,7 @@ log file gets no manifest; a manifest beside a file that lists another name is r
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -191,3 +192,36 @@ def test_lightning_last_ckpt_comes_with_the_newest(make_engine, tmp_path):
     r = e.wait_idle(60)
     assert r.ok and r.uploaded_files == 0, r
     e.close()
+
+
+def test_lightning_last_link_is_made_again(make_engine, tmp_path):
+    """save_last="link": last.ckpt is a relative link to the newest step file. The walk never
+    follows it (nothing is sent twice); the file's manifest names it; a restore makes it again."""
+    sync = {"target": str(tmp_path / "remote")}
+    out = tmp_path / "a"
+    files = lightning_run(out)
+    (out / CKPTS / "last.ckpt").symlink_to("epoch=1-step=20.ckpt")
+    e = make_engine({**sync, "watch": [str(out)], "include": ["**/*.ckpt"]}, state="state-a")
+    assert e.wait_idle(60).ok
+    e.close()
+    remote = tmp_path / "remote" / CKPTS
+    assert not (remote / "last.ckpt").exists()
+    assert json.loads((remote / "epoch=1-step=20.ckpt._MANIFEST.json").read_bytes())["links"] == ["last.ckpt"]
+    assert "links" not in json.loads((remote / "epoch=0-step=10.ckpt._MANIFEST.json").read_bytes())
+    e, rs = machine_b(make_engine, sync, tmp_path / "b")
+    res = rs.restore()
+    here = tmp_path / "b" / CKPTS
+    assert res.unit.key == f"{CKPTS}/epoch=1-step=20.ckpt" and res.companions == []
+    assert (here / "last.ckpt").is_symlink() and os.readlink(here / "last.ckpt") == "epoch=1-step=20.ckpt"
+    assert (here / "last.ckpt").read_bytes() == files[f"{CKPTS}/epoch=1-step=20.ckpt"]
+    e.close()
+
+
+def test_links_a_hostile_manifest_asks_for_are_plain_names_only():
+    from supervisor.sync.manifest_doc import links_of
+
+    assert links_of({"kind": "file", "links": ["last.ckpt", "../x", "a/b", "", 5, "/etc/passwd", "ok"]}) == \
+        ("last.ckpt", "ok")
+    assert links_of({"links": ["last.ckpt"]}) == ()  # a folder's manifest makes no links
+    assert links_of({"kind": "file", "links": "last.ckpt"}) == ()
+    assert len(links_of({"kind": "file", "links": [f"l{i}" for i in range(100)]})) == 16

@@ -250,7 +250,10 @@ def test_needs_manifest():
     assert not sc.needs_manifest(u)  # not forced: it waits for its writer
     f = _unit("model.safetensors", files=("model.safetensors",), kind="file")
     f.verdict = Verdict(True, "complete")
-    assert not sc.needs_manifest(f)
+    assert sc.needs_manifest(f)  # issue 50: a single checkpoint file is resumable, its manifest beside it
+    log = _unit("train.log", files=("train.log",), kind="file")
+    log.verdict = Verdict(True, "complete")
+    assert not sc.needs_manifest(log)  # a log is no checkpoint
 
 
 def test_work_takes_complete_or_partial_unsynced_units_newest_first():
@@ -373,28 +376,3 @@ def test_under_a_notice_older_units_wait_for_a_newer_checkpoint_seconds_from_rea
     newer.verdict = Verdict(True, "complete")
     assert sc.hold_for_newer([old1, old2, newest, newer], [newer, old2, old1], lambda u: False,
                              "trainer_state.json", 2.0) == [newer]
-
-
-def test_unselected_by_path_sets_is_the_pairwise_rule():
-    """`unselected` answers by sets of paths (200 kept checkpoints made the pairwise test a tenth of
-    a second of every final sync); the rule stays: a folder is named unless a selected unit lies
-    inside it or it lies inside one."""
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    from supervisor.sync import scan as sc
-
-    path = st.lists(st.sampled_from(["a", "b", "checkpoint-1", "checkpoint-2"]), min_size=1, max_size=4).map(
-        lambda ps: "/run/" + "/".join(ps))
-
-    class U:
-        def __init__(self, p: str):
-            self.abspath, self.selected = p, True
-
-    @settings(max_examples=300, deadline=None)
-    @given(st.lists(path, max_size=6), st.lists(path, max_size=6))
-    def check(looks, held):
-        pairwise = sorted(d for d in set(looks) if not any(sc.within(h, d) or sc.within(d, h) for h in held))
-        assert sc.unselected(looks, [U(h) for h in held]) == pairwise
-
-    check()

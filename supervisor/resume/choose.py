@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from supervisor.sync.manifest_doc import ManifestFile, digest, parse_doc, state_facts, trainer_facts
+from supervisor.sync.manifest_doc import ManifestFile, digest, links_of, parse_doc, state_facts, trainer_facts
 from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import FILE_MANIFEST_SUFFIX, MANIFEST_NAME, PROBE_FOLDER, manifest_key
 from supervisor.training.checkpoints import checkpoint_step, name_order, named_step
@@ -39,6 +39,7 @@ class UnitInfo:
     count: int = 0                         # files listed, when `files` was let go (summary)
     step_known: bool = False               # step from trainer_state.json (or its manifest's copy), not the name
     kind: str = "dir"                      # "file": a single checkpoint file, its manifest beside it
+    links: tuple[str, ...] = ()            # links to that file beside it, to make again (Lightning's last.ckpt)
 
     @property
     def name(self) -> str:
@@ -127,7 +128,8 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int], kind: str = "d
     facts = trainer_facts(doc)  # what its trainer_state.json said as it went up (newer manifests)
     base = UnitInfo(key, COMPLETE, "", facts[0] if facts else step, files, sum(f.size for f in files),
                     str(doc.get("created_at") or ""), str(doc.get("host") or ""), d,
-                    max_steps=facts[1] if facts else None, step_known=facts is not None, kind=kind)
+                    max_steps=facts[1] if facts else None, step_known=facts is not None, kind=kind,
+                    links=links_of(doc) if kind == "file" else ())
     if doc.get("digest") and doc["digest"] != d:
         return _with(base, DAMAGED, "manifest digest does not match its file list")
     if doc.get("complete") is not True:

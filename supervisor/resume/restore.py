@@ -313,6 +313,7 @@ class Restorer:
                 fallbacks.append((u.key, str(e)))
                 continue
             self._record(u, dest, sv.units)
+            self._links(u, dest)
             res = Result(u, dest, 0 if already else u.total_bytes, time.monotonic() - t0, sv.skipped, fallbacks,
                          already_here=already, companions=self._companions(u, sv))
             log.info("resume_restored", unit=u.key, path=dest, bytes=res.bytes, seconds=round(res.seconds, 2),
@@ -321,6 +322,38 @@ class Restorer:
         why = "; ".join(f"{k}: {w}" for k, w in fallbacks) or "; ".join(f"{u.key}: {u.why}" for u in sv.skipped)
         raise (AllDamaged if fallbacks else NothingToRestore)(f"no complete checkpoint{' named ' + name if name else ''} on the target"
                                + (f" ({why})" if why else ""))
+
+    def _links(self, u: UnitInfo, dest: str) -> None:
+        """The links its manifest lists beside a restored file, made again to point at it by its
+        name (Lightning's save_last="link" keeps `last.ckpt` as one). A link already there is
+        replaced; a file or folder under that name is left as it is, and named in the log."""
+        if u.kind != "file" or not u.links:
+            return
+        name = os.path.basename(dest)
+        parent = open_folder(os.path.dirname(dest), self.user)
+        try:
+            for link in u.links:
+                if link == name:
+                    continue
+                try:
+                    st = os.stat(link, dir_fd=parent, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and not stat.S_ISLNK(st.st_mode):
+                    log.warning("resume_link_not_made", link=link, to=name, why="a file or folder has that name here")
+                    continue
+                if st is not None:
+                    if os.readlink(link, dir_fd=parent) == name:
+                        continue
+                    os.unlink(link, dir_fd=parent)
+                os.symlink(name, link, dir_fd=parent)
+                if self.owner is not None:
+                    os.chown(link, *self.owner, dir_fd=parent, follow_symlinks=False)
+                log.info("resume_link_made", link=link, to=name)
+        except OSError as e:
+            log.warning("resume_link_not_made", unit=u.key, why=str(e))
+        finally:
+            os.close(parent)
 
     def _companions(self, u: UnitInfo, sv: Survey) -> list[str]:
         """Lightning resumes with `ckpt_path="last"`: it looks for `last.ckpt` beside the step-named

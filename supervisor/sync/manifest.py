@@ -25,6 +25,7 @@ import sys
 from supervisor.fileopen import open_regular
 from supervisor.sync.manifest_doc import (
     FORMAT,
+    LINKS_MAX,
     STATE_MAX,
     STATE_NAME,
     ManifestFile,
@@ -37,7 +38,7 @@ from supervisor.sync.manifest_doc import (
 )
 from supervisor.sync.policy import MANIFEST_NAME
 
-__all__ = ["FORMAT", "STATE_MAX", "STATE_NAME", "ManifestFile", "build", "check_folder", "digest", "parse", "parse_doc",
+__all__ = ["FORMAT", "LINKS_MAX", "STATE_MAX", "STATE_NAME", "ManifestFile", "build", "check_folder", "digest", "parse", "parse_doc",
            "state_facts", "trainer_facts"]
 
 def check_folder(folder: str) -> list[str]:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from supervisor.sync.complete import HF_LAST_FILE
-from supervisor.sync.names import BadName, check_tree, remote_path, shown
+from supervisor.sync.names import BadName, check_tree, problem, remote_path, shown
 from supervisor.timefmt import utc_stamp
 from supervisor.untrusted import Unreadable, finite_int, int_or_none, json_doc, json_object
 
@@ -40,18 +40,21 @@ def digest(files: list[ManifestFile]) -> str:
 
 def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "",
           damaged: tuple[str, ...] = (), partial: str = "", trainer: tuple[int, int | None] | None = None,
-          kind: str = "dir") -> bytes:
+          kind: str = "dir", links: tuple[str, ...] = ()) -> bytes:
     """The manifest of a folder; with `damaged` (files that failed their format check) or a
     `partial` reason it says the folder is not complete. `trainer`: (global_step, max_steps) from
     the folder's trainer_state.json as it went up, so that a restore ranks the units on the
     target from their manifests alone (state_facts). `kind` "file": the manifest of a single-file
-    unit, beside it (policy.manifest_key); its one file's path is the file's name."""
+    unit, beside it (policy.manifest_key); its one file's path is the file's name. `links`: the
+    names of the symbolic links beside that file that point at it (Lightning's `save_last="link"`
+    makes `last.ckpt` one), so that a restore makes them again."""
     fs = sorted(files, key=lambda f: f.path)
     doc: dict = {
         "format": FORMAT,
         "complete": not damaged and not partial,
         "unit": unit,
         **({"kind": "file"} if kind == "file" else {}),
+        **({"links": sorted(links)} if kind == "file" and links else {}),
         "created_at": utc_stamp(created_at),
         "host": host,
         "source": source,
@@ -106,6 +109,23 @@ def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
     if doc.get("digest") and doc["digest"] != digest(out):
         raise Unreadable("manifest digest does not match its file list")
     return doc, out
+
+
+LINKS_MAX = 16  # links a manifest may ask a restore to make beside its file
+
+
+def links_of(doc: dict) -> tuple[str, ...]:
+    """The link names a single file's manifest lists: plain names (no folder, nothing a path check
+    refuses), at most LINKS_MAX; () for anything else. The target's words: a restore makes only
+    links to the restored file itself, beside it."""
+    raw = doc.get("links")
+    if doc.get("kind") != "file" or not isinstance(raw, list):
+        return ()
+    out = []
+    for n in raw[:LINKS_MAX]:
+        if isinstance(n, str) and not problem(n) and "/" not in n:
+            out.append(n)
+    return tuple(out)
 
 
 def state_facts(data: bytes | None) -> tuple[int, int | None] | None:
