@@ -1,7 +1,7 @@
 """supervisorctl: one function per verb; each asks the daemon over the control socket and formats.
 
 Exit codes follow supervisorctl's LSB habit: 0 training RUNNING (or FINISHED cleanly), 3 not
-running, 4 daemon unreachable, 1 refused/failed, 2 bad config or usage.
+running, 4 daemon unreachable, 1 refused/failed, 2 bad config or usage, 5 (sync --wait) output unselected.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 from supervisor.client import request, socket_path
 from supervisor.durations import format_bytes
 from supervisor.errors import ClientError, ConfigError, RequestError
+from supervisor.notify.mails.sync import unselected_line
 from supervisor.render import render_alerts, render_health, render_status
 
 if TYPE_CHECKING:
     from supervisor.config import Config
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_UNREACHABLE, EXIT_UNSELECTED = 0, 1, 2, 3, 4, 5
 
 
 def _cfg(args: argparse.Namespace) -> Config:
@@ -350,10 +351,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
     finally:
         done.set()
         progress.join(5)
+    names = res.get("unselected") or []
+    if names:  # never a plain "in sync" while training output no include selects stays here
+        sys.stderr.write(f"{unselected_line(res['unselected_files'], res['unselected_bytes'], names, shown=20)}\n")
     if res["ok"]:
-        sys.stdout.write(f"in sync: {res['target'] or '(no target configured)'} holds {res['files']} files "
+        sys.stdout.write(f"{'synced what sync.include selects' if names else 'in sync'}: "
+                         f"{res['target'] or '(no target configured)'} holds {res['files']} files "
                          f"({res['bytes']} bytes); uploaded {res['uploaded_files']} now\n")
-        return EXIT_OK
+        return EXIT_UNSELECTED if names else EXIT_OK
     sys.stderr.write(f"sync FAILED: {res['error']}\n")
     units = res.get("unsynced_units") or []
     for line in units or [f"{p}" for p in res.get("unsynced") or []]:

@@ -82,7 +82,10 @@ class FinalSyncResult:
     partial_units: list[str] = field(default_factory=list)  # folders, each with why: "checkpoint-8 (never ...)"
     unsynced_units: list[str] = field(default_factory=list)  # one line per folder: "PATH: 3 of 9 files (1.2 GB)"
     newest: list[str] = field(default_factory=list)      # the newest checkpoint of each run folder held
-    unselected: list[str] = field(default_factory=list)  # checkpoint-like folders the policy never selects
+    unselected: list[str] = field(default_factory=list)  # training output no include selects: up to 20 names
+    unselected_files: int = 0      # ... every such file counted, and their bytes
+    unselected_bytes: int = 0
+    unselected_hold: bool = False  # a checkpoint among them newer than every selected file: a stop waits
     finals: list[str] = field(default_factory=list)      # each run folder's final save, or that it left none
 
 

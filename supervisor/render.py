@@ -5,6 +5,7 @@ from __future__ import annotations
 from supervisor.durations import format_bytes, format_duration, format_hms
 from supervisor.notify.mails import describe_exit
 from supervisor.notify.mails.progress import money, steps_rate
+from supervisor.notify.mails.sync import unselected_line
 from supervisor.timefmt import clock as _clock
 from supervisor.timefmt import hm, stamp
 
@@ -195,8 +196,12 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
         lines.append(f"          partial {p}")
-    for d in (sy.get("unselected") or [])[:3]:
-        lines.append(f"          NOT SYNCED {d}: looks like a checkpoint, but no sync.include pattern selects it")
+    names = sy.get("unselected") or []
+    if names:  # training output no include selects: it stays here (one wording with sync --wait and the mails)
+        line = unselected_line(sy.get("unselected_files", len(names)), sy.get("unselected_bytes") or 0, names,
+                               sy.get("unselected_items") or len(names))
+        lines.append(f"          {line}" + ("; newer than anything on the target: a stop waits for it"
+                                           if sy.get("unselected_newer") else ""))
     err = sy.get("last_error")
     if err and sy.get("state") == "failing":
         retry = sy.get("next_retry_in_s")

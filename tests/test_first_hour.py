@@ -51,8 +51,9 @@ def base_config(tmp_path: Path, smtp, fake_nvml, **sections) -> dict:
 def test_a_run_folder_inside_the_watched_folder_is_synced_and_named(tmp_path, make_daemon, smtp_server,
                                                                      fake_nvml):
     """watch = out, output_dir = out/tiny: the nested checkpoints go up with their manifests, the
-    mails name the newest checkpoint of each run folder, and a checkpoint folder the include
-    patterns leave out is named in status and in the finished and stopping mails."""
+    mails name the newest checkpoint of each run folder, and a checkpoint folder an exclude glob
+    leaves out is the user's choice: not named as unselected (what no include selects is named:
+    tests/test_unselected*.py)."""
     out, target = tmp_path / "out", tmp_path / "target"
     out.mkdir()
     script = writer_script(tmp_path, f"HFWriter(Path({str(out / 'tiny')!r})).checkpoint(5)\n"
@@ -69,16 +70,16 @@ def test_a_run_folder_inside_the_watched_folder_is_synced_and_named(tmp_path, ma
     subject, body = wait_mail(smtp_server, "training finished")
     assert "final sync verified" in body, body
     assert "tiny/checkpoint-10" in body and "tiny/checkpoint-5\n" not in body, body
-    assert "NOT synced" in body and str(out / "old" / "checkpoint-1") in body, body
+    assert "NOT SELECTED" not in body and str(out / "old" / "checkpoint-1") not in body, body
     for step in (5, 10):
         assert (target / "tiny" / f"checkpoint-{step}" / "_MANIFEST.json").is_file()
         assert (target / "tiny" / f"checkpoint-{step}" / "trainer_state.json").is_file()
     assert not (target / "old").exists()
     st = d.status()
-    assert st["sync"]["unselected"] == [str(out / "old" / "checkpoint-1")]
-    assert "NOT SYNCED" in d.ctl("status").stdout
+    assert st["sync"]["unselected"] == [] and st["sync"]["unselected_files"] == 0
+    assert "NOT selected" not in d.ctl("status").stdout
     subject, body = wait_mail(smtp_server, "stopping now (training finished)")
-    assert "tiny/checkpoint-10" in body and str(out / "old" / "checkpoint-1") in body, body
+    assert "tiny/checkpoint-10" in body and str(out / "old" / "checkpoint-1") not in body, body
 
 
 def test_a_target_with_nothing_watched_watches_the_workdir_or_the_daemon_refuses(tmp_path, make_daemon, smtp_server,

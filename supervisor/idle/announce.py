@@ -27,6 +27,7 @@ from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails import Mail
 from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import training as run_words
+from supervisor.notify.mails.sync import Unselected
 from supervisor.states import IdleState, StopReason, TrainingState, stop_reason, stop_rule
 
 log = structlog.get_logger("idle")
@@ -72,7 +73,7 @@ class Announcer:
         stop_at = now.wall + a.stop_in_s
         self.send(f"idle:warning:{a.cycle}", "idle_warning", "warning", words.warning(words.IdleWarning(
             a.idle_s, self.st.m.idle_since, stop_at, a.stop_in_s, self._plan(), self._cost(), self._stalled(),
-            tuple(self.st.signals.notes()))))
+            tuple(self.st.signals.notes()), self._unselected())))
         log.warning("idle_warning_sent", cycle=a.cycle, idle_s=round(a.idle_s), stop_at=stop_at)
 
     def cancelled(self, a: SendCancelled, now: Now) -> None:
@@ -85,6 +86,22 @@ class Announcer:
                                                   self.conf.stop.retry_interval, self._cost()))
         self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
         log.error("final_sync_failed_not_stopping", error=r.error, unsynced=len(r.unsynced))
+
+    def _unselected(self) -> Unselected:
+        """What no include selects, as the sync engine saw it last (the warning names it)."""
+        try:
+            return Unselected.of(self.sync.status())
+        except Exception:  # noqa: BLE001 - the warning goes out without it
+            log.exception("sync_status_for_warning_failed")
+            return Unselected()
+
+    def unselected_held(self, r: FinalSyncResult) -> None:
+        """The stop waits: a checkpoint no include selects is newer than anything on the target."""
+        left = Unselected(tuple(r.unselected), r.unselected_files, r.unselected_bytes, r.unselected_hold)
+        mail = words.unselected_held(words.UnselectedHeld(self.st.m.stop_reason, self._plan(), left,
+                                                          self.conf.stop.retry_interval, self._cost()))
+        self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
+        log.error("stop_held_unselected_output", files=r.unselected_files, names=r.unselected[:5])
 
     def stopping(self, rec: StopRecord, now: Now, cap_why: str) -> None:
         m = self.st.m

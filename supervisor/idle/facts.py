@@ -152,7 +152,8 @@ def outputs(conf: GuardConfig, r: FinalSyncResult | None) -> run_words.Outputs:
                              conf.sync_target, tuple(getattr(r, "damaged", None) or ()),
                              tuple(getattr(r, "partial_units", None) or ()),
                              tuple(getattr(r, "newest", None) or ()), tuple(getattr(r, "unselected", None) or ()),
-                             tuple(getattr(r, "finals", None) or ()))
+                             tuple(getattr(r, "finals", None) or ()), r.unselected_files, r.unselected_bytes,
+                             r.unselected_hold)
 
 
 def last_progress(progress: ProgressView | None, wall: float, currency: str) -> run_words.LastProgress | None:

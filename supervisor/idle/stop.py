@@ -207,6 +207,8 @@ def sync_summary(r: FinalSyncResult) -> dict:
             "partial_units": list(getattr(r, "partial_units", None) or [])[:50],
             "newest": list(getattr(r, "newest", None) or [])[:50],
             "unselected": list(getattr(r, "unselected", None) or [])[:50],
+            "unselected_files": r.unselected_files, "unselected_bytes": r.unselected_bytes,
+            "unselected_hold": r.unselected_hold,
             "finals": list(getattr(r, "finals", None) or [])[:50]}
 
 

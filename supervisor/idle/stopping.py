@@ -248,6 +248,12 @@ class StopDriver:
             if not result.ok and not (why := self._may_force()):
                 self.tell.sync_failed(result)
                 return False
+            if result.ok and result.unselected_hold and not (why := self._may_force()):
+                # the only copy of a checkpoint no include selects, newer than anything on the target
+                self.stopper.hold(f"{result.unselected_files} files of training output NOT selected for sync",
+                                  now.wall, now.mono)
+                self.tell.unselected_held(result)
+                return False
             if result.ok:
                 self.fire("final_sync_done", self._hook_facts(rec, result))
         held = self._stop_hooks_hold(rec)  # outside the lock: a hook may take its whole timeout

@@ -6,9 +6,10 @@ complete (`policy`, `complete`, `scan`; `walk` reads the folders), the persisted
 `sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
 `python -m supervisor.sync` is the one-shot CLI; `stamp` answers its no-change pass without the engine.
 
-Pure: `complete`, `backoff`, `retention`, `names`, `parts`, `manifest_doc`, `policy`. Shell: everything
+Pure: `complete`, `backoff`, `retention`, `names`, `parts`, `manifest_doc`, `policy`, `unselected` (what looks
+like training output and no include selects; `unreached` lists the folders the walk skips). Shell: everything
 else (`final` too: it reads the ledger and the target's answers while it decides).
 May import: the core, notify, training. Imported by: the daemon, resume, cluster.
 """
 
-PURE = ("complete", "backoff", "retention", "names", "parts", "manifest_doc", "policy")
+PURE = ("complete", "backoff", "retention", "names", "parts", "manifest_doc", "policy", "unselected")

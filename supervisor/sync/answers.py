@@ -201,7 +201,7 @@ class Answers:
                 with self.e._lock:
                     sent = self.e.board.uploaded_session - j.started_ok
                     r = final.verified(scope, expected, self.e.display, sent)
-                    r.unselected = list(self.e.board.unselected)
+                    self.with_unselected(r)
                     self.finals.settle(t, r)
                 log.info("sync_final_verified", paths=j.paths, files=len(expected))
                 continue
@@ -230,13 +230,20 @@ class Answers:
 
     def result(self, ok: bool, started_ok: int, error: str = "", unsynced: list[str] | None = None) -> FinalSyncResult:
         files, nbytes = sc.held(self.e._units.values(), self.e.ledger.current, None) if self.e.ledger else (0, 0)
-        return FinalSyncResult(ok=ok, target=self.e.display, files=files, bytes=nbytes,
+        r = FinalSyncResult(ok=ok, target=self.e.display, files=files, bytes=nbytes,
                                uploaded_files=self.e.board.uploaded_session - started_ok, error=error,
                                unsynced=list(unsynced or []),
                                unsynced_units=sc.unsynced_units(self.e._units.values(), self.e.ledger.current)
-                               if unsynced and self.e.ledger else [], unselected=list(self.e.board.unselected),
+                               if unsynced and self.e.ledger else [],
                                newest=sc.newest_checkpoints(self.e._units.values()) if ok else [],
                                finals=sc.final_saves(self.e._units.values()) if ok else [])
+        return self.with_unselected(r)
+
+    def with_unselected(self, r: FinalSyncResult) -> FinalSyncResult:
+        """What no include selects, named and counted in the answer (under the engine's lock)."""
+        u = self.e.board.unselected_report
+        r.unselected, r.unselected_files, r.unselected_bytes, r.unselected_hold = list(u.names), u.files, u.bytes, u.hold
+        return r
 
     def unsynced(self, scope: list[str] | None) -> list[str]:
         return sc.unsynced(self.e._units.values(), self.e.ledger.current, scope) if self.e.ledger else []
@@ -251,4 +258,6 @@ def on_sync_request(engine: SyncEngine, a: dict) -> dict:
         return {"requested": True, "sync": engine.status()}
     r = engine.wait_idle(timeout)
     return {"ok": r.ok, "target": r.target, "files": r.files, "bytes": r.bytes, "uploaded_files": r.uploaded_files,
-            "error": r.error, "unsynced": r.unsynced[:50], "unsynced_units": r.unsynced_units[:50]}
+            "error": r.error, "unsynced": r.unsynced[:50], "unsynced_units": r.unsynced_units[:50],
+            "unselected": r.unselected[:20], "unselected_files": r.unselected_files,
+            "unselected_bytes": r.unselected_bytes, "unselected_newer": r.unselected_hold}

@@ -375,12 +375,12 @@ class SyncEngine:
         began = self.clock.monotonic()   # the verdicts' ready_in count from here, not from the scan's end
         units = self.walker.scan(roots, forced, self.clock.time(), began,
                                   self.ledger.manifests_under, self._held)
+        self.board.look_unselected(self.walker, units.values(), began, bool(forced))
         if self._up is not None:  # a checkpoint deleted before it left the machine: told at once
             self.lost.look(self._units, units, self._up.synced, self.clock.time(), self.board.last_error)
         now = self.clock.monotonic()
         with self._lock:
             self._units = units
-            self.board.unselected = sc.unselected(self.walker.looks, units.values())
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
             self._next_ready = began + ready + READY_MARGIN_S if ready is not None else None

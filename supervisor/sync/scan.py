@@ -445,32 +445,6 @@ def pending(units: Iterable[Unit], current: Current, wall_now: float, quiet: flo
 
 # --- what people must be told about ----------------------------------------------------------------
 
-def unselected(looks: Iterable[str], units: Iterable[Unit]) -> list[str]:
-    """Folders that look like checkpoints (`checkpoint-N`, seen by the walk) but hold no file the
-    policy selects: they will never leave the machine, so status and the end mails name them."""
-    held = {os.path.normpath(u.abspath) for u in units if u.selected}
-    above: set[str] = set()  # every folder with a selected unit somewhere below it
-    for h in held:
-        p = os.path.dirname(h)
-        while p not in above and p != os.path.dirname(p):
-            above.add(p)
-            p = os.path.dirname(p)
-        above.add(p)
-
-    def covered(d: str) -> bool:  # a selected unit inside d, or d inside one
-        d = os.path.normpath(d)
-        if d in held or d in above:
-            return True
-        while d != os.path.dirname(d):
-            d = os.path.dirname(d)
-            if d in held:
-                return True
-        return False
-
-    # by path sets, not pairs: 200 kept checkpoints made the pairwise test a tenth of a second
-    return sorted(d for d in set(looks) if not covered(d))
-
-
 def newest_checkpoints(scope: Iterable[Unit]) -> list[str]:
     """The newest `checkpoint-N` of each run folder in the scope (`tiny/checkpoint-40`), so a
     "verified" mail shows which training the target holds and a stale one stands out."""

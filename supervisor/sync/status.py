@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 
 from supervisor.states import SyncState, check_sync_move
+from supervisor.sync import unreached
 from supervisor.sync.backoff import Backoff
-from supervisor.sync.scan import Pending
+from supervisor.sync.scan import Pending, Unit
+from supervisor.sync.unselected import NONE, Report
 
 RATE_WINDOW_S = 10.0   # the upload rate is measured over this much recent progress
 RATE_STALE_S = 5.0     # no progress for this long: the rate is 0 (while uploading) or unknown
@@ -25,7 +28,9 @@ class Board:
         self.current = ""
         self.pending = Pending(0, 0, [], [])
         self.partial: list[str] = []
-        self.unselected: list[str] = []  # checkpoint-like folders no include selects (never synced)
+        self.unselected: list[str] = []  # training output no include selects (never synced): its names
+        self.unselected_report: Report = NONE   # ... counted (sync/unselected.py)
+        self._outside = unreached.Outside()     # the folders the walk did not enter, listed at most every 30 s
         self.uploaded_session = 0       # files sent since the engine started
         self.sent = 0                   # bytes sent since the engine started
         self.samples: deque[tuple[float, int]] = deque(maxlen=64)
@@ -65,6 +70,14 @@ class Board:
             if label not in self.partial:
                 self.partial.append(label)
 
+    def look_unselected(self, walker, units: Iterable[Unit], mono: float, force: bool) -> None:
+        """What looks like training output and no include selects, after a scan (outside the engine's
+        lock: the folders the walk did not enter are listed here); `force`: a final sync's scan."""
+        files, complete = self._outside.files(walker.unreached, walker.policy, mono, force)
+        r = unreached.report(walker.seen, files, complete, units, walker.policy)
+        with self.lock:
+            self.unselected_report, self.unselected = r, list(r.names)
+
     def snapshot(self, now: float, backoff: Backoff, target: str, totals: tuple[int, int],
                  watch: list[str]) -> dict:
         with self.lock:
@@ -89,6 +102,10 @@ class Board:
                 "sent_bytes": self.sent,
                 "watch": list(watch),
                 "unselected": list(self.unselected[:20]),
+                "unselected_files": self.unselected_report.files,
+                "unselected_bytes": self.unselected_report.bytes,
+                "unselected_items": self.unselected_report.items,
+                "unselected_newer": self.unselected_report.hold,
             }
 
 

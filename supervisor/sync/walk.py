@@ -50,7 +50,7 @@ class Walker:
         self.seen: dict[tuple[str, str], sc.Seen] = {}
         self._scanned: dict[str, float] = {}  # root path -> monotonic time of its last scan
         self.header_reads = 0
-        self.looks: list[str] = []  # checkpoint-N folders the last walk saw (entered or not)
+        self.unreached: list[tuple[str, str]] = []  # (root, rel): folders the last walk did not enter
         # large JSON files by content: the same tokenizer.json in every checkpoint is parsed once
         self._json_whole: dict[tuple[int, bytes], bool] = {}
 
@@ -64,7 +64,7 @@ class Walker:
         being judged again, and none of its files is opened."""
         units: dict[sc.UnitKey, sc.Unit] = {}
         alive: set[tuple[str, str]] = set()
-        self.looks = []
+        self.unreached = []
         self.sparse = {}
         for root in roots:
             raw = self.walk(root, sc.nested_roots(root, roots))
@@ -208,10 +208,12 @@ class Walker:
                     if e.is_symlink():
                         continue
                     if e.is_dir(follow_symlinks=False):
-                        if checkpoint_step(e.name) is not None and not self.policy.in_cache(rel, e.path):
-                            self.looks.append(os.path.normpath(e.path))
-                        if self.policy.enter_dir(rel, e.path) and os.path.normpath(e.path) not in skip:
+                        if os.path.normpath(e.path) in skip:
+                            pass  # another root's
+                        elif self.policy.enter_dir(rel, e.path):
                             stack.append(rel)
+                        else:  # what may lie there unselected is listed for the report (unreached.py)
+                            self.unreached.append((root.path, rel))
                         continue
                     if not e.is_file(follow_symlinks=False):
                         continue

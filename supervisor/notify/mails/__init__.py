@@ -40,3 +40,8 @@ EXIT_MEANING = {
     126: ": found but not executable (permission denied, or not a program)",
     127: ": command not found (not on the PATH the job ran with)",
 }
+
+
+def n_files(n: int) -> str:
+    """`1 file`, `3 files`: a count the mails say (never "1 files")."""
+    return f"{n} file{'' if n == 1 else 's'}"

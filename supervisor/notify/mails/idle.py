@@ -3,10 +3,11 @@ stopping), stop action failed, still up after the stop. Each is a pure function 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from supervisor.durations import format_bytes, format_duration
-from supervisor.notify.mails import Mail
+from supervisor.notify.mails import Mail, n_files
+from supervisor.notify.mails.sync import Unselected
 from supervisor.timefmt import hm, when
 
 
@@ -66,16 +67,12 @@ def not_whole_text(damaged: list[str] | tuple[str, ...], partial: list[str] | tu
     return out
 
 
-def held_text(newest: list[str] | tuple[str, ...], unselected: list[str] | tuple[str, ...]) -> str:
-    """Which training the target holds (the newest checkpoint of each run folder, so a stale one
-    stands out) and what it never will (checkpoint folders no include pattern selects)."""
-    out = ""
-    if newest:
-        out += "Newest checkpoint of each run folder on the target:\n" + "".join(f"  {n}\n" for n in newest[:20])
-    if unselected:
-        out += ("NOT synced, no include pattern selects them (see sync.include / sync.exclude):\n"
-                + "".join(f"  {n}\n" for n in unselected[:20]))
-    return out
+def held_text(newest: list[str] | tuple[str, ...]) -> str:
+    """Which training the target holds: the newest checkpoint of each run folder, so a stale one
+    stands out (what it never will, no include selecting it: sync.Unselected.block)."""
+    if not newest:
+        return ""
+    return "Newest checkpoint of each run folder on the target:\n" + "".join(f"  {n}\n" for n in newest[:20])
 
 
 def not_whole_count(damaged: list[str] | tuple[str, ...], partial: list[str] | tuple[str, ...]) -> str:
@@ -124,6 +121,7 @@ class IdleWarning:
     cost: IdleCost | None = None
     stalled: LiveTraining | None = None
     checked: tuple[str, ...] = ()
+    unselected: Unselected = Unselected()   # training output no include selects: it stays here
 
 
 def warning(f: IdleWarning) -> Mail:
@@ -131,13 +129,16 @@ def warning(f: IdleWarning) -> Mail:
     subject = f"idle for {format_duration(f.idle_s)}: stopping at {hm(f.stop_at)} unless you act"
     if f.stalled is not None:
         subject += " (training looks stalled)"
+    if f.unselected:
+        subject += f"; {f.unselected.count()} NOT selected for sync"
     body = (f"This machine has been idle for {format_duration(f.idle_s)} (since {when(f.idle_since)}).\n"
             f"{cost_text(f.cost)}"
             f"\nIt will stop at {when(f.stop_at)} (in {format_duration(f.stop_in_s)}), after a verified final "
             f"sync of {target_text(f.plan)}.\nStop action: {f.plan.action}.\n"
             f"\nTo prevent it, run on the machine:\n\n    supervisorctl keepalive 2h\n\n"
             "Logging in over SSH, attaching to the training, Jupyter activity or GPU load also cancel it.\n"
-            f"{_live_text(f.stalled, f.stop_at)}\nWhat was checked:\n{checked}\n")
+            f"{_live_text(f.stalled, f.stop_at)}" + (f"\n{f.unselected.block()}" if f.unselected else "")
+            + f"\nWhat was checked:\n{checked}\n")
     return Mail(subject, body)
 
 
@@ -183,6 +184,31 @@ def sync_failed(f: SyncFailed) -> Mail:
 
 
 @dataclass(frozen=True)
+class UnselectedHeld:
+    """The final sync is done, but a checkpoint no include selects is newer than anything on the
+    target: the machine is NOT stopped (yet), for stopping would lose it."""
+
+    stop_reason: str
+    plan: StopPlan
+    unselected: Unselected
+    retry_s: float
+    cost: IdleCost | None = None
+
+
+def unselected_held(f: UnselectedHeld) -> Mail:
+    u = f.unselected
+    subject = f"NOT stopping: {u.count()} of training output NOT selected for sync"
+    body = (f"The machine is due to stop ({f.stop_reason or 'idle'}). The final sync of {target_text(f.plan)} is "
+            "done, but training output that no sync.include glob selects is newer than anything on the target: "
+            "stopping now would lose it.\n\n" + replace(u, hold=False).block() +
+            f"\nNothing is stopped while it is only here. The daemon looks again every {format_duration(f.retry_s)}, "
+            f"and stops once it is selected and on the target.\n{cost_text(f.cost)}"
+            "To stop anyway (it is lost with the machine), set stop.stop_even_if_sync_fails = true (or max_idle_cost) "
+            "and restart the daemon; to keep the machine, run `supervisorctl keepalive 2h`.\n")
+    return Mail(subject, body)
+
+
+@dataclass(frozen=True)
 class Stopping:
     at: float
     finished: bool                 # the stop is training.on_finish's, not idleness
@@ -200,23 +226,36 @@ class Stopping:
 
 def stopping(f: Stopping) -> Mail:
     s = f.synced
+    left = Unselected.of(s)
+    files, where = s.get("files", 0), s.get("target") or "(no target)"
     if s.get("ok"):
-        what = (f"Final sync verified: {s.get('files', 0)} files, {format_bytes(s.get('bytes', 0))} "
-                f"at {s.get('target') or '(no target)'} ({s.get('uploaded_files', 0)} uploaded just now).\n"
-                f"Folders: {', '.join(f.plan.paths) or '(none)'}\n"
-                f"{held_text(s.get('newest') or [], s.get('unselected') or [])}"
-                f"{not_whole_text(s.get('damaged') or [], s.get('partial_units') or [])}")
+        if left and not files:  # none of it was ever selected: nothing here is "verified"
+            head = f"Final sync: NOTHING selected for {where} (0 files).\n"
+        elif left:
+            head = (f"Final sync: {n_files(files)}, {format_bytes(s.get('bytes', 0))} verified at {where} "
+                    f"({s.get('uploaded_files', 0)} uploaded just now); NOT SELECTED (stay on this machine): "
+                    f"{left.count()}.\n")
+        else:
+            head = (f"Final sync verified: {n_files(files)}, {format_bytes(s.get('bytes', 0))} "
+                    f"at {where} ({s.get('uploaded_files', 0)} uploaded just now).\n")
+        what = (f"{head}Folders: {', '.join(f.plan.paths) or '(none)'}\n{held_text(s.get('newest') or [])}"
+                + (f"{left.block()}" + (f"The machine stops anyway because {f.forced}.\n" if f.forced else "")
+                   if left else "")
+                + f"{not_whole_text(s.get('damaged') or [], s.get('partial_units') or [])}")
     else:
         unsynced = "\n".join(f"  {p}" for p in (s.get("unsynced") or [])[:20])
         what = (f"The final sync did NOT verify ({s.get('error') or '?'}), and the machine stops anyway "
-                f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n"
-                f"{held_text((), s.get('unselected') or [])}")
+                f"because {f.forced}.\nNot synced:\n{unsynced or '  (unknown)'}\n{left.block()}")
     reason = f.cap or f.reason or ("training finished" if f.finished else f"idle for {format_duration(f.idle_s)}")
     not_whole = not_whole_count(s.get("damaged") or [], s.get("partial_units") or [])
-    subject = f"stopping now ({reason}): " + (
-        f"final sync verified, {s.get('files', 0)} files at {s.get('target') or 'no target'}"
-        + (f" ({not_whole} among them)" if not_whole else "")
-        if s.get("ok") else "final sync FAILED, stopping anyway")
+    if not s.get("ok"):
+        result = "final sync FAILED, stopping anyway"
+    elif left:  # what stays here first: the subject is cut at 150 characters
+        result = (f"{left.count()} NOT selected for sync stay here; "
+                  + (f"{n_files(files)} verified at {s.get('target') or 'no target'}" if files else "nothing selected"))
+    else:
+        result = f"final sync verified, {n_files(files)} at {s.get('target') or 'no target'}"
+    subject = f"stopping now ({reason}): {result}" + (f" ({not_whole} among them)" if not_whole and s.get("ok") else "")
     body = (f"Stopping this machine at {when(f.at)} ({reason}).\n"
             + (f"Why: {f.why}\n" if f.why else "") + f"\n{what}"
             f"Stop action: {f.plan.action}.\n{cost_text(f.cost)}{_interrupted_text(f.interrupted)}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from supervisor.durations import format_bytes, format_duration
 from supervisor.notify.mails import Mail
 
@@ -85,3 +87,67 @@ def checkpoint_stuck(unit: str, target: str, waiting_for: str, quiet_for_s: floa
                 f"out-of-memory kill, a lost node). It is not uploaded as complete to {target} and no restore "
                 f"will take it; the newest complete checkpoint stays the one to resume from.\n"
                 f"Look at the training's log for the rank that failed.\n")
+
+
+# --- training output no include selects (sync/unselected.py): one wording on every surface ----------------
+
+UNSELECTED_FIX = "add a sync.include glob; see docs/sync.md"
+
+
+def unselected_line(files: int, nbytes: int, names: list[str] | tuple[str, ...], items: int = 0, shown: int = 3) -> str:
+    """`3 files, 48.0 MiB in the watched folders are NOT selected: /w/out/ckpt.pt, ... (add a
+    sync.include glob; see docs/sync.md)`: status, `sync --wait` and the mails' subject lines."""
+    more = max(items, len(names)) - min(shown, len(names))
+    listed = ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+    verb = "is" if files == 1 else "are"
+    return (f"{files} file{'' if files == 1 else 's'}, {format_bytes(nbytes)} in the watched folders {verb} "
+            f"NOT selected: {listed} ({UNSELECTED_FIX})")
+
+
+@dataclass(frozen=True)
+class Unselected:
+    """What the mails say of it: up to 20 names, every file counted, and whether a checkpoint among
+    them is newer than anything selected (a stop waits for it)."""
+
+    names: tuple[str, ...] = ()
+    files: int = 0
+    bytes: int = 0
+    hold: bool = False
+
+    @classmethod
+    def of(cls, d: dict | None) -> Unselected:
+        """From the `sync` block of status --json or a stop record's summary of the final sync."""
+        d = d or {}
+        names = tuple(d.get("unselected") or ())
+        return cls(names, int(d.get("unselected_files") or len(names)), int(d.get("unselected_bytes") or 0),
+                   bool(d.get("unselected_newer") or d.get("unselected_hold")))
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.files)
+
+    def block(self) -> str:
+        return unselected_block(self.files, self.bytes, self.names, hold=self.hold)
+
+    def count(self) -> str:
+        """`3 files, 48.0 MiB`"""
+        return f"{self.files} file{'' if self.files == 1 else 's'}, {format_bytes(self.bytes)}"
+
+
+def unselected_block(files: int, nbytes: int, names: list[str] | tuple[str, ...], items: int = 0,
+                     hold: bool = False) -> str:
+    """The mails' paragraph: what stays on this machine, each name on its line (up to 20)."""
+    if not names and not files:
+        return ""
+    more = max(items, len(names)) - len(names[:20])
+    one = files == 1
+    out = (f"NOT SELECTED (stay on this machine): {files} file{'' if one else 's'}, {format_bytes(nbytes)} "
+           f"in the watched folders {'looks' if one else 'look'} like training output, and no sync.include glob "
+           f"selects {'it' if one else 'them'}:\n"
+           + "".join(f"  {n}\n" for n in names[:20]) + (f"  and {more} more\n" if more > 0 else ""))
+    if hold:
+        out += ("A checkpoint among them is newer than anything on the target: a stop waits for it (unless "
+                "stop.stop_even_if_sync_fails is set).\n")
+    return out + (f"Fix: add a sync.include glob that selects {'it' if one else 'them'} (docs/sync.md, "
+                  "\"What is selected\") and restart "
+                  "the daemon (train-supervisor-start --restart, or systemctl restart train-supervisor); or an "
+                  "exclude glob for what you mean to leave here.\n")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.durations import format_bytes, format_duration
-from supervisor.notify.mails import Mail, describe_exit
+from supervisor.notify.mails import Mail, describe_exit, n_files
 from supervisor.notify.mails.idle import held_text, not_whole_text
+from supervisor.notify.mails.sync import Unselected
 from supervisor.timefmt import hm, when
 
 
@@ -53,8 +54,16 @@ class Outputs:
     damaged: tuple[str, ...] = ()        # files sent as they are although they fail their format check
     partial_units: tuple[str, ...] = ()  # checkpoints sent as they are although never finished
     newest: tuple[str, ...] = ()         # the newest checkpoint of each run folder the target holds
-    unselected: tuple[str, ...] = ()     # checkpoint-like folders no include selects: never synced
+    unselected: tuple[str, ...] = ()     # training output no include selects (up to 20 names): never synced
     finals: tuple[str, ...] = ()         # each run folder's final save (save_model's), or that it left none
+    unselected_files: int = 0            # ... every such file counted, and their bytes
+    unselected_bytes: int = 0
+    unselected_hold: bool = False        # a checkpoint among them newer than anything selected: a stop waits
+
+    @property
+    def left(self) -> Unselected:
+        return Unselected(self.unselected, self.unselected_files or len(self.unselected), self.unselected_bytes,
+                          self.unselected_hold)
 
 
 @dataclass(frozen=True)
@@ -99,16 +108,26 @@ def _progress_text(p: LastProgress | None) -> str:
 
 
 def _outputs_text(o: Outputs, workdir: str) -> str:
+    left = o.left
     if o.ok is None:
         return f"Outputs: {workdir or '(workdir not set)'}; synced continuously to " \
-               f"{o.sync_target or '(no sync target)'}\n"
+               f"{o.sync_target or '(no sync target)'}\n{left.block()}"
     if o.ok:
-        return (f"Outputs: final sync verified, {o.files} files ({format_bytes(o.bytes)}) at "
-                f"{o.target or '(no target: nothing leaves this machine)'}; folders "
-                f"{', '.join(o.paths) or '(none)'}\n{_finals_text(o.finals)}{held_text(o.newest, o.unselected)}"
+        where = o.target or "(no target: nothing leaves this machine)"
+        folders = ", ".join(o.paths) or "(none)"
+        if left and not o.files:  # none of the run's output was ever selected: nothing here is "verified"
+            return (f"Outputs: NOTHING of this run's output is on {where}: no sync.include glob selects it "
+                    f"(final sync of {folders}: 0 files).\n{left.block()}")
+        if left:
+            head = (f"Outputs: final sync: {n_files(o.files)} ({format_bytes(o.bytes)}) verified at {where}; NOT SELECTED "
+                    f"(stay on this machine): {left.count()}, named below; folders {folders}\n")
+        else:
+            head = (f"Outputs: final sync verified, {n_files(o.files)} ({format_bytes(o.bytes)}) at {where}; folders "
+                    f"{folders}\n")
+        return (f"{head}{_finals_text(o.finals)}{held_text(o.newest)}{left.block()}"
                 f"{not_whole_text(o.damaged, o.partial_units)}")
     return (f"Outputs: the final sync FAILED ({o.error}); not yet safe:\n"
-            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n" + held_text((), o.unselected))
+            + "\n".join(f"  {p}" for p in o.unsynced[:20]) + "\n" + left.block())
 
 
 def _finals_text(finals: tuple[str, ...]) -> str:
@@ -117,10 +136,14 @@ def _finals_text(finals: tuple[str, ...]) -> str:
     return "Final save (verified on the target):\n" + "".join(f"  {f}\n" for f in finals[:20])
 
 
-def _next_text(n: Next) -> str:
+def _next_text(n: Next, held: bool = False) -> str:
     if n.mode == "stop":
         if n.stop_under_way:
             return "\nA stop was already under way.\n"
+        if held:  # the stop gate waits for output no include selects (idle/stopping.py)
+            return (f"\nNext: the stop due at {when(n.stop_at)} WAITS while the output NOT SELECTED above is newer "
+                    "than anything on the target (unless stop.stop_even_if_sync_fails is set): select it as said "
+                    "above, or move it into a synced folder. To keep the machine: supervisorctl keepalive 2h\n")
         return (f"\nNext: this machine stops at {when(n.stop_at)} (in {format_duration(n.finish_grace_s)}), "
                 "after a verified final sync.\nTo keep it: log in over SSH (the stop then waits until "
                 f"{format_duration(n.finish_grace_s)} after you leave) or run\n\n    supervisorctl keepalive 2h\n")
@@ -141,6 +164,9 @@ def ended(f: Ended) -> Mail:
     if r.started_at and r.ended_at:
         ran = f"Ran: {when(r.started_at)} -> {when(r.ended_at)} ({format_duration(r.ended_at - r.started_at)})\n"
     subject = f"training {'finished' if r.finished else 'FAILED'}" + (f": {r.cause}" if r.cause else "") + f" ({how})"
+    left = f.outputs.left
+    if left:
+        subject += f"; {n_files(left.files)} NOT selected for sync"
     if f.next.mode == "stop" and f.next.warned:
         subject += f"; stopping at {hm(f.next.stop_at)}"
     tail = "".join(f"  {x}\n" for x in r.log_tail)
@@ -148,7 +174,8 @@ def ended(f: Ended) -> Mail:
             + (f"\n{r.cause_text}\n" if r.cause_text else "") +
             f"Command: {r.command}\n{ran}{_progress_text(f.progress)}" + (f"{f.run_total}\n" if f.run_total else "")
             + f"{_outputs_text(f.outputs, r.workdir)}"
-            f"Log: {r.log_path}\n" + (f"Last lines of the log:\n{tail}" if tail else "") + _next_text(f.next))
+            f"Log: {r.log_path}\n" + (f"Last lines of the log:\n{tail}" if tail else "")
+            + _next_text(f.next, left.hold and f.outputs.ok is not False))
     return Mail(subject, body)
 
 
@@ -157,7 +184,7 @@ def final_sync_failing(finished: bool, error: str, units: tuple[str, ...], pendi
     """The training ended and its final sync cannot reach the target: at once, not when the final
     sync gives up (final_sync_timeout), for the machine must not stop with work only on its disk."""
     if units or pending_files:
-        n = f"{len(units)} checkpoint{'s' if len(units) != 1 else ''}" if units else f"{pending_files} files"
+        n = f"{len(units)} checkpoint{'s' if len(units) != 1 else ''}" if units else n_files(pending_files)
         what = f"{n} not on the target; the machine will not stop until they are"
     else:  # all sent before, but the target cannot be asked whether it still holds them
         what = "the target cannot confirm it holds the checkpoints; the machine will not stop until it does"
