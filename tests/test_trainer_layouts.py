@@ -40,6 +40,28 @@ def test_the_default_config_selects_accelerate_nanogpt_torchtune_and_composer_sa
                 "ckpt.pt", "epoch_0/recipe_state/recipe_state.pt", "ep0-ba300-rank0.pt"):
         assert (remote / rel).read_bytes() == (out / rel).read_bytes(), rel
     assert (remote / "checkpoints" / "checkpoint_1" / "_MANIFEST.json").exists()
+    assert (remote / "ckpt.pt._MANIFEST.json").exists()  # a single save is resumable too
+    assert (remote / "ep0-ba300-rank0.pt._MANIFEST.json").exists()
+
+
+def test_installed_software_in_the_workdir_is_never_output(make_engine, tmp_path):
+    """The default `**/*.pth` must not pick site-packages' distutils-precedence.pth out of a venv."""
+    out = tmp_path / "work"
+    sp = out / ".venv" / "lib" / "python3.11" / "site-packages"
+    sp.mkdir(parents=True)
+    (sp / "distutils-precedence.pth").write_bytes(b"import os\n")
+    (out / "env" / "lib" / "site-packages").mkdir(parents=True)
+    (out / "env" / "lib" / "site-packages" / "x.pth").write_bytes(b"x\n")
+    (out / "node_modules" / "m").mkdir(parents=True)
+    (out / "node_modules" / "m" / "w.pt").write_bytes(torch_zip_bytes(64))
+    (out / "ckpt.pt").write_bytes(torch_zip_bytes(512, 1))
+    HFWriter(out).age(60)
+    remote = tmp_path / "remote"
+    e = make_engine({"target": str(remote), "watch": [str(out)], "quiet_period": "0.5s"})
+    r = e.final_sync([str(out)], 60)
+    assert r.ok, r
+    sent = sorted(str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file())
+    assert sent == ["ckpt.pt", "ckpt.pt._MANIFEST.json"], sent
 
 
 def test_units_named_by_number_rank_by_it_before_the_time_they_were_saved():

@@ -65,7 +65,11 @@ _TEMP_RE = re.compile(
 # (.train-supervisor-snapshots: the daemon's own snapshots of files sent, sync/snapshot.py)
 _CACHE_DIR_RE = re.compile(r"^(models--|datasets--|spaces--).+$|^(\.cache|\.locks|\.git|__pycache__|"
                            r"\.ipynb_checkpoints|\.rsync-partial|\.Trash.*|\.huggingface|huggingface|"
-                           r"\.train-supervisor-snapshots)$")
+                           r"\.train-supervisor-snapshots|"
+                           # installed software, never output: the default `**/*.pth` would pick
+                           # site-packages' distutils-precedence.pth out of a venv in the workdir
+                           r"site-packages|dist-packages|node_modules|\.venv|\.tox|\.nox|\.conda|"
+                           r"\.mypy_cache|\.ruff_cache|\.pytest_cache)$")
 
 # Environment variables that point at Hugging Face caches.
 HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
