@@ -382,8 +382,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     for s in res.get("fallbacks") or []:
         sys.stdout.write(f"not used {s['unit']}: {s['why']}\n")
     verb = "would restore" if res.get("dry_run") else ("already here" if res.get("already_here") else "restored")
-    sys.stdout.write(f"{verb} {res['unit']} (step {res.get('step')}) -> {res['path']} "
+    step = f"step {res['step']}" if res.get("step") is not None else "step not stated by its name or manifest"
+    sys.stdout.write(f"{verb} {res['unit']} ({step}) -> {res['path']} "
                      f"({format_bytes(res['bytes'])}, {res['seconds']}s)\n")
+    for c in res.get("companions") or []:
+        sys.stdout.write(f"  with {c} (Lightning's ckpt_path=\"last\")\n")
     return EXIT_OK
 
 

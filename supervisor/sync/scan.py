@@ -16,6 +16,7 @@ from supervisor.durations import format_bytes, format_duration
 from supervisor.sync.complete import (
     FileObs,
     Verdict,
+    checkable,
     damage_words,
     judge,
     marker_missing,
@@ -263,8 +264,22 @@ def files_synced(u: Unit, current: Current) -> bool:
 
 def needs_manifest(u: Unit) -> bool:
     """A folder gets a manifest when complete, and (saying so) when a final sync sent it with
-    files that fail their format check; one that never got its marker gets none."""
-    return u.kind == "dir" and (u.verdict.complete or (u.verdict.partial and bool(u.verdict.damaged)))
+    files that fail their format check; one that never got its marker gets none. So does a
+    single file that is a checkpoint by its format (a Lightning `.ckpt`, a `ckpt.pt`, a
+    `.safetensors`): a restore takes only what a manifest vouches for. A log or a CSV does not."""
+    return wants_manifest(u) and (u.verdict.complete or (u.verdict.partial and bool(u.verdict.damaged)))
+
+
+def wants_manifest(u: Unit) -> bool:
+    """A unit whose copy on the target is only whole with its manifest: every folder, and a single
+    file in a checkpoint format (whole by its own header: torch zip, safetensors)."""
+    return u.kind == "dir" or checkpoint_file(u.rel)
+
+
+def checkpoint_file(rel: str) -> bool:
+    """A single file that is a checkpoint by its format: a torch zip (`.pt`, `.pth`, `.bin`,
+    `.ckpt`) or a `.safetensors` file."""
+    return checkable(rel.rsplit("/", 1)[-1]) in ("zip", "safetensors")
 
 
 def work(units: Iterable[Unit], synced: Callable[[Unit], bool]) -> list[Unit]:
