@@ -133,7 +133,7 @@ def test_sources_are_checked_by_name():
         from_dict({"progress": {"sources": ["wandb", "comet"]}})
     from_dict({"progress": {"sources": ["trackio", "wandb"]}})
     assert e.value.problems == ['progress.sources[1]: "comet" is not a source; expected auto, log, trainer_state, '
-                                'tensorboard, mlflow, trackio, wandb']
+                                'tensorboard, mlflow, trackio, wandb, lightning']
     t = TrackerFiles(["log"])
     assert not t.wanted
 
@@ -349,7 +349,7 @@ def test_the_finish_mail_names_the_source_and_the_trackers_end_state():
     assert "Tracker: MLflow run /w/out/mlruns/0/abc: FINISHED" in text
 
 
-@pytest.mark.parametrize("source", ["tensorboard", "mlflow", "trackio", "wandb"])
+@pytest.mark.parametrize("source", ["tensorboard", "mlflow", "trackio", "wandb", "lightning"])
 def test_a_tracker_that_lags_the_log_never_restarts_the_rate(source):
     """A tracker's flush behind the step the log already gave is that tracker lagging: the rate's
     series stays (a step going back would otherwise read as a restart of the run)."""

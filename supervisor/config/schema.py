@@ -202,7 +202,7 @@ class ProgressConfig:
 TRAINING_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGHUP")
 PREEMPTION_PROVIDERS = ("ec2", "gcp", "azure")
 # Where progress is read (supervisor.progress): "auto" is every one found.
-PROGRESS_SOURCES = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
+PROGRESS_SOURCES = ("auto", "log", "trainer_state", "tensorboard", "mlflow", "trackio", "wandb", "lightning")
 
 
 @dataclass

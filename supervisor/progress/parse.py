@@ -46,51 +46,15 @@ import ast
 import json
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
+
+from supervisor.progress import steplines
+from supervisor.progress.observation import MAX_EPOCHS_SANE, MAX_STEPS_SANE, MAX_TOKENS_SANE, Observation
+
+__all__ = ["MAX_EPOCHS_SANE", "MAX_LINE", "MAX_STEPS_SANE", "MAX_TOKENS_SANE", "Observation", "parse_line",
+           "parse_trainer_state"]
 
 MAX_LINE = 16384          # longer lines are cut: nothing a trainer prints for progress is this long
-MAX_STEPS_SANE = 10**12
-MAX_TOKENS_SANE = 10**18
-MAX_EPOCHS_SANE = 10**6
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one line (or one trainer_state.json) says. None = it does not say."""
-
-    step: int | None = None
-    max_steps: int | None = None
-    epoch: float | None = None
-    num_epochs: float | None = None
-    loss: float | None = None
-    learning_rate: float | None = None
-    tokens: int | None = None          # cumulative tokens processed in the run
-    tokens_err: float = 0.0            # +- on `tokens` when it was printed rounded ('1.235e+06')
-    tokens_per_s: float | None = None
-    steps_per_s: float | None = None   # a rate the trainer itself measured (tqdm's it/s)
-    finished: bool = False             # the trainer says the run completed
-    at: float | None = None            # when the line says it was printed (TSUP `time`)
-    bar: bool = False                  # step/max_steps come from a tqdm bar (may be an eval bar)
-    source: str = ""                   # tsup | tqdm | log | banner | trainer_state
-
-    def merged(self, later: Observation) -> Observation:
-        """This observation updated by a later one: the later one's known fields win."""
-        changes = {}
-        for f in fields(self):
-            v = getattr(later, f.name)
-            if f.name in ("finished", "bar"):
-                if v:
-                    changes[f.name] = v
-            elif f.name == "tokens_err":
-                if later.tokens is not None:
-                    changes[f.name] = v
-            elif v is not None and v != "":
-                changes[f.name] = v
-        return replace(self, **changes)
-
-    def empty(self) -> bool:
-        return all(getattr(self, f.name) in (None, False, 0.0, "") for f in fields(self)
-                   if f.name not in ("source", "tokens_err"))
 
 
 # --- value sanitizers: a value is returned only when it is what the key promises -----------------
@@ -199,7 +163,8 @@ _TQDM = re.compile(
     r"(?P<rate>\?|\d{1,12}(?:\.\d{1,6})?)\s?(?P<unit>it/s|s/it)(?P<postfix>[^\]]{0,400})\]")
 # descriptions a training loop's own bar may carry; anything else (Map, Tokenizing, a file
 # name, Loading checkpoint shards) is some other bar
-_TRAIN_DESC = re.compile(r"(?i)(?:train(?:ing)?|steps?|epoch(?:\s*\d+(?:\s*/\s*\d+)?)?|iterations?|it)")
+# ("Epoch 1" and "Epoch 2/3" count one epoch: supervisor.progress.steplines reads those)
+_TRAIN_DESC = re.compile(r"(?i)(?:train(?:ing)?|steps?|epoch|iterations?|it)")
 _POSTFIX_LOSS = re.compile(r"(?:^|[,\s])(?:train_)?loss=([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?=[,\s]|$)")
 
 
@@ -341,9 +306,19 @@ def _parse_segment(seg: str) -> Observation | None:
     seg = seg.strip()
     if not seg:
         return None
+    obs = _parse_stripped(seg)
+    if "`Trainer.fit` stopped" in seg and (done := steplines.fit_stopped(seg)) is not None:
+        # Lightning logs it to stderr while its bar's last repaint on stdout has no line end yet
+        obs = done if obs is None else replace(obs, finished=True)
+    return obs
+
+
+def _parse_stripped(seg: str) -> Observation | None:
     # cheap substring tests first: most lines of a training log are none of these
     if "TSUP {" in seg and (obs := _parse_tsup(seg)) is not None:
         return obs
+    if ("%|" in seg or "/? [" in seg or "it/s" in seg) and (obs := steplines.epoch_bar(seg)) is not None:
+        return obs  # a bar that counts one epoch (Lightning's): before the bars that count the run
     if "%|" in seg and (obs := _parse_tqdm(seg)) is not None:
         return obs
     if "{" in seg and (obs := _parse_dict(seg)) is not None:
@@ -351,6 +326,8 @@ def _parse_segment(seg: str) -> Observation | None:
     if (" = " in seg or "/s" in seg or "tok" in seg or "Tok" in seg or "global step" in seg) \
             and (obs := _parse_text(seg)) is not None:
         return obs
+    if "tep" in seg or "ter" in seg or "TEP" in seg or "TER" in seg:  # step, Step, iter, iteration
+        return steplines.step_counter(seg)
     return None
 
 

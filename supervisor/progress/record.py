@@ -14,7 +14,7 @@ runs, and is let go if it completes before that (a preprocessing or evaluation-o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from supervisor import records
@@ -32,12 +32,16 @@ from supervisor.progress.rate import (
 # how much a source's max_steps is believed: a bar's total only until someone better speaks
 RANK = {"tsup": 3, "trainer_state": 3, "banner": 2, "log": 2, "tqdm": 1}
 LINE_TIME_SLACK_S = 600.0   # a TSUP `time` further in the past than this is ignored (a replayed log)
+# A run whose first step above 0 is past this did not start from nothing (a resume whose bar leapt to
+# its checkpoint's step): the bar's own it/s counts that leap, so only our window gives a rate.
+# tqdm repaints at most every 0.1 s: a run afresh at 100 steps/s shows about 10 at its first.
+LEAP_STEPS = 16
 _SERIES = ("steps", "tokens_s", "epochs")
 
 
 # Sources read from files the training writes, each at its own pace: a step older than the one
 # known is theirs lagging, never a restart of the run.
-FILE_SOURCES = ("trainer_state", "tensorboard", "mlflow", "trackio", "wandb")
+FILE_SOURCES = ("trainer_state", "tensorboard", "mlflow", "trackio", "wandb", "lightning")
 
 
 @dataclass
@@ -71,6 +75,14 @@ class Run:
     state_key: list | None = None          # [path, mtime_ns, size] of the last trainer_state read
     from_step: int | None = None           # the newest complete checkpoint here when the run started
     leap_at: float | None = None           # when the steps leapt to from_step (a resume, not work)
+    first_step: int | None = None          # the first step above 0 this run showed: the rates start there
+    # a bar that counts one epoch (Lightning's): how its epochs are numbered (0 or 1) once known, the
+    # epoch it is in (from 0), the steps done before that epoch, its total (None: "n/?"), its last n
+    epoch_base: int | None = None
+    bar_epoch: int | None = None
+    bar_epoch_start: int | None = None
+    bar_epoch_total: int | None = None
+    bar_epoch_n: int | None = None
     steps: Series = field(default_factory=Series)
     tokens_s: Series = field(default_factory=Series)
     epochs: Series = field(default_factory=Series)
@@ -128,6 +140,12 @@ def merge(run: Run, obs: Observation, t: float) -> Merged:
     """Take what `obs` (seen at `t`) says into the run."""
     r = run
     src = obs.source
+    if obs.epoch_bar is not None:
+        m = _merge_epoch_bar(r, obs, t)
+        if obs.finished and not r.finished:  # "`Trainer.fit` stopped" glued to the bar's last repaint
+            r.finished, r.finished_at = True, t
+            return Merged(True, True)
+        return m
     if obs.bar and r.step_source == "tsup" and not r.finished:
         # the user's own line owns the step; the bar still knows its speed before our window does
         if obs.max_steps == r.max_steps and obs.steps_per_s is not None:
@@ -146,7 +164,7 @@ def merge(run: Run, obs: Observation, t: float) -> Merged:
         r.num_epochs = obs.num_epochs
     if obs.step is not None:
         _merge_step(r, obs.step, src, t)
-    if obs.epoch is not None and not (src == "trainer_state" and r.epoch is not None and obs.epoch <= r.epoch):
+    if obs.epoch is not None and not (src in FILE_SOURCES and r.epoch is not None and obs.epoch <= r.epoch):
         if not r.epochs.add(t, obs.epoch) and r.epochs.last and obs.epoch < r.epochs.last.v:
             r.epochs.clear()
             r.epochs.add(t, obs.epoch)
@@ -172,6 +190,67 @@ def merge(run: Run, obs: Observation, t: float) -> Merged:
     if finished:
         r.finished, r.finished_at = True, t
     return Merged(True, finished)
+
+
+def _merge_epoch_bar(r: Run, obs: Observation, t: float) -> Merged:
+    """A bar that counts one epoch, taken as the run's step: the steps of the epochs before it (each
+    one seen to end counts its own total: Lightning's last epoch is shorter when max_steps ends the
+    run) plus its n, and max_steps only when the line names the run's epochs. Fail closed: nothing
+    while the numbering of its epochs is not known, nor from a repaint at 0 (Lightning resets the bar
+    at an epoch's end before naming the next: "Epoch 0: 0/20" comes after "Epoch 0: 20/20"). Also
+    after the run said it finished, where it only fills in: Lightning's Rich bar prints its one frame
+    after "`Trainer.fit` stopped"."""
+    assert obs.epoch_bar is not None
+    shown, epochs, base = obs.epoch_bar
+    n, total = obs.step, obs.max_steps
+    if n is None or n == 0 or r.step_source == "tsup":
+        return Merged()
+    base = base if base is not None else _epoch_base(r, shown, epochs)
+    if base is None or shown < base:
+        return Merged()
+    r.epoch_base = base
+    e = shown - base
+    start = _epoch_start(r, e, total)
+    if start is None:
+        return Merged()
+    if r.finished and (r.step or 0) > start + n:
+        return Merged()  # after the end, only what goes no further back (not a second fit's bar)
+    r.bar_epoch, r.bar_epoch_start, r.bar_epoch_total, r.bar_epoch_n = e, start, total, n
+    mx = start + (epochs - e) * total if epochs is not None and total and epochs > e else None
+    return merge(r, replace(obs, step=start + n, max_steps=mx, epoch=e + n / total if total else None,
+                            num_epochs=float(epochs) if epochs else None, epoch_bar=None, bar=False,
+                            finished=False), t)
+
+
+def _epoch_base(r: Run, shown: int, epochs: int | None) -> int | None:
+    """How a loop's own `Epoch 2/3` bar numbers its epochs: from 0 once it shows 0, from 1 once it
+    shows the last (3/3), or when its first epoch in a run started afresh is 1; else not known."""
+    if r.epoch_base is not None:
+        return r.epoch_base
+    if shown == 0:
+        return 0
+    if epochs is not None and shown == epochs:
+        return 1
+    if shown == 1 and r.step is None and not r.from_step:
+        return 1
+    return None
+
+
+def _epoch_start(r: Run, e: int, total: int | None) -> int | None:
+    """The steps done before epoch `e` (from 0) began."""
+    if r.bar_epoch is None or r.bar_epoch_start is None or e < r.bar_epoch:
+        # the first epoch bar seen (a resume, a daemon that came late) or a new fit: the epochs
+        # before it were as long as this one
+        return 0 if e == 0 else (e * total if total else None)
+    if e == r.bar_epoch:
+        return r.bar_epoch_start
+    ended = r.bar_epoch_total or r.bar_epoch_n  # the epoch seen last, as long as it was
+    if ended is None:
+        return None
+    missed = e - r.bar_epoch - 1               # epochs whose lines never came
+    if missed and not total:
+        return None
+    return r.bar_epoch_start + ended + missed * (total or 0)
 
 
 def forget_bar(run: Run) -> None:
@@ -220,7 +299,7 @@ def _merge_step(r: Run, step: int, src: str, t: float) -> None:
     if src in FILE_SOURCES:
         if r.step is not None and step <= r.step:
             return  # older than what another source already said (a checkpoint, a flush that lags)
-        r.steps.add(t, step)
+        _sample(r, t, step)
         r.step, r.step_at = step, t
         if r.step_source is None or src != "trainer_state":
             r.step_source = src  # a tracker that moves the step is the freshest witness
@@ -229,12 +308,23 @@ def _merge_step(r: Run, step: int, src: str, t: float) -> None:
         return  # the user's own line is the better witness
     if r.steps.last is not None and step < r.steps.last.v:
         r.steps.clear()  # resumed from a checkpoint inside the same run: rates start over
-    r.steps.add(t, step)
+    _sample(r, t, step)
     if r.step != step or r.step_at is None:
         r.step_at = t
     r.step = step
     if r.step_source != "tsup" or src == "tsup":
         r.step_source = src
+
+
+def _sample(r: Run, t: float, step: int) -> None:
+    """A step into the rate's series. Step 0 never is: a resumed run's bar starts at 0 and leaps to
+    its checkpoint's step at its first update, and a rate from that 0 counts steps this run never
+    made (ETA 12 s where 78 s remained). The first step above 0 is where this run's rate starts."""
+    if step <= 0:
+        return
+    r.steps.add(t, step)
+    if r.first_step is None:
+        r.first_step = step
 
 
 # --- figures ----------------------------------------------------------------------------------------
@@ -266,7 +356,7 @@ def figures(r: Run, now: float, window: float) -> Figures:
     # a resumed run's bar counts the leap to the saved step as done in its first second, so the
     # rate it prints is the leap's, not the training's: only this process's own samples count
     if sps is None and r.bar_rate is not None and r.bar_rate_at is not None and te - r.bar_rate_at <= W \
-            and not r.from_step:
+            and not r.from_step and (r.first_step or 0) <= LEAP_STEPS:
         sps = r.bar_rate
     stalled = stalled_since(r.steps.samples, te, W) if running else None
     if stalled is not None:

@@ -11,7 +11,10 @@ between looks (a record not whole yet is read again from its start; one longer t
 over), one bad record is skipped and counted (status: `skipped`) and the file goes on, and one look
 stops when it has spent POLL_CPU_S of CPU (the rest is read at the next). A Trackio database is
 SQLite: it is read only from a real `metrics` table, with SQLite's trusted_schema off, no string or
-blob longer than TRACKIO_VALUE_MAX, and a query interrupted after TRACKIO_QUERY_S.
+blob longer than TRACKIO_VALUE_MAX, and a query interrupted after TRACKIO_QUERY_S. Lightning's
+metrics.csv is read line by line like an MLflow file, under the header it began with: each look
+first reads the header again, and a file whose header changed (the logger wrote it all again with a
+new metric's column) is read from its start; its rows carry no time, so they take the file's mtime.
 """
 
 from __future__ import annotations
@@ -52,13 +55,18 @@ POLL_CPU_S = 0.25          # one look's CPU (this thread's) at most, checked bet
 FILES_MAX = 64
 TF_PREFIX = "events.out.tfevents."
 SKIP_DIRS = {".git", "__pycache__", ".cache", "node_modules", ".venv", "media", "artifacts"}
+CSV_NAME = "metrics.csv"    # Lightning's CSVLogger: <save_dir>/<name>/version_<N>/metrics.csv
+CSV_LINE_MAX = 64 << 10     # a header naming many metrics is longer than an MLflow line
 
 
 @dataclass
 class _File:
     path: str
-    source: str           # tensorboard | mlflow | trackio | wandb
+    source: str           # tensorboard | mlflow | trackio | wandb | lightning
     key: str = ""         # mlflow: the metric's key
+    head: bytes = b""     # lightning: the header line as read (with its line end), once read
+    cols: tuple[str, ...] = ()  # lightning: the header's names
+    shift: int = 0        # lightning: added to the rows' step (the Trainer's rows count from 0)
     ino: int = 0
     offset: int = 0       # trackio: the last row id read
     need: int = 0         # tensorboard: bytes the next read must hold to finish the record begun at offset
@@ -102,6 +110,7 @@ class TrackerFiles:
         self.mlflow = "auto" in wanted or "mlflow" in wanted
         self.trackio = "auto" in wanted or "trackio" in wanted
         self.wandb = "auto" in wanted or "wandb" in wanted
+        self.lightning = "auto" in wanted or "lightning" in wanted
         self._files: dict[str, _File] = {}
         self._found_at = float("-inf")
         self._lock = threading.Lock()
@@ -110,7 +119,7 @@ class TrackerFiles:
 
     @property
     def wanted(self) -> bool:
-        return self.tensorboard or self.mlflow or self.trackio or self.wandb
+        return self.tensorboard or self.mlflow or self.trackio or self.wandb or self.lightning
 
     def poll(self, dirs: list[str], since: float | None, rediscover: bool = False,
              trackio_dirs: list[str] | None = None) -> Found:
@@ -190,6 +199,8 @@ class TrackerFiles:
             return "tensorboard", ""
         if self.wandb and name.startswith("run-") and name.endswith(".wandb"):
             return "wandb", ""
+        if self.lightning and name == CSV_NAME:
+            return "lightning", ""
         if self.mlflow:
             parts = path.split(os.sep)
             # mlruns/<experiment>/<run>/metrics/<key, nested folders for a key with '/'>
@@ -211,8 +222,9 @@ class TrackerFiles:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return
-            if st.st_ino != f.ino or st.st_size < f.offset:
-                f.ino, f.offset, f.need, f.skipping = st.st_ino, 0, 0, False  # replaced or truncated: from its start
+            if st.st_ino != f.ino or st.st_size < f.offset or (f.head and os.pread(fd, len(f.head), 0) != f.head):
+                # replaced or truncated (or, a metrics.csv, written again under a new header): from its start
+                f.ino, f.offset, f.need, f.skipping, f.head = st.st_ino, 0, 0, False, b""
             want = min(max(READ_MAX, f.need), st.st_size - f.offset)
             data = os.pread(fd, want, f.offset) if want > 0 else b""
         except OSError:
@@ -224,6 +236,8 @@ class TrackerFiles:
                 self._tensorboard(f, data, out, until)
             elif f.source == "wandb":
                 self._wandb(f, data, out, until)
+            elif f.source == "lightning":
+                self._lightning(f, data, st.st_mtime, out, until)
             else:
                 self._mlflow(f, data, out, until)
         except Unreadable as e:  # the framing itself: not a file of its kind
@@ -300,6 +314,27 @@ class TrackerFiles:
             if p is not None:
                 steps.add(p, k)
         self._emit("mlflow", steps, out)
+
+    def _lightning(self, f: _File, data: bytes, mtime: float, out: Found, until: float) -> None:
+        """Whole lines from the offset on: the header first (a file with no `step` column is no
+        metrics.csv: Unreadable, and it is left alone), then rows under it, each at the file's mtime."""
+        steps = _Steps()
+        lines = rec.lines(data, skipping=f.skipping, limit=CSV_LINE_MAX)
+        for line in self._take(f, lines, until, f"a line over {CSV_LINE_MAX} bytes"):
+            if not f.head:
+                f.cols = tf.csv_header(line)
+                f.head = line + b"\n"
+                # the Trainer adds the epoch to every row it logs, and its rows count steps from 0
+                f.shift = tf.LIGHTNING_STEP_SHIFT if "epoch" in f.cols else 0
+                continue
+            try:
+                points = tf.csv_row(line, f.cols, mtime, f.shift)
+            except Unreadable as e:
+                self._skipped(f, f"a row: {e}")
+                continue
+            for p in points:
+                steps.add(p)
+        self._emit("lightning", steps, out)
 
     def _trackio(self, f: _File, out: Found, until: float) -> None:
         """Rows past the last id read, from the database opened read-only: never a link (nofollow),

@@ -13,7 +13,12 @@
   then LevelDB-log chunks in 32 KiB blocks (u32 CRC, u16 length, u8 type: full, first, middle, last),
   each record a `Record` protobuf: `history` (field 2: items of key, nested keys, and a number,
   an integer or value_json; and the step) and `exit` (field 18: the exit code). Field numbers as
-  wandb's own descriptors give them (wandb_internal.proto).
+  wandb's own descriptors give them (wandb_internal.proto). W&B's own step (`_step`) counts the
+  `log()` calls: the training step is the record's `train/global_step` (the HF WandbCallback logs it
+  beside every row, without `step=`), else `trainer/global_step` (Lightning's WandbLogger), else `_step`.
+- Lightning's CSVLogger (`lightning_logs/version_N/metrics.csv`): a header naming the metrics, `step`
+  among them, then one row per logged step (empty cells for metrics not logged then), lines ended by
+  CRLF. The logger adds a new metric's column by writing the whole file again under a new header.
 
 Records are read only when whole, and never held: a reader stops before a record the writer has not
 finished and the next look reads it again from its start (supervisor.untrusted.records frames the
@@ -34,8 +39,13 @@ from supervisor.untrusted import records as rec_
 
 RECORD_MAX = rec_.TF_RECORD_MAX
 VALUE_MAX = 1 << 20      # a Trackio row's metrics, a W&B value_json: a few KiB from a real writer
-STEP_KEYS = ("train/global_step", "global_step")
-LOSS_KEYS = ("train/loss", "loss", "train_loss", "loss/train", "train/train_loss", "training_loss")
+STEP_KEYS = ("train/global_step", "global_step", "trainer/global_step")
+# train_loss_step: Lightning's name for a loss logged with on_step=True and on_epoch=True
+LOSS_KEYS = ("train/loss", "loss", "train_loss", "loss/train", "train/train_loss", "training_loss", "train_loss_step")
+# The step Lightning's loggers write (its `trainer/global_step` in W&B, `step` in metrics.csv) is the
+# index of the optimizer step just made, from 0: after 40 steps its last row says 39, while its
+# checkpoint says step=40 and trainer.global_step is 40. The step here is steps done, as everywhere.
+LIGHTNING_STEP_SHIFT = 1
 EPOCH_KEYS = ("train/epoch", "epoch")
 LR_KEYS = ("train/learning_rate", "learning_rate", "lr", "train/lr")
 MLFLOW_STATUS = {"1": "RUNNING", "2": "SCHEDULED", "3": "FINISHED", "4": "FAILED", "5": "KILLED",
@@ -289,10 +299,97 @@ def _wandb_record(rec: bytes) -> tuple[list[Point], int | None]:
             if name and value is not None and math.isfinite(value):
                 values[name] = value
     t = values.pop("_timestamp", 0.0)
+    if "train/global_step" in values:
+        step = _step(values["train/global_step"])
+    elif "trainer/global_step" in values:
+        step = _step(values["trainer/global_step"]) + LIGHTNING_STEP_SHIFT
     points = [Point(step, t, k, v) for k, v in values.items() if not k.startswith("_")]
     if points:
         _step(step)
     return points, None
+
+
+# --- Lightning's CSVLogger ---------------------------------------------------------------------------
+CSV_CELL_MAX = 64        # a number in a cell is never longer; a longer cell is no number
+CSV_COLUMNS_MAX = 4096   # metrics one header may name
+
+
+def _csv_cells(line: bytes | str) -> list[str]:
+    """The cells of one CSV line as Python's csv module writes it (quotes around a cell that holds a
+    comma or a quote, a quote doubled inside); CR and LF at its end dropped."""
+    text = (line.decode("utf-8", "replace") if isinstance(line, bytes | bytearray) else str(line)).rstrip("\r\n")
+    cells: list[str] = []
+    cur: list[str] = []
+    quoted = False
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            if c == '"' and text[i + 1:i + 2] == '"':
+                cur.append('"')
+                i += 1
+            elif c == '"':
+                quoted = False
+            else:
+                cur.append(c)
+        elif c == '"':
+            quoted = True
+        elif c == ",":
+            cells.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    if quoted:
+        raise Unreadable("a quote that never ends")
+    cells.append("".join(cur))
+    return cells
+
+
+def csv_header(line: bytes | str) -> tuple[str, ...]:
+    """The column names of a metrics.csv; Unreadable when it is no such header (no `step` column)."""
+    try:
+        cols = tuple(c.strip() for c in _csv_cells(line))
+    except Unreadable:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Unreadable(f"a header: {type(e).__name__}") from None
+    if "step" not in cols or len(cols) > CSV_COLUMNS_MAX:
+        raise Unreadable("not a metrics.csv (no step column)")
+    return cols
+
+
+def csv_row(line: bytes | str, cols: tuple[str, ...], t: float, shift: int = 0) -> list[Point]:
+    """The numbers of one row under header `cols`, at `step` + shift, with time `t` (the file's: a
+    row holds none); [] for a blank line. Unreadable: not such a row (another count of cells, a step
+    that is none)."""
+    try:
+        cells = _csv_cells(line)
+        if cells == [""]:
+            return []
+        if len(cells) != len(cols):
+            raise Unreadable(f"a row of {len(cells)} cells under a header of {len(cols)}")
+        by = dict(zip(cols, cells, strict=True))
+        s = by["step"].strip()
+        if not s.isdigit() or len(s) > _DIGITS_MAX:
+            raise Unreadable("the step is not a whole number")
+        step = _step(int(s) + shift)
+        out = []
+        for k, v in by.items():
+            v = v.strip()
+            if k == "step" or not v or len(v) > CSV_CELL_MAX:
+                continue
+            try:
+                x = float(v)
+            except ValueError:
+                continue  # a text cell (a run name): not a metric
+            if math.isfinite(x):
+                out.append(Point(step, _time(t), k, x))
+        return out
+    except Unreadable:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Unreadable(f"a row: {type(e).__name__}") from None
 
 
 # --- one observation per step -----------------------------------------------------------------------
