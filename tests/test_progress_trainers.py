@@ -14,15 +14,18 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.clock import FakeClock
 from supervisor.progress import trackfiles as tf
 from supervisor.progress.parse import parse_line
 from supervisor.progress.record import LEAP_STEPS, Run, figures, merge, merge_line
 from supervisor.progress.trackers import TrackerFiles
-from supervisor.untrusted import Unreadable
+from supervisor.untrusted import INT_MAX, Unreadable
 from tests.test_progress_sources import wandb_file, wandb_history
 from tests.test_tracker import make
+from tests.test_trackers_hostile import _EDIT, FUZZ, _mutate
 
 W = 300.0
 
@@ -414,6 +417,23 @@ def test_csv_cells_as_pythons_csv_writes_them():
     with pytest.raises(Unreadable):
         tf.csv_row(b"0.5,7", cols, 1.0)
     assert tf.csv_row(b"", cols, 1.0) == []
+
+
+@FUZZ
+@given(st.one_of(st.lists(_EDIT, max_size=6).map(lambda es: _mutate(CSV_FINAL, es)), st.binary(max_size=400)))
+def test_fuzz_metrics_csv(data):
+    """Mutated and random bytes in place of the real file: only points or Unreadable come out."""
+    lines = [bytes(x) for x in data.split(b"\n")]
+    try:
+        cols = tf.csv_header(lines[0])
+    except Unreadable:
+        return
+    for line in lines[1:]:
+        try:
+            for p in tf.csv_row(line, cols, 1.7e9, 1):
+                assert isinstance(p.step, int) and 0 <= p.step <= INT_MAX and p.key in cols and p.value == p.value
+        except Unreadable:
+            continue
 
 
 # --- W&B: the training step, not W&B's own _step ---------------------------------------------------
