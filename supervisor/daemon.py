@@ -95,7 +95,7 @@ class Daemon:
         from supervisor.training.ranks import world_size
 
         self.gpu = GpuMonitor(self.ctx, cfg.gpu, training=self.training, keep_window_s=cfg.idle.gpu_window)
-        self.sync = engine_for(cfg, self.clock, self.alerts, world_size=lambda: world_size(self.training.pids()))
+        self.sync = engine_for(cfg, self.clock, self.alerts, world_size=lambda: world_size(self.training.pids(), single_if_unset=True))
         self.progress = ProgressTracker(self.ctx, cfg.progress, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
                                         gpu=self.gpu, job_env=cfg.training.env, job_user=cfg.training.user,
                                         save_dirs=cfg.save_dirs)

@@ -115,7 +115,7 @@ class SyncEngine:
         self._next_rescan = 0.0
         self._next_ready: float | None = None
         self.health = Health(self.board, clock, alerts, self.display, cfg.retry_max_backoff, cfg.fail_alert_after)
-        self.lost = LostWatch(alerts, self.display, training_command)
+        self.lost = LostWatch(alerts, self.display, training_command, cfg.quiet_period)
         self._pass = 0
         self._emergency = False       # a spot notice: no backoff waits, short quiet, newest re-judged per unit
         self._cut_short = False       # this pass stopped early to look for a newer checkpoint first

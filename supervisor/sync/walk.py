@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Callable
 
 from supervisor.config import SyncConfig
@@ -17,8 +18,10 @@ from supervisor.sync._log import Once
 from supervisor.sync.complete import (
     MAX_JSON_CHECK,
     Verdict,
+    adapted_quiet,
     checkable,
     json_whole,
+    judge,
     safetensors_header_len,
     safetensors_whole,
     sparse,
@@ -29,7 +32,10 @@ from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step
 from supervisor.untrusted import SAFETENSORS_PARSE_MAX, ZIP_LOCAL_MAGIC, ZIP_TAIL, Unreadable, text
 
-WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often
+WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often ...
+WORLD_RECHECK_S = 5.0  # ... and this often while it says one process or none: the workers of a
+                       # launcher (accelerate launch, torchrun) appear a moment after it starts
+SAVES_KEPT = 8         # save start times remembered per kind of save (for the cadence)
 
 
 class Walker:
@@ -39,6 +45,7 @@ class Walker:
         # sync.world_size, else what the training's workers were told (WORLD_SIZE in their environment)
         self.world_size = (lambda: cfg.world_size) if cfg.world_size else world_size
         self._world: tuple[float, int | None] | None = None
+        self._world_known: int | None = None  # the last answer that was one: a run that ended keeps its size
         self.quiet = cfg.quiet_period
         self.marker = cfg.complete_marker
         self.keep_last = cfg.keep_last
@@ -53,6 +60,14 @@ class Walker:
         self.unreached: list[tuple[str, str]] = []  # (root, rel): folders the last walk did not enter
         # large JSON files by content: the same tokenizer.json in every checkpoint is parsed once
         self._json_whole: dict[tuple[int, bytes], bool] = {}
+        # (root, rel) -> (size, mtime_ns, inode, ctime_ns) and the monotonic time of the first look
+        # that saw the file so: a rule's short settle needs two looks at the same version
+        self._looked: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}
+        # the save cadence: (root, parent folder, name with its numbers as #) -> unit rel -> wall time
+        # its save began (its oldest file's mtime); the units found at a root's first look only
+        # give the newest of each kind, as the anchor for the first gap
+        self._saves: dict[tuple[str, str, str], dict[str, float]] = {}
+        self._found: set[tuple[str, str]] = set()  # (root, unit rel) there at its root's first look
 
     def scan(self, roots: list[sc.Root], forced: list[str], wall: float, mono: float,
              remote_units: Callable[[str], list[str]],
@@ -70,11 +85,17 @@ class Walker:
             raw = self.walk(root, sc.nested_roots(root, roots))
             since = self._scanned.get(root.path)
             sc.observe(self.seen, root, raw, since is None, wall, mono, self.quiet, since)
+            self._look(root, raw, mono)
             self._scanned[root.path] = mono
             alive.update((root.path, rel) for rel in raw)
-            units.update(sc.group(root, raw, self.seen, self.policy))
+            found = sc.group(root, raw, self.seen, self.policy)
+            self._note_saves(root, found, since is None)
+            units.update(found)
         for k in [k for k in self.seen if k not in alive]:
             del self.seen[k]
+        for k in [k for k in self._looked if k not in alive]:
+            del self._looked[k]
+        self._found &= {(u.root.path, u.rel) for u in units.values()}
         world = self._world_size(mono)
         siblings: dict[str, frozenset[str]] = {}
         for u in units.values():
@@ -82,12 +103,14 @@ class Walker:
                 u.forced = sc.overlaps(u.abspath, forced)
                 u.verdict = Verdict(True, "complete", format=self._detect(u, siblings)[0])  # named, not re-judged
                 continue
-            fmt, waiting = self._format(u, world, siblings)
-            u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
+            fmt, rule = self._format(u, world, siblings)
+            quiet = self.quiet_for(u)
+            seen_before = self._seen_before(u, mono)
+            u.verdict = self._judge(u, forced, wall, mono, quiet, fmt, rule, seen_before)
             # a unit that only waits out its quiet period has its files' formats read now, while
             # it waits: the scan at its ready time finds them read (by size and mtime) and sends
             if (u.verdict.complete or u.forced or sc.quieting(u, self.marker)) and self._check_whole(u):
-                u.verdict = sc.judge_unit(u, forced, wall, mono, self.quiet, self.marker, fmt, waiting)
+                u.verdict = self._judge(u, forced, wall, mono, quiet, fmt, rule, seen_before)
             if self.sparse:
                 self._leave_out_sparse(u)
         if self.keep_last > 0:
@@ -98,39 +121,110 @@ class Walker:
     def _world_size(self, mono: float) -> int | None:
         if self.world_size is None:
             return None
-        if self._world is None or mono - self._world[0] >= WORLD_EVERY_S:
+        last = self._world
+        every = WORLD_EVERY_S if last is not None and (last[1] or 0) > 1 else WORLD_RECHECK_S
+        if last is None or mono - last[0] >= every:
             try:
-                self._world = (mono, self.world_size())
+                got = self.world_size()
             except Exception:  # noqa: BLE001 - the rules count ranks from the files instead
-                self._world = (mono, None)
+                got = None
+            if got is not None:
+                self._world_known = got
+            # no training running now: its saves keep the size it ran with
+            self._world = (mono, got if got is not None else self._world_known)
         return self._world[1]
 
+    def _judge(self, u: sc.Unit, forced: list[str], wall: float, mono: float, quiet: float, fmt: str,
+               rule: formats.Rule, seen_before: bool) -> Verdict:
+        """The unit's verdict (scan.judge_unit's, with the rule's positive answer): a final sync
+        takes a unit whose only want is the world size (its writers are gone)."""
+        if not u.selected:
+            return Verdict(False, "nothing selected")
+        u.forced = sc.overlaps(u.abspath, forced)
+        waiting = "" if u.forced and rule.soft else rule.waiting
+        return judge(u.rel or u.root.path, u.kind, u.files, wall, mono, quiet, u.forced, self.marker, fmt, waiting,
+                     rule.positive, seen_before)
+
+    def _look(self, root: sc.Root, raw: dict[str, tuple[int, int, int, int]], mono: float) -> None:
+        for rel, v in raw.items():
+            k = (root.path, rel)
+            had = self._looked.get(k)
+            if had is None or had[0] != v:
+                self._looked[k] = (v, mono)
+
+    def _seen_before(self, u: sc.Unit, mono: float) -> bool:
+        """Was every file of the unit there, as it is now, at a look before this one?"""
+        for f in u.files:
+            rel = u.rel if u.kind == "file" else (f"{u.rel}/{f.rel}" if u.rel else f.rel)
+            got = self._looked.get((u.root.path, rel))
+            if got is None or got[1] >= mono:
+                return False
+        return True
+
+    def _note_saves(self, root: sc.Root, units: dict[sc.UnitKey, sc.Unit], first: bool) -> None:
+        """Remember when each kind of save began (the cadence the quiet period follows)."""
+        newest: dict[tuple[str, str, str], tuple[float, str]] = {}
+        for u in units.values():
+            if not u.files or not u.rel:
+                continue
+            start = min(f.mtime for f in u.files)
+            kind = save_kind(root.path, u.rel)
+            if first:
+                self._found.add((root.path, u.rel))
+                if kind not in newest or start > newest[kind][0]:
+                    newest[kind] = (start, u.rel)
+                continue
+            saves = self._saves.setdefault(kind, {})
+            if (root.path, u.rel) in self._found or u.rel in saves:
+                continue
+            saves[u.rel] = start
+            if len(saves) > SAVES_KEPT:
+                del saves[min(saves, key=saves.__getitem__)]
+        for kind, (start, rel) in newest.items():
+            self._saves.setdefault(kind, {})[rel] = start
+
+    def quiet_for(self, u: sc.Unit) -> float:
+        """The quiet period this unit waits out: sync.quiet_period, shortened to half the gap
+        between its kind's saves (complete.adapted_quiet)."""
+        if not u.rel:
+            return self.quiet
+        saves = self._saves.get(save_kind(u.root.path, u.rel))
+        return adapted_quiet(self.quiet, saves.values()) if saves else self.quiet
+
     @staticmethod
-    def _detect(u: sc.Unit, siblings: dict[str, frozenset[str]]) -> tuple[str, str, list[str], frozenset[str]]:
-        """(format, unit name, its files, the names beside it): the names only, nothing read."""
+    def _detect(u: sc.Unit, siblings: dict[str, frozenset[str]]) -> tuple[str, str, list[str], frozenset[str],
+                                                                           frozenset[str]]:
+        """(format, unit name, its files, the names beside it, the names beside its folder): the
+        names only, nothing read."""
         name = u.rel or os.path.basename(u.root.path)
         rels = [f.rel for f in u.files]
         parent = os.path.dirname(u.abspath)
-        if name.endswith(".ckpt") and parent not in siblings:
-            try:
-                siblings[parent] = frozenset(os.listdir(parent))
-            except OSError:
-                siblings[parent] = frozenset()
-        near = siblings.get(parent, frozenset())
-        return formats.detect(name, rels, near), name, rels, near
+        beside, above = formats.lists_wanted(name, u.kind)
+        near = _listing(parent, siblings) if beside else frozenset()
+        far = _listing(os.path.dirname(parent), siblings) if above else frozenset()
+        return formats.detect(name, rels, near, far), name, rels, near, far
 
-    def _format(self, u: sc.Unit, world: int | None, siblings: dict[str, frozenset[str]]) -> tuple[str, str]:
-        """The unit's format and what its rule still waits for (formats.py), reading only the
-        names beside it and the small tracker files a rule names: never a shard, never a pickle."""
-        fmt, name, rels, near = self._detect(u, siblings)
+    def _format(self, u: sc.Unit, world: int | None,
+                siblings: dict[str, frozenset[str]]) -> tuple[str, formats.Rule]:
+        """The unit's format and its rule's answer (formats.py), reading only the names beside it,
+        the small tracker files a rule names and the mtimes of files a rule compares: never a
+        shard, never a pickle."""
+        fmt, name, rels, near, far = self._detect(u, siblings)
         texts: dict[str, str] = {}
         mtimes: dict[str, float] = {}
         for rel in formats.texts_wanted(fmt, name, rels):
-            got = read_text(os.path.normpath(os.path.join(u.abspath, rel)))
+            got = read_text(os.path.normpath(os.path.join(u.abspath, rel)), formats.text_limit(rel))
             if got is not None:
                 texts[rel], mtimes[rel] = got
+        stats: dict[str, float] = {}
+        for rel in formats.stats_wanted(fmt, name, rels):
+            try:
+                stats[rel] = os.lstat(os.path.normpath(os.path.join(u.abspath, rel))).st_mtime_ns / 1e9
+            except OSError:
+                continue
         newest = max((f.mtime for f in u.files), default=None)
-        return fmt, formats.waiting_for(fmt, name, rels, formats.Facts(world, texts, near, mtimes, newest))
+        facts = formats.Facts(world, texts, near, mtimes, newest, above=far, mtimes=stats)
+        return fmt, formats.judge(fmt, name, rels, facts)
 
     def _leave_out_sparse(self, u: sc.Unit) -> None:
         """A sparse file is not uploaded (complete.sparse): the rest of its folder goes up with a
@@ -230,6 +324,26 @@ class Walker:
         return out
 
 
+def _listing(folder: str, cache: dict[str, frozenset[str]]) -> frozenset[str]:
+    """The names in `folder` (once per scan: the units of one folder share it)."""
+    if folder not in cache:
+        try:
+            cache[folder] = frozenset(os.listdir(folder))
+        except OSError:
+            cache[folder] = frozenset()
+    return cache[folder]
+
+
+_NUMBERS = re.compile(r"\d+")
+
+
+def save_kind(root: str, rel: str) -> tuple[str, str, str]:
+    """Which saves a unit is one of, for the cadence: its root, its folder, and its name with every
+    number as # (checkpoint_#, epoch=#-step=#.ckpt): a final model's config.json is no kind of save."""
+    parent, _, name = rel.rpartition("/")
+    return root, parent, _NUMBERS.sub("#", name)
+
+
 JSON_BY_CONTENT_MIN = 64 * 1024   # larger JSON files are remembered by content (sha256: 1 ms per MiB,
 JSON_BY_CONTENT_MAX = 256         # parsing: 25 ms per MiB); at most this many contents
 
@@ -275,23 +389,23 @@ def read_whole(path: str, kind: str | None, size: int,
         os.close(fd)
 
 
-def read_text(path: str) -> tuple[str, float] | None:
-    """A tracker file's text (`latest`, `latest_checkpointed_iteration.txt`) and its mtime: a
-    regular file, no link followed, at most formats.TEXT_MAX bytes; None when it is not there or
-    not such a file."""
+def read_text(path: str, limit: int = formats.TEXT_MAX) -> tuple[str, float] | None:
+    """A tracker file's text (`latest`, `latest_checkpointed_iteration.txt`, Orbax's JSON step
+    metadata) and its mtime: a regular file, no link followed, at most `limit` bytes; None when it
+    is not there or not such a file."""
     try:
         fd = open_regular(path)
     except OSError:
         return None
     try:
         mtime = os.fstat(fd).st_mtime_ns / 1e9
-        data = os.read(fd, formats.TEXT_MAX + 1)
+        data = os.read(fd, limit + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
     try:
-        return text(data, limit=formats.TEXT_MAX, what=os.path.basename(path)), mtime
+        return text(data, limit=limit, what=os.path.basename(path)), mtime
     except Unreadable:
         return None
 

@@ -56,17 +56,19 @@ def sync_no_credentials(target: str, error: str, pending_files: int, pending_byt
         "uploads at once, no restart needed. Then check: supervisorctl sync --wait")
 
 
-def checkpoint_lost(path: str, target: str, files: int, size: int, cause: str, target_error: str) -> Mail:
-    """A checkpoint was deleted here before it was all on the target: it is gone."""
+def checkpoint_lost(path: str, target: str, files: int, size: int, cause: str, target_error: str,
+                    advice: str = "") -> Mail:
+    """A checkpoint was deleted here before it was all on the target: it is gone. `advice`: what to
+    do, for the cause found (sync/lost.py; a healthy target is not told to be fixed)."""
     name = path.rstrip("/").rsplit("/", 1)[-1]
     why_not = f"\nThe target's last error: {target_error}" if target_error else ""
     return Mail(
         f"checkpoint LOST: {name} was deleted before it left the machine",
         f"{path} ({files} files, {format_bytes(size)}) was deleted on this machine before all of it was on {target}.\n"
         f"It exists nowhere now. Likely cause: {cause}.{why_not}\n\n"
-        "To keep the next ones: fix the target first (supervisorctl status says what fails), and give the\n"
-        "trainer room to wait for it: a larger save_total_limit, or disk.prune = \"synced\", which deletes\n"
-        "a local checkpoint only once it is verified on the target.")
+        + (advice or "To keep the next ones: fix the target first (supervisorctl status says what fails), and give the\n"
+           "trainer room to wait for it: a larger save_total_limit, or disk.prune = \"synced\", which deletes\n"
+           "a local checkpoint only once it is verified on the target."))
 
 
 def sparse_left_out(path: str, size: int, on_disk: int) -> Mail:
