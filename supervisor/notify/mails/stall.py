@@ -12,7 +12,8 @@ from supervisor.timefmt import hm, when
 LOG_LINES = 20
 SOURCE_WORDS = {"tsup": "the TSUP lines in the log", "tqdm": "the progress bar in the log", "log": "the log",
                 "trainer_state": "trainer_state.json", "tensorboard": "the TensorBoard event files",
-                "mlflow": "the MLflow file store", "trackio": "Trackio's database", "wandb": "the W&B offline run"}
+                "mlflow": "the MLflow file store", "trackio": "Trackio's database", "wandb": "the W&B offline run",
+                "lightning": "Lightning's metrics.csv"}
 
 
 @dataclass(frozen=True)
