@@ -371,9 +371,13 @@ def test_a_nemo2_checkpoint_is_not_complete_while_its_marker_is_there(make_engin
     (ckpts / f"{NAME}-unfinished").unlink()
     e.request_sync()
     wait_until(lambda: ours() and all(u["complete"] for u in ours()), 20, what="complete once the marker is gone")
-    unit = f"checkpoints/{NAME}" if include else f"checkpoints/{NAME}/weights"
+    unit = f"checkpoints/{NAME}"  # the whole checkpoint, context/ and all, with the default include too
     wait_until(lambda: (remote / unit / "_MANIFEST.json").exists(), 20, what=f"{unit} up with its manifest")
     assert (remote / "checkpoints" / NAME / "weights" / ".metadata").exists()
+    assert (remote / unit / "context" / "model.yaml").read_text() == "name: gpt\n"
+    assert not (remote / unit / "weights" / "_MANIFEST.json").exists()
+    listed = {f["path"] for f in json.loads((remote / unit / "_MANIFEST.json").read_bytes())["files"]}
+    assert {"context/io.json", "context/model.yaml", "weights/.metadata", "weights/__0_0.distcp"} <= listed
 
 
 def test_a_single_checkpoint_file_is_whole_by_its_header_and_goes_up_before_the_quiet_period(make_engine, tmp_path):
