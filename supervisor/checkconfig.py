@@ -10,13 +10,22 @@ from pathlib import Path
 from supervisor.config import Config
 
 
-def warnings(cfg: Config) -> list[str]:
+def stop_plan(cfg: Config):  # noqa: ANN201 - supervisor.stop.choose.Plan, imported where it is needed
+    """What the stop does on this machine (the provider found, its credential, what still bills):
+    the same resolution the daemon makes at start (supervisor.stop.resolve)."""
+    from supervisor.stop.resolve import choose
+
+    return choose(cfg.stop, quiet=True)
+
+
+def warnings(cfg: Config, plan: object | None = None) -> list[str]:
     """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo,
-    poweroff in a container, a checkpoint rotation that can outrun the target."""
+    a stop that leaves the machine billing (poweroff in a container, on Azure, Lambda without
+    terminate...), a checkpoint rotation that can outrun the target."""
     from supervisor.config import hints
     from supervisor.training.safeopen import open_folder_warning
 
-    out = hints.warnings(cfg, dict(os.environ), hints.in_container())
+    out = hints.warnings(cfg, dict(os.environ), hints.in_container(), plan)
     if cfg.training.user:
         w = open_folder_warning(cfg.training.log or str(Path(cfg.state_dir) / "train.log"), cfg.training.user)
         out += [w] if w else []

@@ -471,13 +471,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for p in e.problems:
             sys.stderr.write(p + "\n")
         return EXIT_USAGE
-    problems = nothing_watched(cfg) + checkconfig.channel_problems(cfg)
+    plan = checkconfig.stop_plan(cfg)
+    problems = nothing_watched(cfg) + checkconfig.channel_problems(cfg) + ([plan.problem] if plan.problem else [])
     if problems:
-        for p in problems:
-            sys.stderr.write(p + "\n")
+        sys.stderr.write("".join(p + "\n" for p in problems))
         return EXIT_USAGE
-    for w in checkconfig.warnings(cfg):
+    for w in checkconfig.warnings(cfg, plan):
         sys.stderr.write(f"warning: {w}\n")
+    sys.stdout.write(f"stop: {plan.line()}\n")  # the provider's stop, and what still bills (issue 52)
     if cfg.sync.watch_default:
         sys.stdout.write(f"sync.watch not set: watching {', '.join(cfg.sync.watch)} ({cfg.sync.watch_default})\n")
     sys.stdout.write(f"{path}: OK\n")

@@ -26,6 +26,7 @@ pytest_plugins = [
     "tests.fixtures.idle",
     "tests.fixtures.http_receiver",
     "tests.fixtures.inproc",
+    "tests.fixtures.providers",
 ]
 
 # (test id, what was still running) for the summary; a runner ignores SIGHUP and SIGTERM by design,

@@ -32,7 +32,7 @@ BAD: list[tuple[str, str, str]] = [
     ("poll_zero", '[gpu]\npoll_interval = "0"\n', 'gpu.poll_interval: must be at least 100ms, got "0"'),
     ("percent_over_100", "[idle]\ngpu_util_threshold = 150\n", "idle.gpu_util_threshold: must be at most 100, got 150"),
     ("bad_choice", '[stop]\naction = "shutdown"\n',
-     'stop.action: expected one of poweroff, command, ec2, dry-run, got "shutdown"'),
+     'stop.action: expected one of auto, provider, poweroff, command, ec2, dry-run, got "shutdown"'),
     ("command_action_without_command", '[stop]\naction = "command"\n',
      'stop.command: required when stop.action = "command"'),
     ("bool_as_string", '[training]\nautostart = "yes"\n', 'training.autostart: expected true or false, got "yes"'),
@@ -268,7 +268,7 @@ def test_spec_example_parses():
 
 def test_empty_file_is_all_defaults():
     cfg = C.parse("")
-    assert cfg.email is None and cfg.idle.warn_after == 7200 and cfg.stop.action == "poweroff"
+    assert cfg.email is None and cfg.idle.warn_after == 7200 and cfg.stop.action == "auto"
     assert cfg.training.session == "train" and cfg.sync.part_size == 8 * 1024 * 1024
 
 

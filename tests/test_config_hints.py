@@ -75,7 +75,8 @@ def in_namespace(systemd: bool, argv: list[str], env: dict[str, str]) -> subproc
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TRAIN_SUPERVISOR_") and k not in ("RUNPOD_POD_ID", "CONTAINER_ID", "VAST_CONTAINERLABEL")}
+           if not k.startswith("TRAIN_SUPERVISOR_") and k not in ("RUNPOD_POD_ID", "CONTAINER_ID", "VAST_CONTAINERLABEL",
+                                                                  "RUNPOD_API_KEY", "CONTAINER_API_KEY")}
     return {**env, **extra}
 
 
@@ -85,9 +86,14 @@ def test_check_config_warns_in_a_container_and_not_on_a_systemd_machine(tmp_path
     p.write_text('state_dir = "/var/lib/train-supervisor"\n')
     r = in_namespace(False, [CTL, "check-config", str(p)], _env(RUNPOD_POD_ID="pod42"))
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr
-    assert "warning: stop.action = \"poweroff\": this is a RunPod container" in r.stderr
-    assert "runpodctl stop pod $RUNPOD_POD_ID" in r.stderr
-    r = in_namespace(True, [CTL, "check-config", str(p)], _env(RUNPOD_POD_ID="pod42"))
+    # the default "auto" stop has no RunPod key here: it falls back to poweroff, which does nothing to a pod
+    assert "warning: stop.action = \"auto\": this is a RunPod pod (env RUNPOD_POD_ID)" in r.stderr, r.stderr
+    assert "runpodctl stop pod $RUNPOD_POD_ID" in r.stderr and "RUNPOD_API_KEY" in r.stderr
+    assert "stop: poweroff, pod pod42 (does NOT end billing here; the whole pod bills on)" in r.stdout
+    p.write_text('state_dir = "/var/lib/train-supervisor"\n[stop]\naction = "poweroff"\n')
+    r = in_namespace(False, [CTL, "check-config", str(p)], _env())
+    assert "warning: stop.action = \"poweroff\": no systemd runs here" in r.stderr, r.stderr
+    r = in_namespace(True, [CTL, "check-config", str(p)], _env())
     assert r.returncode == 0 and "poweroff" not in r.stderr, r.stderr
 
 

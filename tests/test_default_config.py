@@ -109,4 +109,5 @@ def test_safe_defaults():
     assert cfg.training.command == "" and not cfg.training.autostart
     assert cfg.sync.target == "" and cfg.email is None
     assert cfg.idle.warn_after == 7200 and cfg.idle.stop_after_warning == 3600
-    assert cfg.stop.action == "poweroff" and not cfg.stop.stop_even_if_sync_fails
+    # issue 52: the provider's own stop where one is found, poweroff only where that ends billing
+    assert cfg.stop.action == "auto" and cfg.stop.mode == "stop" and not cfg.stop.stop_even_if_sync_fails

@@ -195,7 +195,8 @@ def test_ec2_stop_instances_against_moto_with_imdsv2(moto_ec2, imds, aws_env, tm
     s = seq(tmp_path, action="ec2", imds_url=imds.url, ec2_endpoint_url=moto_ec2.url)
     s.begin("b", 1, "idle", 0.0)
     result = s.act(1.0, 1.0)
-    assert result == f"ec2 StopInstances {iid} in eu-central-1: running -> stopping"
+    # the call's answer, then the state read back (issue 52: the stop is done when EC2 says stopped)
+    assert result.startswith(f"ec2 StopInstances {iid} in eu-central-1: running -> stopping; confirmed stopped")
     state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state in ("stopping", "stopped")
     # IMDSv2: a token first, and every read carried it

@@ -130,9 +130,14 @@ class IdleConfig:
     jupyter_token_file: str = _k("path", "")
 
 
+# stop.provider: "auto" finds it (env, then DMI); "none" never calls one (supervisor.stop.providers)
+STOP_PROVIDERS = ("auto", "aws", "gcp", "azure", "lambda", "runpod", "vast", "oci", "nebius", "digitalocean",
+                  "hetzner", "none")
+
+
 @dataclass
 class StopConfig:
-    action: str = _k("choice", "poweroff", choices=("poweroff", "command", "ec2", "dry-run"))
+    action: str = _k("choice", "auto", choices=("auto", "provider", "poweroff", "command", "ec2", "dry-run"))
     command: str = _k("str", "")
     final_sync: list[str] = _k("strlist", [])
     stop_even_if_sync_fails: bool = _k("bool", False)
@@ -141,6 +146,14 @@ class StopConfig:
     ec2_region: str = _k("str", "")
     ec2_endpoint_url: str = _k("url", "")
     imds_url: str = _k("url", "http://169.254.169.254")
+    # the provider's own stop (supervisor.stop.providers; docs/providers.md)
+    provider: str = _k("choice", "auto", choices=STOP_PROVIDERS)
+    mode: str = _k("choice", "stop", choices=("stop", "terminate"))
+    instance_id: str = _k("str", "")
+    api_url: str = _k("url", "")
+    metadata_url: str = _k("url", "")
+    api_key_file: str = _k("path", "")
+    confirm_within: float = _k("duration", 600.0, min=1)
 
 
 @dataclass

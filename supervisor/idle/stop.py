@@ -13,8 +13,12 @@ Exactly once, after a `kill -9` between "action started" and "action done":
   named in the record, with the wrapper's PID and start time recorded before the wait. A new daemon
   reads the exit file if it is there, waits for the recorded process if it still runs, and runs
   the command again only when neither exists (the command was killed, or never started);
-- `poweroff` and `ec2`: re-running them is harmless (a second `systemctl poweroff` or
-  StopInstances on a stopping instance changes nothing), so an unfinished one is simply re-run.
+- `poweroff`: re-running it is harmless (a second `systemctl poweroff` changes nothing), so an
+  unfinished one is simply re-run;
+- `auto`, `provider` and `ec2` (the provider's own stop, supervisor.stop.carry): the attempt is
+  saved in the record (`provider`) before the one call, so a resumed stop reads the provider's
+  state instead of calling again, and the stop is done only when the provider reports the machine
+  not billed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from supervisor.config import StopConfig
 from supervisor.interfaces import FinalSyncResult
 from supervisor.proc import start_time
 from supervisor.states import StopPhase, check_stop_move
+from supervisor.stop.choose import PROVIDER_ACTIONS, Plan
+from supervisor.stop.providers.aws import ec2_stop, imds_instance  # noqa: F401 - moved there; old callers import here
+from supervisor.stop.providers.base import StopActionError
 from supervisor.timefmt import when
 
 log = structlog.get_logger("stop")
@@ -43,10 +50,6 @@ log = structlog.get_logger("stop")
 P = StopPhase
 COMMAND_TIMEOUT_S = 600.0
 MAX_ACTION_ATTEMPTS = 5
-
-
-class StopActionError(Exception):
-    """The action ran and did not stop the machine; the message says why."""
 
 
 # --- the actions ---------------------------------------------------------------------------------
@@ -62,52 +65,6 @@ def poweroff(timeout: float = 60.0) -> str:
     if cp.returncode != 0:
         raise StopActionError(f"systemctl poweroff exited {cp.returncode}: {(cp.stderr or cp.stdout).strip()[:300]}")
     return "systemctl poweroff accepted"
-
-
-def imds_instance(imds_url: str, region: str = "", timeout: float = 3.0) -> tuple[str, str]:
-    """(instance id, region) from the instance metadata service, IMDSv2 (session token first)."""
-    import urllib.request  # here: only an EC2 stop asks the metadata service
-
-    base = imds_url.rstrip("/")
-    try:
-        req = urllib.request.Request(f"{base}/latest/api/token", method="PUT",
-                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the configured IMDS
-            token = r.read().decode().strip()
-
-        def get(path: str) -> str:
-            rq = urllib.request.Request(f"{base}{path}", headers={"X-aws-ec2-metadata-token": token})
-            with urllib.request.urlopen(rq, timeout=timeout) as resp:  # noqa: S310
-                return resp.read().decode().strip()
-
-        iid = get("/latest/meta-data/instance-id")
-        reg = region or get("/latest/meta-data/placement/region")
-    except OSError as e:
-        raise StopActionError(f"instance metadata (IMDSv2) at {base} unavailable: {getattr(e, 'reason', e)}; "
-                              "is this an EC2 instance?") from None
-    if not iid.startswith("i-"):
-        raise StopActionError(f"instance metadata returned an unexpected instance id {iid[:40]!r}")
-    return iid, reg
-
-
-def ec2_stop(cfg: StopConfig) -> str:
-    """StopInstances on this instance, through boto3 (credentials from the usual chain)."""
-    iid, region = imds_instance(cfg.imds_url, cfg.ec2_region)
-    import boto3
-    from botocore.config import Config as BotoConfig
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    client = boto3.session.Session().client(
-        "ec2", region_name=region, endpoint_url=cfg.ec2_endpoint_url or None,
-        config=BotoConfig(connect_timeout=10, read_timeout=30, retries={"max_attempts": 4, "mode": "standard"}))
-    try:
-        resp = client.stop_instances(InstanceIds=[iid])
-    except (BotoCoreError, ClientError) as e:
-        raise StopActionError(f"ec2 StopInstances {iid} in {region} failed: {e}") from None
-    states = resp.get("StoppingInstances") or [{}]
-    prev = states[0].get("PreviousState", {}).get("Name", "?")
-    cur = states[0].get("CurrentState", {}).get("Name", "?")
-    return f"ec2 StopInstances {iid} in {region}: {prev} -> {cur}"
 
 
 def _proc_ctime(pid: int | None) -> float | None:
@@ -165,6 +122,7 @@ class StopRecord:
     interrupted_at: float | None = None
     interrupted_mono: float | None = None
     interrupt_ended: str = ""    # how it ended ("exit code 0"), or "" while waiting / when it outlived every signal
+    provider: dict | None = None  # the provider stop's attempts and confirmation (supervisor.stop.confirm)
 
     @classmethod
     def from_dict(cls, d: Any) -> StopRecord:
@@ -220,12 +178,16 @@ class StopSequence:
 
     def __init__(self, cfg: StopConfig, store, clock: Clock, *, state_dir: str | Path,
                  command_env: dict[str, str] | None = None,
-                 runners: dict[str, Callable[[StopConfig], str]] | None = None, env: dict[str, str] | None = None):
+                 runners: dict[str, Callable[[StopConfig], str]] | None = None, env: dict[str, str] | None = None,
+                 plan: Plan | None = None, sleep: Callable[[float], None] = time.sleep):
         self.cfg = cfg
         self.store = store
         self.clock = clock
         self.dir = Path(state_dir)
-        self.runners = {"poweroff": lambda c: poweroff(), "ec2": ec2_stop, **(runners or {})}
+        self.runners = {"poweroff": lambda c: poweroff(), **{a: self._provider for a in PROVIDER_ACTIONS},
+                        **(runners or {})}
+        self.plan = plan                        # what stop.action means here (the daemon's, at start)
+        self.sleep = sleep                      # between reads of the provider's state
         self.env = env                          # the stop command's environment (default: the daemon's) ...
         self.command_env = command_env or {}    # ... plus these (training.env: provider ids, tokens)
         self.rec: StopRecord | None = None
@@ -348,7 +310,7 @@ class StopSequence:
             return rec.result
         if action == "command":
             return self._act_command(rec, wall, mono, resuming)
-        if resuming:
+        if resuming and action not in PROVIDER_ACTIONS:  # a provider stop reads its state first (carry)
             rec.note(wall, f"re-running {action} (a daemon restart interrupted it; harmless to repeat)")
         move(rec, P.ACTING)
         rec.action_attempts += 1
@@ -364,6 +326,34 @@ class StopSequence:
             raise StopActionError(str(e)) from e
         self._done(rec, result, wall, mono)
         return result
+
+    def _provider(self, cfg: StopConfig) -> str:
+        """auto / provider / ec2: the provider's own stop, confirmed (supervisor.stop.carry); the
+        attempt lives in the record, saved before the call."""
+        from supervisor.stop.carry import carry_out
+        from supervisor.stop.choose import terminate_allowed
+
+        rec, seq = self._rec(), self
+        if self.plan is None:  # built without the daemon's plan (a test, a one-shot): decide now
+            from supervisor.stop.resolve import choose
+
+            self.plan = choose(cfg, self.env)
+
+        class Box:
+            def load(self) -> dict | None:
+                return rec.provider
+
+            def save(self, d: dict) -> None:
+                rec.provider = d
+                seq.save()
+
+            def note(self, text: str) -> None:
+                rec.note(seq.clock.time(), text)
+                seq.save()
+
+        return carry_out(self.plan, Box(), verified_why=terminate_allowed(rec.synced, rec.forced),
+                         poweroff=lambda: self.runners["poweroff"](cfg), confirm_within=cfg.confirm_within,
+                         wall=self.clock.time, mono=self.clock.monotonic, sleep=self.sleep)
 
     def _act_command(self, rec: StopRecord, wall: float, mono: float, resuming: bool) -> str:
         exit_file = Path(rec.exit_file) if rec.exit_file else None
@@ -450,32 +440,48 @@ class StopSequence:
         return self.rec
 
 
-def stop_how(cfg: StopConfig) -> str:
+def stop_how(cfg: StopConfig, plan: Plan | None = None) -> str:
     """How this machine will stop, and whether that can work here: what `status` says, so a
     stop that cannot happen (poweroff in a container) is seen before it is due."""
     import shutil
 
     from supervisor.config import hints
 
-    if cfg.action == "poweroff" and hints.in_container():
+    action = plan.action if plan is not None else cfg.action
+    if plan is not None and action == "provider":
+        return f"by {plan.line()}" + (f" — cannot work here: {plan.problem}" if plan.problem else "")
+    if action == "poweroff" and hints.in_container():
         p = hints.provider(dict(os.environ)) or hints.GENERIC
         return (f"by poweroff — cannot work here: {f'a {p.name} container' if p.name else 'no systemd (a container?)'}"
                 f"; set stop.action = \"command\" with {p.stop_command}")
-    if cfg.action == "command":
+    if action == "command":
         first = cfg.command.split()[0] if cfg.command.split() else ""
         if first and "=" not in first and not first.startswith(("$", "(", "{")) and shutil.which(first) is None \
                 and not os.path.isfile(first):
             return f"by `{cfg.command}` — cannot work here: {first} not found"
         return f"by `{cfg.command}`"
-    return f"by {cfg.action}"
+    if plan is not None and action == "poweroff" and plan.info is not None:
+        return f"by {plan.line()}"
+    return f"by {action}"
 
 
-def describe_action(cfg: StopConfig) -> str:
-    if cfg.action == "command":
+def describe_action(cfg: StopConfig, plan: Plan | None = None) -> str:
+    """The action in the mails' words; with the plan, what still bills and any warning."""
+    action = plan.action if plan is not None else cfg.action
+    if action == "command":
         # never the command's text: it often carries a password or an API key (issue 23)
         return "run the configured stop.command"
+    if action == "dry-run":
+        return "dry-run (nothing is stopped; the stop is only logged and recorded)"
+    if plan is not None and action == "provider":
+        verb = "terminate, once the final sync is verified (else stop)," if plan.mode == "terminate" else "stop"
+        still = plan.still_billed()
+        return (f"{plan.via()}: {verb} {plan.instance_words or 'this machine'} ({plan.ends_words()}"
+                f"{'; ' + still if still else ''}), confirmed by reading its state back")
     if cfg.action == "ec2":
         return "ec2 StopInstances on this instance"
-    if cfg.action == "dry-run":
-        return "dry-run (nothing is stopped; the stop is only logged and recorded)"
+    if plan is not None and plan.warning:
+        return f"systemctl poweroff. WARNING: {plan.warning}"
+    if plan is not None and plan.info is not None:
+        return f"systemctl poweroff ({plan.ends_words()} on {plan.info.label}; {plan.still_billed()})"
     return "systemctl poweroff"
