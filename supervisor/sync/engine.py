@@ -71,12 +71,10 @@ EMERGENCY_QUIET_S = 2.0  # quiet period while the machine is about to be taken (
 
 
 class SyncEngine:
-    """Implements interfaces.SyncView; `start()` once.
-
-    cfg: the [sync] section; state_dir: where the ledger lives; alerts: where "sync failing" goes
-    (None: nowhere, for a one-shot run whose failure is its exit status); hostname: written into
-    manifests; excluded_roots: folders never entered (default: the HF caches this process's
-    environment names); target: an already built target (tests)."""
+    """Implements interfaces.SyncView; `start()` once. cfg: the [sync] section; state_dir: where the ledger
+    (and snapshots) live; alerts: where "sync failing" goes (None: nowhere, for a one-shot run whose failure is
+    its exit status); hostname: written into manifests; excluded_roots: folders never entered (default: the HF
+    caches this process's environment names); target: an already built target (tests)."""
 
     def __init__(self, cfg: SyncConfig, *, state_dir: str, clock: Clock, alerts: AlertSink | None = None,
                  hostname: str = "", excluded_roots: list[str] | None = None, target: Target | None = None,
@@ -140,7 +138,7 @@ class SyncEngine:
             self._note_error(error)
             return False
         self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg.keep_last,
-                            self._closing)
+                            self._closing, self.alerts, self.state_dir)
         return True
 
     def all_roots(self) -> list[sc.Root]:
@@ -173,10 +171,8 @@ class SyncEngine:
         if self._watcher is not None:
             self._watcher.close()
         if self.target is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing must not raise
                 self.target.close()
-            except Exception:  # noqa: BLE001 - closing must not raise
-                pass
         if self.ledger is not None and (t is None or not t.is_alive()):
             self.ledger.close()
         self.answers.answer_all("sync engine stopped")  # the worker does this as it ends; not if it hangs
@@ -253,6 +249,8 @@ class SyncEngine:
     def _on_fs_event(self, path: str) -> None:
         if self.policy.ignores_event(path):
             return
+        if self._up is not None:  # a save seen while the worker sends (snapshot.Saves)
+            self._up.snaps.hint(path)
         self._mark_dirty()
         self._wake.set()
 
@@ -378,6 +376,7 @@ class SyncEngine:
         self.board.look_unselected(self.walker, units.values(), began, bool(forced))
         if self._up is not None:  # a checkpoint deleted before it left the machine: told at once
             self.lost.look(self._units, units, self._up.synced, self.clock.time(), self.board.last_error)
+            self._up.snaps.look(units.values(), self._up.synced)  # saves the target lacks; old snapshots go
         now = self.clock.monotonic()
         with self._lock:
             self._units = units

@@ -28,6 +28,7 @@ class Board:
         self.current = ""
         self.pending = Pending(0, 0, [], [])
         self.partial: list[str] = []
+        self.behind: list[dict] = []    # units the target is saves behind on (targethealth.Behind)
         self.unselected: list[str] = []  # training output no include selects (never synced): its names
         self.unselected_report: Report = NONE   # ... counted (sync/unselected.py)
         self._outside = unreached.Outside()     # the folders the walk did not enter, listed at most every 30 s
@@ -99,6 +100,7 @@ class Board:
                 "waiting": [{"unit": u, "reason": r, "format": f or "files",
                              "waiting_for": w or r.removeprefix("waiting for ")} for u, r, f, w in p.waiting[:20]],
                 "partial": list(self.partial[:20]),
+                "target_behind": list(self.behind[:20]),
                 "sent_bytes": self.sent,
                 "watch": list(watch),
                 "unselected": list(self.unselected[:20]),

@@ -4,14 +4,27 @@ resolved when an upload gets through again).
 
 Two failures are told apart: a rate limit (RateLimited, HTTP 429) is waited out for at least its
 Retry-After and alerts only when it lasts, like any failure; refused credentials (AccessDenied,
-HTTP 401/403) alert at once under the same key, naming what is wrong: no retry fixes them."""
+HTTP 401/403) alert at once under the same key, naming what is wrong: no retry fixes them.
+
+A target that answers can still be stale: `Behind` says when a unit here has been saved more than
+BEHIND_SAVES times since the version the target holds (a file rewritten faster than it uploads; the
+saves are counted in snapshot.Saves), in status (`target_behind`) and as an alert per unit, resolved
+once the target holds the newest save."""
 
 from __future__ import annotations
 
 import random
+import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor.notify.mails.sync import sync_failing, sync_no_credentials, sync_public_refused, sync_refused
+from supervisor.notify.mails.sync import (
+    sync_failing,
+    sync_no_credentials,
+    sync_public_refused,
+    sync_refused,
+    target_behind,
+)
 from supervisor.states import SyncState
 from supervisor.sync._log import get_logger
 from supervisor.sync.backoff import Backoff
@@ -24,6 +37,8 @@ if TYPE_CHECKING:
 log = get_logger("sync")
 
 ALERT_KEY = "sync:failing"
+BEHIND_KEY = "sync:behind:"   # + the unit's key: one alert per unit the target is behind on
+BEHIND_SAVES = 2              # more saves than this since the target's version: said and alerted
 
 
 class AlertSink(Protocol):
@@ -121,10 +136,81 @@ class Health:
 
 
 def _still_active(alerts: AlertSink | None) -> bool:
+    return ALERT_KEY in _active_keys(alerts)
+
+
+# --- a target behind the saves ----------------------------------------------------------------------
+
+def behind_alerting(saves: int, was: bool) -> bool:
+    """More than BEHIND_SAVES saves behind raises it; once raised it holds until the target has the
+    newest save (0 behind), so a writer that keeps pace by a save or two does not make it flap."""
+    return saves > BEHIND_SAVES or (was and saves > 0)
+
+
+@dataclass(frozen=True)
+class Lag:
+    """One unit's saves here against its version on the target (snapshot.Saves counts them)."""
+
+    unit: str             # its key (status's `unit`, the alert's key)
+    path: str             # where it is here
+    saves: int            # saves seen since the version the target holds
+    since: float | None   # wall time of the first of them (its mtime)
+    note: str = ""        # why it goes up without a snapshot, when it does
+
+
+class Behind:
+    """status's `target_behind` and the "target behind" alerts, from Saves' counts (called by the
+    sync worker after a scan and by the inotify thread when it counts a save: hence the lock)."""
+
+    def __init__(self, board: Board, alerts: AlertSink | None, target: str):
+        self.board = board
+        self.alerts = alerts
+        self.target = target
+        self._lock = threading.Lock()
+        # alerts persist across restarts: an earlier daemon's are this one's to resolve
+        self.on: set[str] = {k[len(BEHIND_KEY):] for k in _active_keys(alerts) if k.startswith(BEHIND_KEY)}
+
+    def update(self, lags: list[Lag], alive: set[str]) -> None:
+        """`lags`: every unit counted; `alive`: the units the last scan found (an alert for one gone
+        is resolved: nothing is left here to be behind on)."""
+        with self._lock:
+            shown: list[Lag] = []
+            resolve: list[str] = []
+            for lag in lags:
+                if behind_alerting(lag.saves, lag.unit in self.on):
+                    shown.append(lag)
+                    self.on.add(lag.unit)
+                elif lag.unit in self.on:
+                    resolve.append(lag.unit)
+                    self.on.discard(lag.unit)
+            for unit in [u for u in self.on if u not in alive]:
+                resolve.append(unit)
+                self.on.discard(unit)
+            shown.sort(key=lambda g: -g.saves)
+        with self.board.lock:
+            self.board.behind = [{"unit": g.unit, "path": g.path, "saves": g.saves, "since": g.since,
+                                  **({"note": g.note} if g.note else {})} for g in shown]
+        if self.alerts is None:
+            return
+        for g in shown:
+            if g.unit not in resolve:
+                m = target_behind(self.target, g.path, g.saves, g.since, g.note)
+                try:
+                    self.alerts.fire(BEHIND_KEY + g.unit, "sync_target_behind", "warning", m.subject, m.body)
+                except Exception:  # noqa: BLE001 - alerting must never stop the sync
+                    log.exception("sync_alert_fire_failed")
+        for unit in resolve:
+            try:
+                self.alerts.resolve(BEHIND_KEY + unit)
+            except Exception:  # noqa: BLE001 - alerting must never stop the sync
+                log.exception("sync_alert_resolve_failed")
+
+
+def _active_keys(alerts: AlertSink | None) -> list[str]:
     active = getattr(alerts, "active", None)
     if not callable(active):
-        return False
+        return []
     try:
-        return any(a.get("key") == ALERT_KEY for a in active())
+        return [str(a.get("key")) for a in active()]
     except Exception:  # noqa: BLE001 - alerting must never stop the sync
-        return False
+        return []

@@ -21,7 +21,9 @@ from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest
 from supervisor.sync.scan import together as together_
+from supervisor.sync.snapshot import Snapshots, SnapshotTarget
 from supervisor.sync.status import Board
+from supervisor.sync.targethealth import AlertSink
 from supervisor.sync.targets.base import (
     LocalFile,
     SourceProblem,
@@ -45,8 +47,10 @@ log = get_logger("sync")
 
 class Uploader:
     def __init__(self, target: Target, ledger: Ledger, board: Board, clock: Clock, hostname: str,
-                 keep_last: int, closing: threading.Event):
-        self.target = target
+                 keep_last: int, closing: threading.Event, alerts: AlertSink | None = None, state_dir: str = ""):
+        # a single file rewritten as it goes up is sent from a snapshot taken when it was whole
+        self.snaps = Snapshots(state_dir, board, alerts, getattr(target, "display", ""))
+        self.target = SnapshotTarget(target, self.snaps)
         self.ledger = ledger
         self.board = board
         self.clock = clock
@@ -123,12 +127,17 @@ class Uploader:
         return out
 
     def send(self, batch: list[Unit]) -> bool:
-        """One batch of batches(); False when a source file had a problem (rescan soon)."""
-        if batch[0].kind == "dir" and self.whole_units:
-            return self.commit_units(batch)
-        if len(batch) > 1 and all(u.kind == "file" for u in batch):
-            return self.files(batch)
-        return self.units(batch)
+        """One batch of batches(); False when a source file had a problem (rescan soon). Single
+        files rewritten in place or by rename go from a snapshot (snapshot.py), taken first."""
+        self.snaps.take(batch, self.ledger.current)
+        try:
+            if batch[0].kind == "dir" and self.whole_units:
+                return self.commit_units(batch)
+            if len(batch) > 1 and all(u.kind == "file" for u in batch):
+                return self.files(batch)
+            return self.units(batch)
+        finally:
+            self.snaps.release()
 
     def commit_units(self, batch: list[Unit]) -> bool:
         """Folders landed together: their new files and their manifests in one step (one Hub

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.notify.mails import Mail
+from supervisor.timefmt import when
 
 
 def sync_failing(target: str, failing_for_s: float, last_error: str, pending_files: int, pending_bytes: int) -> Mail:
@@ -89,6 +90,27 @@ def checkpoint_stuck(unit: str, target: str, waiting_for: str, quiet_for_s: floa
                 f"out-of-memory kill, a lost node). It is not uploaded as complete to {target} and no restore "
                 f"will take it; the newest complete checkpoint stays the one to resume from.\n"
                 f"Look at the training's log for the rank that failed.\n")
+
+
+# --- a target behind the saves (sync/targethealth.py Behind) ------------------------------------------------
+
+def behind_line(path: str, saves: int) -> str:
+    """`target 45 saves behind for /w/out/ckpt.pt: the file is rewritten faster than it uploads`:
+    status and the alert's mail say it alike."""
+    return f"target {saves} saves behind for {path}: the file is rewritten faster than it uploads"
+
+
+def target_behind(target: str, path: str, saves: int, since: float | None, note: str = "") -> Mail:
+    """A unit here was saved more than a save or two since the version `target` holds."""
+    first = f" (the first of them at {when(since)})" if since else ""
+    why_not = f"\nIt goes up without a snapshot now: {note}." if note else ""
+    return Mail(
+        f"sync: target {saves} saves behind for {path.rstrip('/').rsplit('/', 1)[-1]}",
+        f"{behind_line(path, saves)}.\n{path} was saved {saves} times since the version {target} holds{first}.\n"
+        "Each upload lands whole (sent from a snapshot taken while the file was whole), but newer saves are "
+        "here by the time it does: if this machine went now, a restore would get the target's older version."
+        f"{why_not}\n\nTo catch up: save less often, or give the upload more bandwidth (sync.bandwidth_limit, "
+        "a faster link).\nThis resolves by itself once the target holds the newest save.")
 
 
 # --- training output no include selects (sync/unselected.py): one wording on every surface ----------------
