@@ -19,7 +19,7 @@ from supervisor.sync import manifest as mf
 from supervisor.sync import retention
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
-from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest
+from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest, wants_manifest
 from supervisor.sync.scan import together as together_
 from supervisor.sync.snapshot import Snapshots, SnapshotTarget
 from supervisor.sync.status import Board
@@ -75,10 +75,11 @@ class Uploader:
 
     def held(self, u: Unit) -> bool:
         """The target holds the unit exactly as it is here: every selected file in this version
-        (size, mtime and inode as sent) and, for a folder, its complete manifest of these files.
-        Decided from the ledger alone: the scan then judges nothing and opens no file."""
+        (size, mtime and inode as sent) and, for a folder or a checkpoint file, its complete
+        manifest of these files. Decided from the ledger alone: the scan then judges nothing and
+        opens no file."""
         files = self._listed(u, same_inode=True)
-        if files is None or u.kind != "dir":
+        if files is None or not wants_manifest(u):
             return files is not None
         m = self.ledger.manifest(u.key)
         return m is not None and m.get("digest") == mf.digest(files)
@@ -206,7 +207,8 @@ class Uploader:
         v = u.verdict
         return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
                         source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
-                        trainer=sent_trainer_facts(u, files))
+                        trainer=sent_trainer_facts(u, files), kind=u.kind,
+                        links=links_to(u.abspath) if u.kind == "file" else ())
 
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
@@ -223,7 +225,8 @@ class Uploader:
             todo = self._todo(u.selected)
             if u.kind == "dir" and self.ledger.manifest(u.key) is not None and todo:
                 # the folder changed since its manifest: it is not complete on the target until
-                # the new files and a new manifest are there
+                # the new files and a new manifest are there. (A single file's new version replaces
+                # its object whole: until then its manifest vouches for the old one, still there.)
                 self.target.delete_manifest(u.key)
                 self.ledger.manifest_forget(u.key)
             if todo:
@@ -259,13 +262,17 @@ class Uploader:
                 self._manifest(u, maybe_there)
 
     def files(self, units: list[Unit]) -> bool:
-        """Single-file units of one root in one batch (one rsync run, one pool of puts)."""
+        """Single-file units of one root in one batch (one rsync run, one pool of puts); then the
+        manifest beside each checkpoint file that is on the target now."""
         todo = self._todo([s for u in units for s in u.selected])
-        if not todo:
-            return True
-        log.info("sync_files_upload", files=len(todo), bytes=sum(s.size for s in todo), root=units[0].root.path)
         sink = _Sink(self)
-        self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino, s.ctime_ns) for s in todo], sink)
+        if todo:
+            log.info("sync_files_upload", files=len(todo), bytes=sum(s.size for s in todo), root=units[0].root.path)
+            self.target.put_files([LocalFile(s.path, s.key, s.size, s.mtime_ns, s.ino, s.ctime_ns) for s in todo], sink)
+        sent = {s.key for s in todo}
+        for u in units:
+            if (needs_manifest(u) or u.verdict.partial) and files_synced(u, self.ledger.current):
+                self._finish(u, maybe_there=not any(s.key in sent for s in u.selected))
         return not sink.problems
 
     def _manifest(self, u: Unit, maybe_there: bool = False) -> None:
@@ -280,7 +287,7 @@ class Uploader:
             return
         kept = m is None and maybe_there and self._there_already(u, d)
         if not kept:
-            self.target.write_manifest(u.key, self._manifest_bytes(u, files))
+            self.target.write_manifest(u.key, self._manifest_bytes(u, files), u.kind)
         self.ledger.manifest_done(u.key, d, self.clock.time())
         self.ledger.sync()
         log.info("sync_unit_complete" if v.complete else "sync_unit_damaged_manifest", unit=u.label,
@@ -293,7 +300,7 @@ class Uploader:
         """The target holds a manifest for the unit that says exactly what this one would (same
         files and sha256s, same complete or damaged verdict): it need not be sent again."""
         try:
-            data = read_manifest(self.target, u.key)
+            data = read_manifest(self.target, u.key, u.kind)
             if data is None:
                 return False
             doc, files = mf.parse_doc(data)
@@ -391,6 +398,36 @@ class _UnitsSink(_Sink):
             u = self._unit_of.get(f.key)
             if u is not None:
                 self.failed.add(u.label)
+
+
+LINKS_SCAN_MAX = 4096  # entries of a folder looked at for links to a file (a checkpoints folder holds a few)
+
+
+def links_to(path: str) -> tuple[str, ...]:
+    """The symbolic links beside `path` that point at it by its name (Lightning's `last.ckpt` with
+    save_last="link"): read as directory entries and link texts only, through a descriptor that
+    follows no link to the folder; () when the folder cannot be read."""
+    folder, name = os.path.split(path)
+    out: list[str] = []
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        with os.scandir(fd) as it:
+            for i, e in enumerate(it):
+                if i >= LINKS_SCAN_MAX or len(out) >= mf.LINKS_MAX:
+                    break
+                try:
+                    if e.is_symlink() and os.readlink(e.name, dir_fd=fd) in (name, f"./{name}"):
+                        out.append(e.name)
+                except OSError:
+                    continue
+    except OSError:
+        return ()
+    finally:
+        os.close(fd)
+    return tuple(sorted(out))
 
 
 def sent_trainer_facts(u: Unit, files: list[mf.ManifestFile]) -> tuple[int, int | None] | None:
