@@ -225,3 +225,24 @@ def test_links_a_hostile_manifest_asks_for_are_plain_names_only():
     assert links_of({"links": ["last.ckpt"]}) == ()  # a folder's manifest makes no links
     assert links_of({"kind": "file", "links": "last.ckpt"}) == ()
     assert len(links_of({"kind": "file", "links": [f"l{i}" for i in range(100)]})) == 16
+
+
+def test_a_save_whose_name_states_no_step_carries_the_step_it_was_saved_at(make_engine, tmp_path):
+    """nanoGPT's ckpt.pt and Lightning's last.ckpt name no step: the manifest carries the training's
+    step at the file's mtime as the progress wing read it (`step_seen`); a step-named file does not."""
+    sync = {"target": str(tmp_path / "remote")}
+    out = tmp_path / "a"
+    lightning_run(out)
+    asked: list[float] = []
+    e = make_engine({**sync, "watch": [str(out)], "include": ["**/*.ckpt", "**/*.pt"]}, state="state-a", start=False)
+    e.step_at = lambda t: asked.append(t) or 70
+    e.start()
+    assert e.wait_idle(60).ok
+    e.close()
+    remote = tmp_path / "remote"
+    assert json.loads((remote / "nano" / "ckpt.pt._MANIFEST.json").read_bytes())["step_seen"] == 70
+    assert "step_seen" not in json.loads((remote / CKPTS / "epoch=1-step=20.ckpt._MANIFEST.json").read_bytes())
+    assert asked and all(abs(t - (out / "nano" / "ckpt.pt").stat().st_mtime) < 1 for t in asked)
+    _e, rs = machine_b(make_engine, sync, tmp_path / "b")
+    assert {u.key: u.step for u in rs.survey().units}["nano/ckpt.pt"] == 70
+

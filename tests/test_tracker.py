@@ -583,3 +583,21 @@ def test_any_sequence_of_lines_gives_sane_figures(tmp_path, items, end):
     sane(s, tr.cost(clock.time()))
     assert isinstance(render_line(tr, clock.time()), str) and isinstance(tr.email_summary(clock.time()), str)
     assert not any(isinstance(v, float) and math.isnan(v) for v in s.values())
+
+
+def test_step_at_a_time_for_the_manifest_of_a_save_that_names_none(tmp_path, clock):
+    """The sync asks the step at a save's mtime (nanoGPT's ckpt.pt names none): the newest step
+    seen at or before it, None before the first."""
+    tr, _, _ = make(tmp_path, clock)
+    t0 = clock.time()
+    tr.start_run(1, t0)
+    assert tr.step_at(t0) is None
+    marks = {}
+    for k in range(1, 6):
+        clock.advance(10)
+        tr.feed_line(f"iter {10 * k}: loss 2.{k}, time 10.00ms, mfu 1.00%", clock.time())
+        marks[10 * k] = clock.time()
+    assert tr.step_at(t0 + 1) is None
+    assert tr.step_at(marks[30]) == 30
+    assert tr.step_at(marks[30] + 5) == 30
+    assert tr.step_at(clock.time() + 100) == 50

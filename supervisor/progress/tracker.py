@@ -256,6 +256,18 @@ class ProgressTracker:
             times.insert(0, r.started_at)
         return stall.view(r.step, r.step_at, times, now, self.cfg.stall_after, r.live and not r.finished)
 
+    def step_at(self, t: float) -> int | None:
+        """This run's step at wall time `t`: the newest step seen at or before it (None when none
+        was yet, or the samples that far back were let go). The sync writes it into the manifest of
+        a save whose name states no step (nanoGPT's ckpt.pt), so a restore ranks saves by step."""
+        with self._lock:
+            best = None
+            for s in self.run.steps.samples:
+                if s.t > t:
+                    break
+                best = s
+            return int(best.v) if best is not None else None
+
     def cost(self, now: float) -> dict:
         """The `cost` block of status --json (see progress_run.cost)."""
         f = None

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from supervisor.sync.manifest_doc import ManifestFile, digest, links_of, parse_doc, state_facts, trainer_facts
+from supervisor.sync.manifest_doc import (
+    ManifestFile,
+    digest,
+    links_of,
+    parse_doc,
+    seen_step,
+    state_facts,
+    trainer_facts,
+)
 from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import FILE_MANIFEST_SUFFIX, MANIFEST_NAME, PROBE_FOLDER, manifest_key
 from supervisor.training.checkpoints import checkpoint_step, name_order, named_step
@@ -126,6 +134,8 @@ def judge(key: str, manifest: bytes | None, keys: dict[str, int], kind: str = "d
     files = tuple(listed)
     d = digest(list(files))
     facts = trainer_facts(doc)  # what its trainer_state.json said as it went up (newer manifests)
+    if step is None:
+        step = seen_step(doc)  # the training's step when it was saved, from its log or trackers
     base = UnitInfo(key, COMPLETE, "", facts[0] if facts else step, files, sum(f.size for f in files),
                     str(doc.get("created_at") or ""), str(doc.get("host") or ""), d,
                     max_steps=facts[1] if facts else None, step_known=facts is not None, kind=kind,

@@ -75,6 +75,7 @@ class SyncEngine:
     (and snapshots) live; alerts: where "sync failing" goes (None: nowhere, for a one-shot run whose failure is
     its exit status); hostname: written into manifests; excluded_roots: folders never entered (default: the HF
     caches this process's environment names); target: an already built target (tests)."""
+    step_at: Callable[[float], int | None] | None = None  # the training's step at a wall time (engine_for)
 
     def __init__(self, cfg: SyncConfig, *, state_dir: str, clock: Clock, alerts: AlertSink | None = None,
                  hostname: str = "", excluded_roots: list[str] | None = None, target: Target | None = None,
@@ -138,7 +139,7 @@ class SyncEngine:
             self._note_error(error)
             return False
         self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg.keep_last,
-                            self._closing, self.alerts, self.state_dir)
+                            self._closing, self.alerts, self.state_dir, lambda t: self.step_at and self.step_at(t))
         return True
 
     def all_roots(self) -> list[sc.Root]:
@@ -472,13 +473,17 @@ class SyncEngine:
 
 
 def engine_for(config: Config, clock: Clock, alerts: AlertSink | None = None,
-               world_size: Callable[[], int | None] | None = None, excluded: list[str] | None = None) -> SyncEngine:
+               world_size: Callable[[], int | None] | None = None, excluded: list[str] | None = None,
+               step_at: Callable[[float], int | None] | None = None) -> SyncEngine:
     """The engine as the daemon (and `python -m supervisor.sync`) build it from the whole
     config: the HF caches named in the training's environment are never entered (`excluded`, when
     the caller worked them out already). `world_size`: the training's ranks now (the daemon reads
-    its workers' WORLD_SIZE)."""
+    its workers' WORLD_SIZE). `step_at`: the training's step at a wall time (the progress wing's), for
+    the manifest of a save whose name and files state no step (ckpt.pt, checkpoint_7/)."""
     if excluded is None:
         excluded = excluded_roots(config, os.environ)
-    return SyncEngine(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
-                      hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command,
-                      world_size=world_size)
+    e = SyncEngine(config.sync, state_dir=config.state_dir, clock=clock, alerts=alerts,
+                   hostname=config.hostname, excluded_roots=excluded, training_command=config.training.command,
+                   world_size=world_size)
+    e.step_at = step_at
+    return e

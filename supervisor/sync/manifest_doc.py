@@ -40,14 +40,16 @@ def digest(files: list[ManifestFile]) -> str:
 
 def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "", source: str = "",
           damaged: tuple[str, ...] = (), partial: str = "", trainer: tuple[int, int | None] | None = None,
-          kind: str = "dir", links: tuple[str, ...] = ()) -> bytes:
+          kind: str = "dir", links: tuple[str, ...] = (), step_seen: int | None = None) -> bytes:
     """The manifest of a folder; with `damaged` (files that failed their format check) or a
     `partial` reason it says the folder is not complete. `trainer`: (global_step, max_steps) from
     the folder's trainer_state.json as it went up, so that a restore ranks the units on the
     target from their manifests alone (state_facts). `kind` "file": the manifest of a single-file
     unit, beside it (policy.manifest_key); its one file's path is the file's name. `links`: the
     names of the symbolic links beside that file that point at it (Lightning's `save_last="link"`
-    makes `last.ckpt` one), so that a restore makes them again."""
+    makes `last.ckpt` one), so that a restore makes them again. `step_seen`: the training's step when
+    the unit was saved, as the daemon read it from the training's log or trackers, for a unit whose
+    name and files state none."""
     fs = sorted(files, key=lambda f: f.path)
     doc: dict = {
         "format": FORMAT,
@@ -65,6 +67,8 @@ def build(unit: str, files: list[ManifestFile], created_at: float, host: str = "
     }
     if trainer is not None:
         doc["trainer_state"] = {"global_step": trainer[0], **({"max_steps": trainer[1]} if trainer[1] else {})}
+    if step_seen is not None and step_seen >= 0:
+        doc["step_seen"] = step_seen
     if damaged or partial:
         doc["partial"] = partial or "damaged files"
         doc["damaged"] = sorted(damaged)
@@ -112,6 +116,11 @@ def parse_doc(data: bytes) -> tuple[dict, list[ManifestFile]]:
 
 
 LINKS_MAX = 16  # links a manifest may ask a restore to make beside its file
+
+
+def seen_step(doc: dict) -> int | None:
+    """What build(step_seen=...) put in a manifest; None when absent or not a step."""
+    return int_or_none(doc.get("step_seen"), lo=0)
 
 
 def links_of(doc: dict) -> tuple[str, ...]:

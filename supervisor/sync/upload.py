@@ -37,7 +37,7 @@ from supervisor.sync.targets.base import (
     put_units,
     read_manifest,
 )
-from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.checkpoints import checkpoint_step, named_step
 
 UNITS_PER_PUT = 32              # folders landed together at most (one commit on the Hub)
 BYTES_PER_PUT = 8 << 30         # ... and at most this much new content, so progress is committed often
@@ -47,7 +47,9 @@ log = get_logger("sync")
 
 class Uploader:
     def __init__(self, target: Target, ledger: Ledger, board: Board, clock: Clock, hostname: str,
-                 keep_last: int, closing: threading.Event, alerts: AlertSink | None = None, state_dir: str = ""):
+                 keep_last: int, closing: threading.Event, alerts: AlertSink | None = None, state_dir: str = "",
+                 step_at: Callable[[float], int | None] | None = None):
+        self.step_at = step_at  # the training's step at a wall time (the progress wing), for step_seen
         # a single file rewritten as it goes up is sent from a snapshot taken when it was whole
         self.snaps = Snapshots(state_dir, board, alerts, getattr(target, "display", ""))
         self.target = SnapshotTarget(target, self.snaps)
@@ -207,8 +209,22 @@ class Uploader:
         v = u.verdict
         return mf.build(u.rel or os.path.basename(u.root.path), files, self.clock.time(), self.hostname,
                         source=u.abspath, damaged=v.damaged, partial="" if v.complete else v.reason,
-                        trainer=sent_trainer_facts(u, files), kind=u.kind,
-                        links=links_to(u.abspath) if u.kind == "file" else ())
+                        trainer=(facts := sent_trainer_facts(u, files)), kind=u.kind,
+                        links=links_to(u.abspath) if u.kind == "file" else (),
+                        step_seen=self._step_seen(u) if facts is None else None)
+
+    def _step_seen(self, u: Unit) -> int | None:
+        """The training's step when the unit was saved (its newest file's mtime), as the progress
+        wing read it, for a save whose name states none (`ckpt.pt`, `last.ckpt`, Accelerate's
+        `checkpoint_7`): a restore then ranks it by a step, before any time. None when not known."""
+        if self.step_at is None or named_step(os.path.basename(u.rel or u.root.path)) is not None:
+            return None
+        newest = max((s.mtime_ns for s in u.selected), default=0) / 1e9
+        try:
+            return self.step_at(newest) if newest else None
+        except Exception:  # noqa: BLE001 - a figure for the manifest never fails the upload
+            log.exception("sync_step_seen_failed", unit=u.label)
+            return None
 
     def unit(self, u: Unit) -> bool:
         """Upload one folder unit (or one single-file unit); False when a source file had a
