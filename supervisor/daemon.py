@@ -58,6 +58,12 @@ class Daemon:
         from supervisor.wiring import register_secrets
 
         register_secrets(cfg)   # masked by value in every message from now on (supervisor.redact)
+        from supervisor.stop.resolve import choose, priced
+
+        # what stop.action means on this machine (the provider, what still bills), decided once;
+        # the provider's own hourly price where the config sets none (issue 52)
+        self.stop_plan = choose(cfg.stop)
+        cfg = self.cfg = priced(cfg, self.stop_plan)
         dir_problems = secure_state_dir(cfg.state_dir, cfg.socket_group)
         self.store = StateStore(cfg.state_dir)
         for problem in dir_problems:
@@ -127,7 +133,7 @@ class Daemon:
 
         self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
                            facts=lambda: self._hook_facts(hostname))
-        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg), self.training, self.gpu, self.sync,
+        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg, self.stop_plan), self.training, self.gpu, self.sync,
                                   progress=self.progress, full_at_end=self.disk.full_at_end,
                                   run_total=self.ledger.words if self.ledger else None, hooks=self.hooks,
                                   cap_moment=lambda: self.money.moment())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from supervisor.durations import format_bytes, format_duration, format_hms
 from supervisor.notify.mails import describe_exit
 from supervisor.notify.mails.progress import money, steps_rate
-from supervisor.notify.mails.sync import behind_line, unselected_line
+from supervisor.notify.mails.sync import unselected_line
 from supervisor.timefmt import clock as _clock
 from supervisor.timefmt import hm, stamp
 
@@ -196,10 +196,6 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
         lines.append(f"          partial {p}")
-    for b in (sy.get("target_behind") or [])[:3]:  # a file saved faster than it uploads (targethealth.Behind)
-        since = f"behind for {format_duration(now - b['since'])}; " if b.get("since") else ""
-        lines.append(f"          {behind_line(b.get('path') or b.get('unit', '?'), b.get('saves', 0))} "
-                     f"({since}{b.get('note') or 'save less often, or give the upload more bandwidth'})")
     names = sy.get("unselected") or []
     if names:  # training output no include selects: it stays here (one wording with sync --wait and the mails)
         line = unselected_line(sy.get("unselected_files", len(names)), sy.get("unselected_bytes") or 0, names,
@@ -309,8 +305,16 @@ def idle_lines(st: dict) -> list[str]:
     if s.get("phase") == "interrupting":
         lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
                      "so it can save; the final sync follows its end")
-    if s.get("how") and state in ("ACTIVE", "IDLE", "WARNED"):
+    pv = s.get("provider") or {}
+    if pv.get("line"):  # the provider's stop and what still bills after it (issue 52)
+        lines.append(f"stop      {pv['line']}")
+        for w in (pv.get("warning"), pv.get("problem")):
+            if w:
+                lines.append(f"          WARNING: {w}")
+    elif s.get("how") and state in ("ACTIVE", "IDLE", "WARNED"):
         lines.append(f"          stops {s['how']}")
+    if s.get("confirmed"):
+        lines.append(f"stop      confirmed by the provider: {s['confirmed'].get('state')} at {hm(s['confirmed'].get('at'))}")
     if s.get("last_error"):
         lines.append(f"stop      {s['last_error'][:200]}")
     elif s.get("result"):

@@ -97,11 +97,13 @@ def register_secrets(cfg: Config, env: dict[str, str] | None = None) -> int:
     read(cfg.notify.webhook_secret_file)
     read(cfg.idle.jupyter_token_file)
     read(cfg.sync.hf_token_file)
+    read(cfg.stop.api_key_file)   # a provider's account key (Lambda)
     from supervisor.sync.targets.hf_rules import stored_token_path
 
     read(stored_token_path(env))
     values += [env.get(k, "") for k in ("TRAIN_SUPERVISOR_SMTP_PASSWORD", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
-                                        "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")]
+                                        "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                                        "RUNPOD_API_KEY", "CONTAINER_API_KEY")]
     values += [v for k, v in env.items() if redact.secret_name(k)]
     values += [v for k, v in cfg.training.env.items() if redact.secret_name(k)]
     values += redact.command_secrets(cfg.stop.command)

@@ -67,7 +67,7 @@ class Announcer:
 
     def _plan(self) -> words.StopPlan:
         target = getattr(self.sync, "display", "") or self.conf.sync_target
-        return words.StopPlan(self.conf.final_paths, target, describe_action(self.conf.stop))
+        return words.StopPlan(self.conf.final_paths, target, describe_action(self.conf.stop, self.conf.stop_plan))
 
     def warning(self, a: SendWarning, now: Now) -> None:
         stop_at = now.wall + a.stop_in_s

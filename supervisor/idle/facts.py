@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -46,13 +47,14 @@ class GuardConfig:
     stop_grace: float = 30.0          # training.stop_grace: how long each of SIGINT and SIGTERM may take
     stalled_action: str = "alert"     # progress.stalled_action: "stop" counts a stalled run as idle
     training_user: str = ""           # training.user: its log is read the way root may read it (safeopen)
+    stop_plan: Any = None             # stop.choose.Plan: what stop.action means here (None: decided at the stop)
 
     @classmethod
-    def of(cls, cfg: Config) -> GuardConfig:
+    def of(cls, cfg: Config, stop_plan: Any = None) -> GuardConfig:
         return cls(cfg.idle, cfg.stop, cfg.training.on_finish, cfg.training.finish_grace, cfg.training.session,
                    tuple(cfg.stop.final_sync or cfg.sync.watch), cfg.sync.target, cfg.state_dir,
                    dict(cfg.training.env or {}), cfg.price_per_hour, cfg.currency, cfg.max_idle_cost,
-                   cfg.training.stop_grace, cfg.progress.stalled_action, cfg.training.user or "")
+                   cfg.training.stop_grace, cfg.progress.stalled_action, cfg.training.user or "", stop_plan)
 
     @property
     def interrupt_patience(self) -> float:
@@ -199,7 +201,10 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
         },
         "stop": {
             "action": conf.stop.action,
-            "how": stop_how(conf.stop),
+            "how": stop_how(conf.stop, conf.stop_plan),
+            # the provider's stop (issue 52): who bills, what a stop ends there, what still bills
+            "provider": conf.stop_plan.block() if conf.stop_plan is not None else None,
+            "confirmed": confirmed_of(live),
             "planned_at": live.planned_at if live else stop_at,
             "phase": live.phase.value if live else None,
             # one of the SPEC's list (states.StopReason); `pending`: every reason that still stands
@@ -216,6 +221,12 @@ def status_of(m: IdleMachine, sig: Signals, rec: StopRecord | None, th: Threshol
             "interrupt_ended": live.interrupt_ended if live else "",
         },
     }
+
+
+def confirmed_of(rec: StopRecord | None) -> dict | None:
+    """{state, at} once the provider reported the machine not billed (stop.confirm), else None."""
+    got = (rec.provider or {}).get("confirmed") if rec is not None else None
+    return {"state": got.get("state"), "at": got.get("at")} if isinstance(got, dict) else None
 
 
 def pending_of(m: idle.IdleMachine) -> list[dict]:

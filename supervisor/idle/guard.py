@@ -66,7 +66,7 @@ class IdleGuard:
         self.st = GuardState(store, clock)
         self.jobs = Jobs(self.st.lock)
         self.stopper = StopSequence(conf.stop, store, clock, state_dir=conf.state_dir,
-                                    command_env=conf.training_env, runners=runners, env=env)
+                                    command_env=conf.training_env, runners=runners, env=env, plan=conf.stop_plan)
         self.tell = Announcer(conf, self.th, self.st, alerts, sync, progress, full_at_end, run_total)
         self.stop = StopDriver(conf, self.th, self.st, self.stopper, alerts, training, sync, self.tell, self.jobs,
                                self.poll_soon, hooks=hooks, cap_moment=cap_moment, mail_flush_s=mail_flush_s)

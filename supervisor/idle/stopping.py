@@ -223,7 +223,8 @@ class StopDriver:
             with st.lock:
                 st.m = idle.stop_failed(st.m)
                 st.save()
-                mail = words.stop_failed(describe_action(self.conf.stop), str(e), self.conf.stop.retry_interval)
+                mail = words.stop_failed(describe_action(self.conf.stop, self.conf.stop_plan), str(e),
+                                         self.conf.stop.retry_interval)
                 self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
             return
         with st.lock:
