@@ -246,3 +246,78 @@ def test_a_save_whose_name_states_no_step_carries_the_step_it_was_saved_at(make_
     _e, rs = machine_b(make_engine, sync, tmp_path / "b")
     assert {u.key: u.step for u in rs.survey().units}["nano/ckpt.pt"] == 70
 
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_the_target_follows_the_trainers_rotation_only_when_asked(make_engine, tmp_path, follow):
+    """Lightning's top-k deletes epoch=0-step=10.ckpt here once epoch=2-step=30.ckpt is saved: with
+    sync.follow_deletions it goes from the target too, once the newer one is verified there;
+    last.ckpt (rewritten, never ranked) and a folder beside them stay; without it, nothing goes."""
+    sync = {"target": str(tmp_path / "remote"), "follow_deletions": follow}
+    out = tmp_path / "a"
+    lightning_run(out)
+    (out / CKPTS / "last.ckpt").write_bytes(torch_zip_bytes(100, 9))
+    e = make_engine({**sync, "watch": [str(out)], "include": ["**/*.ckpt", "**/*.pt"]}, state="state-a")
+    assert e.wait_idle(60).ok
+    remote = tmp_path / "remote" / CKPTS
+    (out / CKPTS / "epoch=0-step=10.ckpt").unlink()       # the rotation
+    (out / CKPTS / "epoch=2-step=30.ckpt").write_bytes(torch_zip_bytes(3000, seed=30))
+    (out / CKPTS / "last.ckpt").write_bytes(torch_zip_bytes(100, 10))
+    e.request_sync()
+    deadline = time.monotonic() + 30
+    while not (remote / "epoch=2-step=30.ckpt._MANIFEST.json").exists() and time.monotonic() < deadline:
+        e.wait_idle(5)
+    assert e.wait_idle(30).ok
+    assert (remote / "epoch=2-step=30.ckpt._MANIFEST.json").exists()
+    gone = not (remote / "epoch=0-step=10.ckpt").exists() and not (remote / "epoch=0-step=10.ckpt._MANIFEST.json").exists()
+    assert gone is follow
+    assert (remote / "epoch=1-step=20.ckpt").exists() and (remote / "last.ckpt").exists()
+    assert (tmp_path / "remote" / "nano" / "ckpt.pt").exists()
+    e.close()
+
+
+def test_follow_rules():
+    from supervisor.sync.follow import Done, to_follow
+
+    others = [("c/epoch=0-step=10.ckpt", "file"), ("c/epoch=1-step=20.ckpt", "file"), ("c/last.ckpt", "file"),
+              ("c/epoch=9-step=90.ckpt", "file"), ("c/x.pt", "file"), ("d/epoch=0-step=5.ckpt", "file"),
+              ("c/checkpoint_3", "dir")]
+    gone = {"c/epoch=0-step=10.ckpt", "c/last.ckpt", "c/epoch=9-step=90.ckpt", "c/x.pt", "d/epoch=0-step=5.ckpt",
+            "c/checkpoint_3"}
+    got = to_follow(Done("c/epoch=2-step=30.ckpt", "file"), others, lambda k, kind: k in gone)
+    assert got == ["c/epoch=0-step=10.ckpt"]  # not newer ones, not last.ckpt, not other suffixes or folders
+    assert to_follow(Done("c/last.ckpt", "file"), others, lambda k, kind: True) == []
+    acc = [("ck/checkpoint_0", "dir"), ("ck/checkpoint_1", "dir"), ("ck/checkpoint_2", "dir")]
+    assert to_follow(Done("ck/checkpoint_3", "dir"), acc, lambda k, kind: k != "ck/checkpoint_2") == \
+        ["ck/checkpoint_0", "ck/checkpoint_1"]
+
+
+def test_follow_deletions_of_accelerate_folders(make_engine, tmp_path):
+    """Accelerate's total_limit deletes checkpoint_0/ when checkpoint_2/ is saved: it goes from the
+    target once checkpoint_2/ is complete there; an unmounted folder (the parent gone) deletes nothing."""
+    from tests.fixtures.hf_writer import safetensors_bytes
+
+    def save(i: int) -> None:
+        d = out / "checkpoints" / f"checkpoint_{i}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(safetensors_bytes({"w": 256}, i))
+        (d / "random_states_0.pkl").write_bytes(torch_zip_bytes(64, i))
+
+    out, remote = tmp_path / "a", tmp_path / "remote"
+    save(0)
+    save(1)
+    e = make_engine({"target": str(remote), "watch": [str(out)], "follow_deletions": True, "world_size": 1},
+                    state="state-a")
+    assert e.wait_idle(60).ok
+    assert (remote / "checkpoints" / "checkpoint_0" / "_MANIFEST.json").exists()
+    import shutil
+    shutil.rmtree(out / "checkpoints" / "checkpoint_0")
+    save(2)
+    e.request_sync()
+    deadline = time.monotonic() + 30
+    while not (remote / "checkpoints" / "checkpoint_2" / "_MANIFEST.json").exists() and time.monotonic() < deadline:
+        e.wait_idle(5)
+    assert e.wait_idle(30).ok
+    assert not (remote / "checkpoints" / "checkpoint_0").exists()
+    assert (remote / "checkpoints" / "checkpoint_1" / "_MANIFEST.json").exists()
+    e.close()

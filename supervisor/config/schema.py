@@ -98,6 +98,7 @@ class SyncConfig:
     multipart_threshold: int = _k("size", 64 * 1024 * 1024, min=5 * 1024 * 1024, max=5 * 1024 ** 3)
     bandwidth_limit: int = _k("size", 0)
     keep_last: int = _k("int", 0, min=0)
+    follow_deletions: bool = _k("bool", False)
     ssh_key: str = _k("path", "")
     ssh_port: int = _k("int", 22, min=1, max=65535)
     host_key_policy: str = _k("choice", "accept-new", choices=("accept-new", "yes", "no"))

@@ -138,7 +138,7 @@ class SyncEngine:
             self._once.warning(event, event, error=error)
             self._note_error(error)
             return False
-        self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg.keep_last,
+        self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg,
                             self._closing, self.alerts, self.state_dir, lambda t: self.step_at and self.step_at(t))
         return True
 

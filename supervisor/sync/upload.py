@@ -13,10 +13,11 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from supervisor.clock import Clock
+from supervisor.sync import follow, retention
 from supervisor.sync import manifest as mf
-from supervisor.sync import retention
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest, wants_manifest
@@ -39,6 +40,9 @@ from supervisor.sync.targets.base import (
 )
 from supervisor.training.checkpoints import checkpoint_step, named_step
 
+if TYPE_CHECKING:
+    from supervisor.config import SyncConfig
+
 UNITS_PER_PUT = 32              # folders landed together at most (one commit on the Hub)
 BYTES_PER_PUT = 8 << 30         # ... and at most this much new content, so progress is committed often
 
@@ -47,7 +51,7 @@ log = get_logger("sync")
 
 class Uploader:
     def __init__(self, target: Target, ledger: Ledger, board: Board, clock: Clock, hostname: str,
-                 keep_last: int, closing: threading.Event, alerts: AlertSink | None = None, state_dir: str = "",
+                 keep: SyncConfig, closing: threading.Event, alerts: AlertSink | None = None, state_dir: str = "",
                  step_at: Callable[[float], int | None] | None = None):
         self.step_at = step_at  # the training's step at a wall time (the progress wing), for step_seen
         # a single file rewritten as it goes up is sent from a snapshot taken when it was whole
@@ -57,7 +61,8 @@ class Uploader:
         self.board = board
         self.clock = clock
         self.hostname = hostname
-        self.keep_last = keep_last
+        self.keep_last = keep.keep_last
+        self.follow_deletions = keep.follow_deletions  # the target follows the trainer's rotation (follow.py)
         self.closing = closing
         # folders go up whole, manifest in the same step (the Hub's commits), not file by file; a
         # target only says so when that step is atomic (rsync's put_units is two runs: it streams)
@@ -185,6 +190,8 @@ class Uploader:
             u = plans[key]
             if u.verdict.complete and checkpoint_step(u.rel) is not None:
                 self._keep_last(u)
+            if u.verdict.complete:
+                self._follow(u)
         return not sink.problems
 
     def _builder(self, u: Unit) -> Callable[[dict[str, Uploaded]], bytes | None]:
@@ -311,6 +318,8 @@ class Uploader:
                  **({"note": "its manifest was on the target already"} if kept else {}))
         if v.complete and checkpoint_step(u.rel) is not None:
             self._keep_last(u)
+        if v.complete:
+            self._follow(u)
 
     def _there_already(self, u: Unit, d: str) -> bool:
         """The target holds a manifest for the unit that says exactly what this one would (same
@@ -335,6 +344,43 @@ class Uploader:
             self.ledger.manifest_forget(unit_key)
             for k in self.ledger.keys_under(unit_key):
                 self.ledger.forget(k)
+
+
+    def _follow(self, u: Unit) -> None:
+        """sync.follow_deletions: the units beside `u`, now complete on the target, that the trainer
+        deleted here (follow.py says which); each one's manifest goes first, then its files."""
+        if not self.follow_deletions:
+            return
+        parent = u.key.rsplit("/", 1)[0] if "/" in u.key else ""
+        others = [(k, "file" if self.ledger.get(k) is not None else "dir")
+                  for k in self.ledger.manifests_under(parent) if ("/" in k) == bool(parent)]
+        for key in follow.to_follow(follow.Done(u.key, u.kind), others, self._gone):
+            kind = "file" if self.ledger.get(key) is not None else "dir"
+            log.info("sync_follow_delete", unit=key, after=u.label, why="deleted here by the training's rotation")
+            self.target.delete_manifest(key, kind)
+            self.ledger.manifest_forget(key)
+            if kind == "file":
+                self.target.delete_file(key)
+                self.ledger.forget(key)
+            else:
+                self.target.delete_prefix(key)
+                for k in self.ledger.keys_under(key):
+                    self.ledger.forget(k)
+        self.ledger.sync()
+
+    def _gone(self, key: str, kind: str) -> bool:
+        """Did the trainer delete this unit here? Every file the ledger holds of it had a path here
+        and none is there now, while the folder that held the unit still is (a disk that went away
+        is not a deletion)."""
+        keys = [key] if kind == "file" else self.ledger.keys_under(key)
+        held = [(k, e.src) for k in keys if (e := self.ledger.get(k)) is not None]
+        if not held or not all(p for _k, p in held):
+            return False
+        k0, p0 = held[0]
+        unit_path = p0 if kind == "file" else p0[: len(p0) - len(k0) + len(key)]  # .../unit/rel -> .../unit
+        if not os.path.isdir(os.path.dirname(unit_path.rstrip("/"))):
+            return False
+        return not any(os.path.lexists(p) for _k, p in held)
 
 
 def _ledger_digest(files: list[mf.ManifestFile], complete: bool) -> str:

@@ -133,6 +133,10 @@ class Target(Protocol):
 
     def delete_manifest(self, unit_key: str, kind: str = "dir") -> None: ...
 
+    def delete_file(self, key: str) -> None:
+        """One file's object (a single-file unit, after its manifest); nothing when it is not there."""
+        ...
+
     def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
         """Keys (of key -> (size, etag)) the target does not hold as expected (size -1: only
         that it exists; etag "": not compared). The keys in `deep` (all when None) are checked by

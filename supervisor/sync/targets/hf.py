@@ -159,6 +159,13 @@ class HfTarget:
                 out.append(key)
         return out
 
+    def delete_file(self, key: str) -> None:
+        path = self.repo.path(key)
+        if path not in self.repo.paths_info([path], self.repo.revision):
+            return
+        hh = self.repo.hub()
+        self.repo.commit([hh.CommitOperationDelete(path_in_repo=path)], f"follow_deletions: delete {key}")
+
     def delete_prefix(self, unit_key: str) -> None:
         """keep_last: the folder goes in one commit. Its files stay in the repo's history (see the
         README for squashing it)."""

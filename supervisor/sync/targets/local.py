@@ -183,6 +183,16 @@ class LocalTarget:
                 raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
         return out
 
+    def delete_file(self, key: str) -> None:
+        dest = self._dest(key)
+        try:
+            os.unlink(dest)
+            _fsync_dir(dest.parent)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise TargetError(f"{dest}: cannot remove: {e.strerror or e}") from None
+
     def delete_prefix(self, unit_key: str) -> None:
         if not unit_key:
             raise TargetError("refusing to delete the whole target")

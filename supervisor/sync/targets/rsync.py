@@ -407,6 +407,9 @@ class RsyncTarget:
                               f"(sha256sum or shasum needed there; exit {r.returncode}): {_tail(r.stderr)}")
         return {k: sha for k, sha in _parse_sums(r.stdout).items() if k in expected}
 
+    def delete_file(self, key: str) -> None:
+        self._ssh(f"rm -f -- {shlex.quote(self._remote(key))}")
+
     def delete_prefix(self, unit_key: str) -> None:
         if not unit_key.strip("/"):
             raise TargetError("refusing to delete the whole target")

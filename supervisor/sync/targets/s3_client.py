@@ -310,6 +310,13 @@ class S3Connection:
                     out.append(k)
         return out
 
+    def delete_file(self, key: str) -> None:
+        """One object (a single-file unit the trainer deleted, sync.follow_deletions)."""
+        try:
+            self._call("delete_object", Bucket=self.bucket, Key=self._key(key))
+        except NotFound:
+            pass
+
     def delete_prefix(self, unit_key: str) -> None:
         if not unit_key.strip("/"):
             raise TargetError("refusing to delete the whole target")
