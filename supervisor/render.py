@@ -306,13 +306,15 @@ def idle_lines(st: dict) -> list[str]:
         lines.append(f"stop      interrupting run {s.get('interrupted_run')} (since {hm(s.get('interrupted_at'))}) "
                      "so it can save; the final sync follows its end")
     pv = s.get("provider") or {}
-    if pv.get("line"):  # the provider's stop and what still bills after it (issue 52)
+    if pv.get("line") and pv.get("name"):  # the provider's stop and what still bills after it (issue 52)
         lines.append(f"stop      {pv['line']}")
-        for w in (pv.get("warning"), pv.get("problem")):
-            if w:
-                lines.append(f"          WARNING: {w}")
+        if "cannot work here" in (s.get("how") or ""):
+            lines.append(f"          stops {s['how']}")
     elif s.get("how") and state in ("ACTIVE", "IDLE", "WARNED"):
         lines.append(f"          stops {s['how']}")
+    for w in (pv.get("warning"), pv.get("problem")):
+        if w:
+            lines.append(f"          WARNING: {w}")
     if s.get("confirmed"):
         lines.append(f"stop      confirmed by the provider: {s['confirmed'].get('state')} at {hm(s['confirmed'].get('at'))}")
     if s.get("last_error"):
