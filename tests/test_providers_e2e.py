@@ -142,3 +142,25 @@ def test_terminate_is_held_back_while_the_target_refuses_writes(tmp_path, make_d
     assert result.startswith("terminate held back (") and "stopping instead" in result, result
     assert not lines(tmp_path / "stopped.txt")
     assert KEY not in everything_said(d, smtp_server)
+
+
+def test_a_daemon_killed_mid_terminate_resumes_without_a_second_terminate(tmp_path, make_daemon, smtp_server,
+                                                                           fake_nvml, s3_server, s3_prefix, stand_in):
+    fake_nvml.write([gpu(util=0)])
+    HFWriter(tmp_path / "out").checkpoint(10)
+    pod = stand_in("runpod")
+    pod.answer_after = 60.0   # RunPod takes the DELETE at once; its answer never reaches the daemon we kill
+    d = make_daemon(finish_stop_config(tmp_path, s3_server, s3_prefix, smtp_server, fake_nvml, pod, mode="terminate"),
+                    start=False)
+    d.env.update({"RUNPOD_POD_ID": pod.instance, "RUNPOD_API_KEY": KEY})
+    d.start()
+    assert d.ctl("start").returncode == 0
+    wait_until(lambda: pod.mutations(), 90, what="the terminate call")
+    assert '"calling"' in (d.state_dir / "stop.json").read_text()   # saved before the call went out
+    d.kill9()
+    pod.answer_after = 0.0
+    d.start()
+    wait_until(lambda: d.status()["stop"]["confirmed"], 60, what="the resumed stop confirmed")
+    assert d.status()["stop"]["confirmed"]["state"] == "gone (404)"
+    assert pod.mutations() == [("DELETE", f"/v1/pods/{pod.instance}")]   # one terminate, across the kill
+    assert "no second call" in (d.state_dir / "stop.json").read_text()

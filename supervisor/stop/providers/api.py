@@ -23,6 +23,7 @@ from supervisor.untrusted import Unreadable, json_doc
 ANSWER_MAX = 1 << 20       # a provider's JSON answer; more is not an answer we understand
 SHOWN_MAX = 300            # what of an error's body is shown
 API_TIMEOUT_S = 20.0
+DESCRIBE_TIMEOUT_S = 5.0   # describe runs at the daemon's start: a slow API must not hold the start long
 METADATA_TIMEOUT_S = 1.0   # link-local: it answers at once or it is not there
 
 
@@ -44,7 +45,8 @@ class Api:
         self.secrets = tuple(s for s in secrets if s)
         redact.register(*self.secrets)
 
-    def call(self, method: str, path: str, body: Any = None, *, what: str = "") -> tuple[int, Any]:
+    def call(self, method: str, path: str, body: Any = None, *, what: str = "",
+             timeout: float | None = None) -> tuple[int, Any]:
         """(HTTP status, parsed JSON or None) for a 2xx or a 404; ProviderError otherwise. A 404
         comes back so that a caller asking for a machine that is gone can say "gone"."""
         what = what or f"{method} {path.split('?')[0]}"
@@ -53,8 +55,9 @@ class Api:
         if data is not None:
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        wait = self.timeout if timeout is None else timeout
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310 - the provider's URL
+            with urllib.request.urlopen(req, timeout=wait) as r:  # noqa: S310 - the provider's URL
                 return r.status, self._parse(r.read(ANSWER_MAX + 1), what)
         except urllib.error.HTTPError as e:
             raw = e.read(ANSWER_MAX + 1) if e.fp is not None else b""
@@ -65,11 +68,11 @@ class Api:
             raise ProviderError(f"{what}: HTTP {e.code}{': ' + answer if answer else ''}", kind, e.code,
                                 answer) from None
         except TimeoutError:
-            raise ProviderError(f"{what}: no answer within {self.timeout:.0f}s", "unknown") from None
+            raise ProviderError(f"{what}: no answer within {wait:.0f}s", "unknown") from None
         except urllib.error.URLError as e:
             reason = e.reason
             if isinstance(reason, TimeoutError):
-                raise ProviderError(f"{what}: no answer within {self.timeout:.0f}s", "unknown") from None
+                raise ProviderError(f"{what}: no answer within {wait:.0f}s", "unknown") from None
             raise ProviderError(f"{what}: {scrub(str(reason), *self.secrets)[:SHOWN_MAX]}", "failed") from None
         except (OSError, ValueError) as e:  # a reset connection, a bad URL
             raise ProviderError(f"{what}: {scrub(str(e), *self.secrets)[:SHOWN_MAX]}", "unknown"

@@ -10,7 +10,7 @@ import socket
 from urllib.parse import urlparse
 
 from supervisor.config import StopConfig
-from supervisor.stop.providers.api import Api, dig
+from supervisor.stop.providers.api import DESCRIBE_TIMEOUT_S, Api, dig
 from supervisor.stop.providers.base import Facts, Found, Info, NoCredential, ProviderError, State, number
 
 API_URL = "https://cloud.lambda.ai/api/v1"
@@ -60,15 +60,16 @@ class LambdaCloud:
     def __init__(self, api: Api, instance: str):
         self.api, self.instance = api, instance
 
-    def _get(self) -> dict | None:
-        code, doc = self.api.call("GET", f"/instances/{self.instance}", what=f"Lambda GET instance {self.instance}")
+    def _get(self, timeout: float | None = None) -> dict | None:
+        code, doc = self.api.call("GET", f"/instances/{self.instance}", what=f"Lambda GET instance {self.instance}",
+                                  timeout=timeout)
         if code == 404:
             return None
         data = dig(doc, "data")
         return data if isinstance(data, dict) else {}
 
     def describe(self) -> Facts:
-        inst = self._get() or {}
+        inst = self._get(DESCRIBE_TIMEOUT_S) or {}
         cents = number(dig(inst, "instance_type", "price_cents_per_hour"))
         fs = inst.get("file_system_names")
         fs_words = f"persistent filesystem {', '.join(str(x)[:40] for x in fs[:3])} still billed (per GB)" \
@@ -103,7 +104,7 @@ def connect(cfg: StopConfig, env: dict[str, str], found: Found, key: str = "") -
     inst = cfg.instance_id or found.instance
     if not inst:
         try:
-            _, listing = api.call("GET", "/instances", what="Lambda GET instances")
+            _, listing = api.call("GET", "/instances", what="Lambda GET instances", timeout=DESCRIBE_TIMEOUT_S)
         except ProviderError as e:
             raise NoCredential(f"the instance listing failed ({e}); set stop.instance_id") from None
         inst = pick(listing, local_addresses(base))

@@ -7,7 +7,7 @@ a network volume survives even terminate and bills on."""
 from __future__ import annotations
 
 from supervisor.config import StopConfig
-from supervisor.stop.providers.api import Api, dig
+from supervisor.stop.providers.api import DESCRIBE_TIMEOUT_S, Api, dig
 from supervisor.stop.providers.base import (
     STOPPED_VOLUME_USD_GB_MONTH,
     Facts,
@@ -39,12 +39,13 @@ class RunPod:
     def __init__(self, api: Api, pod: str):
         self.api, self.instance = api, pod
 
-    def _pod(self) -> dict | None:
-        code, doc = self.api.call("GET", f"/pods/{self.instance}", what=f"RunPod GET pod {self.instance}")
+    def _pod(self, timeout: float | None = None) -> dict | None:
+        code, doc = self.api.call("GET", f"/pods/{self.instance}", what=f"RunPod GET pod {self.instance}",
+                                  timeout=timeout)
         return None if code == 404 else (doc if isinstance(doc, dict) else {})
 
     def describe(self) -> Facts:
-        pod = self._pod() or {}
+        pod = self._pod(DESCRIBE_TIMEOUT_S) or {}
         price = number(pod.get("adjustedCostPerHr")) or number(pod.get("costPerHr"))
         vol = number(pod.get("volumeInGb")) or 0.0
         kept = [f"{vol:.0f} GB volume still billed, {gb_month_per_day(vol, STOPPED_VOLUME_USD_GB_MONTH)}"] if vol else []

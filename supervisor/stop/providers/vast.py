@@ -7,7 +7,7 @@ on until the instance is destroyed); DELETE /api/v0/instances/{id}/ destroys it.
 from __future__ import annotations
 
 from supervisor.config import StopConfig
-from supervisor.stop.providers.api import Api
+from supervisor.stop.providers.api import DESCRIBE_TIMEOUT_S, Api
 from supervisor.stop.providers.base import (
     DAYS_PER_MONTH,
     Facts,
@@ -42,15 +42,15 @@ class Vast:
     def _path(self) -> str:
         return f"/api/v0/instances/{self.instance}/"
 
-    def _get(self) -> dict | None:
-        code, doc = self.api.call("GET", self._path(), what=f"vast.ai GET instance {self.instance}")
+    def _get(self, timeout: float | None = None) -> dict | None:
+        code, doc = self.api.call("GET", self._path(), what=f"vast.ai GET instance {self.instance}", timeout=timeout)
         if code == 404:
             return None
         inner = doc.get("instances") if isinstance(doc, dict) else None  # {"instances": {...}}
         return inner if isinstance(inner, dict) else (doc if isinstance(doc, dict) else {})
 
     def describe(self) -> Facts:
-        inst = self._get() or {}
+        inst = self._get(DESCRIBE_TIMEOUT_S) or {}
         price = number(inst.get("dph_total"))
         disk = number(inst.get("disk_space")) or 0.0
         per_hour = number(inst.get("storage_total_cost"))
