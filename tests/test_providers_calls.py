@@ -123,6 +123,10 @@ def test_the_price_comes_from_the_provider_unless_the_config_sets_one(tmp_path, 
     assert priced(from_dict({**{"state_dir": str(tmp_path)}, "price_per_hour": 2.0}), plan).price_per_hour == 2.0
     assert priced(from_dict({"state_dir": str(tmp_path), "currency": "EUR"}), plan).price_per_hour is None
     assert [m for m, _ in s.mutations()] == []   # describing calls nothing that changes the machine
+    # a stop.command of the owner's own still gets the price; the plan calls nothing else
+    cmd = choose(stop_cfg(tmp_path, s, action="command", command="true"), dict(ENV[provider]),
+                 dmi_root=str(tmp_path / "none"), proc_root=str(tmp_path / "none"))
+    assert cmd.action == "command" and cmd.price_per_hour == price and cmd.provider is None
 
 
 @pytest.mark.parametrize("provider", ["runpod", "vast"])

@@ -25,6 +25,9 @@ CALLED: dict[str, ModuleType] = {"runpod": runpod, "vast": vast, "lambda": lambd
                                  "azure": azure}
 INFOS: dict[str, Info] = {**{k: m.INFO for k, m in CALLED.items()}, **warn_only.INFOS}
 NAMES = tuple(INFOS)
+# whose API tells this machine's hourly price with a key the machine holds: asked for the price even
+# when the stop itself is a command or a poweroff
+PRICED = ("runpod", "vast", "lambda")
 
 
 def read_key(path: str) -> str:
@@ -64,7 +67,8 @@ def choose(cfg: StopConfig, env: dict[str, str] | None = None, *, dmi_root: str 
     found = found_for(cfg, env, dmi_root)
     info = INFOS.get(found.name) if found else None
     provider, why, facts = None, "", None
-    wanted = cfg.action in PROVIDER_ACTIONS and info is not None and info.api and found is not None
+    wanted = info is not None and info.api and found is not None and (
+        cfg.action in PROVIDER_ACTIONS or (cfg.action in ("command", "poweroff") and found.name in PRICED))
     if wanted and found is not None:
         try:
             provider = CALLED[found.name].connect(cfg, env, found, read_key(cfg.api_key_file))
