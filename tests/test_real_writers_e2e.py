@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -91,20 +92,7 @@ BY_NAME = {w.name: w for w in WRITER_LIST}
 # What the current code does not do yet (issue 50), by (check, writer): the test is marked xfail
 # (not strict) with the reason, so it turns XPASS once the feature lands. Only missing features
 # go here, never a broken harness.
-SINGLE_FILE = "a single-file save (.ckpt, ckpt.pt) goes up verified but gets no manifest: not resumable"
-NO_STEP = "the unit's step is unknown (step None): not taken from the trainer's record of the save"
-MISSING: dict[tuple[str, str], str] = {
-    ("target", "lightning"): SINGLE_FILE,
-    ("target", "lightning-link"): SINGLE_FILE + "; last.ckpt as a symlink is not recorded on the target",
-    ("target", "nanogpt"): SINGLE_FILE,
-    ("resume", "lightning"): "resume --list lists no .ckpt unit (newest complete: -)",
-    ("resume", "lightning-link"): "resume --list lists no .ckpt unit (newest complete: -)",
-    ("resume", "accelerate"): NO_STEP,
-    ("resume", "nanogpt"): "resume --list lists no ckpt.pt unit; " + NO_STEP,
-    ("progress", "lightning"): "Lightning's metrics.csv and its Rich bar are not read: no step, no max_steps",
-    ("progress", "lightning-link"): "Lightning's metrics.csv and its Rich bar are not read: no step, no max_steps",
-    ("progress", "accelerate"): "printed `step N/M` lines are not read: no step, no max_steps",
-    ("progress", "nanogpt"): "nanoGPT's printed `iter N: loss X, time Yms` lines are not read: no step",
+MISSING: dict[tuple[str, str], str] = {   # what a feature still lacks: that check is xfail (none now)
 }
 
 
@@ -264,10 +252,12 @@ def not_on_target(r: Run, resumable: bool = True) -> list[str]:
             if resumable and (u is None or u.get("state") != "complete"):
                 problems.append(f"{key}: resume --list has it as {u and u.get('state')!r}, not complete "
                                 f"(units listed: {sorted(units)})")
-        elif resumable:  # a symlink (Lightning's save_last="link"): recorded as a link on the target
-            if key not in units and not any(k.startswith(key) for k in r.remote):
-                problems.append(f"{key} -> {os.readlink(p)}: the link is not recorded on the target "
-                                f"(a restore has no {key})")
+        elif resumable:  # a symlink (Lightning's save_last="link"): recorded in its file's manifest
+            to = posixpath.join(posixpath.dirname(key), os.readlink(p))
+            raw = r.remote.get(f"{to}._MANIFEST.json")
+            if raw is None or posixpath.basename(key) not in (json.loads(raw).get("links") or []):
+                problems.append(f"{key} -> {os.readlink(p)}: the link is not recorded in the manifest of "
+                                f"{to} on the target (a restore has no {key})")
     for name in r.writer.finals:
         if sha(r.remote.get(name, b"")) != sha((r.out / name).read_bytes()):
             problems.append(f"{name} (the final save): not on the target as it is here")
