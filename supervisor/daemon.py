@@ -136,30 +136,33 @@ class Daemon:
         self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg, self.stop_plan), self.training, self.gpu, self.sync,
                                   progress=self.progress, full_at_end=self.disk.full_at_end,
                                   run_total=self.ledger.words if self.ledger else None, hooks=self.hooks,
-                                  cap_moment=lambda: self.money.moment())
+                                  cap_moment=lambda word: self.stops.moment(word))
         self.stall = StallWatch(self.ctx, cfg.progress, self.training, self.gpu, self.progress)
+        from supervisor.stop.rules import StopReason
+        from supervisor.stop.runner import StopRunner
+
+        # every reason to stop goes through this one door (supervisor.stop), and leaves through it
+        self.stops = StopRunner(self.guard.request_stop, self.guard.withdraw_stop)
 
         from supervisor.spot.guard import SpotGuard
 
-        self.spot = SpotGuard(self.ctx, cfg.preemption, self.sync, self.training, hostname)
+        self.spot = SpotGuard(self.ctx, cfg.preemption, self.sync, self.training, hostname, stop=self.stops.request)
+        self.stops.moment_for((StopReason.PREEMPTION,), self.spot.moment)  # the notice's deadline
 
         from supervisor.gpu.healthwatch import HealthWatch
-        from supervisor.stop.runner import StopRunner
-
-        # every reason to stop goes through this one door (supervisor.stop)
-        self.stops = StopRunner(self.guard.request_stop, self.guard.withdraw_stop)
         # GPU health: preflight at start and before every training start (Training's hook), faults live
         self.health = HealthWatch(self.ctx, cfg.health, cfg.training, self.gpu.probe, self.training, rate=self._run_rate,
                                   stop_machine=self.stops.request, gpu_every=cfg.gpu.poll_interval)
         from supervisor.gpu.wastewatch import WasteWatch
 
         self.waste = WasteWatch(cfg.gpu, self.gpu, self.training, self.alerts, self.clock, stop=self.stops.request,
-                                stop_after=cfg.idle.stop_after_warning)
+                                withdraw=self.stops.withdraw, stop_after=cfg.idle.stop_after_warning)
 
         from supervisor.money.guard import MoneyConfig, MoneyGuard
 
         self.money = MoneyGuard(self.ctx, MoneyConfig.of(cfg), self.progress, self.sync, self.training, stop=self.stops.request,
-                                run=self.ledger)
+                                run=self.ledger, withdraw=self.stops.withdraw)
+        self.stops.moment_for((StopReason.COST, StopReason.RUNTIME, StopReason.DEADLINE), self.money.moment)
 
         self.cluster = None
         if cfg.cluster.nodes > 1 and self.run_target:
@@ -194,7 +197,7 @@ class Daemon:
         return [w for w in (self.training, self.follower, self.gpu, self.sync, self.guard, self.alerts, self.progress,
                             self.metrics, self.orchestrator, self.spot, self.health, self.money, self.hooks,
                             self.disk, self.floor, self.hostcheck, self.stall, self.resume, self.cluster,
-                            self.ledger, self.waste) if w is not None]
+                            self.ledger, self.waste, self.stops) if w is not None]
 
     def duties(self) -> list[Duty]:
         """The wings' duties, then the daemon's own two. Duties due at one instant run in this order:

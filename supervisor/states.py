@@ -1,10 +1,9 @@
-"""The state machines' states and the legal moves between them, and the one table of stop rules.
-No imports beyond enum and dataclasses, on purpose: this file is the one place to read what states
-exist and how each reason to stop behaves."""
+"""The state machines' states and the legal moves between them (the stop rule table beside them is
+supervisor/stop/rules.py). No imports beyond enum and that table, on purpose: this file is the one
+place to read what states exist."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -50,7 +49,8 @@ class IllegalTransition(Exception):
 IDLE_MOVES: dict[IdleState, frozenset[IdleState]] = {
     IdleState.ACTIVE: frozenset({IdleState.IDLE, IdleState.WARNED, IdleState.STOPPING}),   # WARNED: a finish grace
     IdleState.IDLE: frozenset({IdleState.ACTIVE, IdleState.WARNED, IdleState.STOPPING}),
-    IdleState.WARNED: frozenset({IdleState.ACTIVE, IdleState.STOPPING}),
+    # WARNED -> IDLE: the reason the notice ran for was withdrawn by its wing (the waste went away)
+    IdleState.WARNED: frozenset({IdleState.ACTIVE, IdleState.IDLE, IdleState.STOPPING}),
     IdleState.STOPPING: frozenset({IdleState.ACTIVE, IdleState.STOPPED}),
     IdleState.STOPPED: frozenset({IdleState.ACTIVE, IdleState.STOPPING}),
 }
@@ -93,76 +93,21 @@ def check_stop_move(old: StopPhase, new: StopPhase) -> None:
         raise IllegalTransition(f"stop: {old.value} -> {new.value}")
 
 
-# --- why a machine stops: the one rule table ----------------------------------------------------------
-class StopReason(StrEnum):
-    """The reasons `status --json` stop.reason names (SPEC, fourth round)."""
+# --- why a machine stops: the one rule table lives in supervisor/stop/rules.py (re-exported here for
+# the imports that name it from here; rules.py, like this file, imports nothing of the product)
+from supervisor.stop.rules import (  # noqa: E402
+    CAP_KINDS,
+    HUNG_GRACE_S,
+    STOP_RULES,
+    STOP_WORDS,
+    StopReason,
+    StopRule,
+    stop_reason,
+    stop_rule,
+)
 
-    IDLE = "idle"
-    FINISHED = "finished"
-    FAILED = "failed"
-    COST = "cost"
-    RUNTIME = "runtime"
-    DEADLINE = "deadline"
-    HEALTH = "health"
-    NODE_LOST = "node_lost"
-    PREEMPTION = "preemption"
-    STALLED = "stalled"
-    WASTE = "waste"
-    MANUAL = "manual"
-
-
-@dataclass(frozen=True)
-class StopRule:
-    warns: str                # "warning": warn_after, the warning mail, stop_after_warning; "grace":
-                              # finish_grace after the result mail; "none": the stop begins when asked
-    activity_cancels: bool    # a login, a keepalive, GPU load before the action cancels it (and it is dropped)
-    keepalive_moves: bool     # `keepalive` postpones it; otherwise keepalive is refused while it stands
-    rank: int                 # asked while a stop of lower rank is under way, it takes that stop over
-    cuts_sync_short: bool     # a hard cap: the final sync gets only the time left to its moment
-    words: str                # how the stop mail names it
-    hung: bool = False        # the training is presumed stuck in a collective (a lost node): each of
-                              # SIGINT and SIGTERM gets HUNG_GRACE_S, not training.stop_grace
-
-
-# A process stuck in an NCCL/gloo collective never runs Python's SIGINT handler; torchrun ends its
-# workers on SIGTERM. The survivors of a lost node must be saved and stopped within two minutes.
-HUNG_GRACE_S = 10.0
-
-
-R = StopReason
-STOP_RULES: dict[StopReason, StopRule] = {
-    R.IDLE: StopRule("warning", True, True, 0, False, "idle"),
-    R.STALLED: StopRule("warning", True, True, 0, False, "the training stalled"),
-    R.WASTE: StopRule("warning", True, True, 0, False, "GPU memory held for nothing"),
-    R.FINISHED: StopRule("grace", True, True, 1, False, "training finished"),
-    R.FAILED: StopRule("grace", True, True, 1, False, "training failed"),
-    R.NODE_LOST: StopRule("none", False, False, 2, False, "a node of the run was lost", hung=True),
-    R.HEALTH: StopRule("none", False, False, 3, False, "GPU health BAD"),
-    R.COST: StopRule("none", False, False, 4, True, "the spend cap"),
-    R.RUNTIME: StopRule("none", False, False, 4, True, "the runtime cap"),
-    R.DEADLINE: StopRule("none", False, False, 4, True, "the deadline"),
-    R.PREEMPTION: StopRule("none", False, False, 5, True, "the provider is taking the machine"),
-    R.MANUAL: StopRule("none", False, False, 6, False, "a stop was asked for"),
-}
-
-# The caps' kinds (supervisor.money): each a word a stop is asked with, and how budget.json names it.
-CAP_KINDS = ("max_cost", "deadline", "max_runtime")
-
-# The words the wings ask with (a cap's kind, a health verdict), kept in stop.json and idle.json:
-# each is one reason of the table.
-# "" is a stop record of an older daemon that named no reason: it was an idle stop.
-STOP_WORDS: dict[str, StopReason] = {"max_cost": R.COST, "max_runtime": R.RUNTIME, "gpu_bad": R.HEALTH,
-                                     "": R.IDLE, **{r.value: r for r in StopReason}}
-
-
-def stop_reason(word: str) -> StopReason:
-    """The reason a stop word stands for; an unknown word (a newer daemon's) is treated as manual:
-    nothing cancels it by accident."""
-    return STOP_WORDS.get(word, R.MANUAL)
-
-
-def stop_rule(word: str) -> StopRule:
-    return STOP_RULES[stop_reason(word)]
+__all__ = ["CAP_KINDS", "HUNG_GRACE_S", "STOP_RULES", "STOP_WORDS", "StopReason", "StopRule", "stop_reason",
+           "stop_rule"]
 
 
 # --- the sync engine ---------------------------------------------------------------------------------

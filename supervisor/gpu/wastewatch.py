@@ -1,7 +1,9 @@
 """The waste duty: which processes hold GPU memory for nothing (waste.py decides), an alert for each
 naming the PID, its user and command when this machine can see them, the GPU and the memory, with
 the command that frees it; with `gpu.on_waste = "stop"` a `waste` stop (saving first, through the one
-stop door) once the alert has stood `idle.stop_after_warning` and no training runs here.
+stop door) while no training runs here: asked with the alert, which is its warning (the rule table
+gives it `idle.stop_after_warning` of quiet before it begins), and withdrawn when the waste is gone or
+a training runs again.
 
 It reads the monitor's last snapshot (never NVML itself) and /proc through psutil, for PIDs in our
 own PID namespace only: inside a container NVML's host PIDs may name an unrelated process here. The
@@ -43,15 +45,17 @@ def host_pid_namespace() -> bool:
 
 class WasteWatch:
     def __init__(self, cfg: GpuConfig, monitor: GpuMonitor, training: TrainingView, alerts: Alerts, clock: Clock,
-                 *, stop: Callable[[str, str], bool] | None = None, stop_after: float = 3600.0,
-                 host_pids: bool | None = None):
+                 *, stop: Callable[[str, str], bool] | None = None, withdraw: Callable[[str], None] | None = None,
+                 stop_after: float = 3600.0, host_pids: bool | None = None):
         self.cfg = cfg
         self.monitor = monitor
         self.training = training
         self.alerts = alerts
         self.clock = clock
         self._stop = stop
-        self.stop_after = stop_after
+        self._withdraw = withdraw
+        self._standing = False  # a waste stop was asked and not withdrawn
+        self.stop_after = stop_after  # the notice the door gives a waste stop (for the alert's words)
         self.host_pids = host_pid_namespace() if host_pids is None else host_pids
         self._lock = threading.Lock()
         self._since: dict[str, tuple[str, float]] = {}
@@ -81,12 +85,18 @@ class WasteWatch:
             self.alerts.resolve(f"gpu:waste:{key}")
         for x in found:
             self._alert(x)
-        if self.cfg.on_waste == "stop" and self._stop is not None and not alive:
-            due = [x for x in found if x.actionable and x.key not in self._asked
-                   and x.for_s >= self.cfg.waste_after + self.stop_after]
-            if due:
-                self._asked.update(x.key for x in due)
-                self._stop("waste", "; ".join(self._words(x) for x in due[:3]))
+        if self.cfg.on_waste == "stop" and self._stop is not None:
+            held = [] if alive else [x for x in found if x.actionable]
+            new = [x for x in held if x.key not in self._asked]
+            if new:  # the alert is the warning: the door waits its notice (stop.rules) before the stop
+                self._asked.update(x.key for x in new)
+                self._standing = True
+                self._stop("waste", "; ".join(self._words(x) for x in held[:3]))
+            elif self._standing and not held:  # freed, or a training runs here again: no cause left
+                self._standing = False
+                self._asked.clear()
+                if self._withdraw is not None:
+                    self._withdraw("waste")
 
     def _holder(self, gpu: int, p: dict) -> w.Holder:
         pid, user, command, exists = int(p.get("pid") or 0), "", "", False

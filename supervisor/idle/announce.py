@@ -19,7 +19,7 @@ from supervisor.idle.facts import (
     people_here,
     run_end,
 )
-from supervisor.idle.machine import CAP_REASONS, Now, SendCancelled, SendWarning, Thresholds
+from supervisor.idle.machine import Now, SendCancelled, SendWarning, Thresholds
 from supervisor.idle.shared import GuardState
 from supervisor.idle.stop import StopRecord, describe_action
 from supervisor.interfaces import FinalSyncResult, ProgressView, SyncView, TrainingInfo
@@ -28,7 +28,8 @@ from supervisor.notify.mails import Mail
 from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import training as run_words
 from supervisor.notify.mails.sync import Unselected
-from supervisor.states import IdleState, StopReason, TrainingState, stop_reason, stop_rule
+from supervisor.states import IdleState, TrainingState
+from supervisor.stop.rules import StopReason, is_cap, stop_reason, stop_rule
 
 log = structlog.get_logger("idle")
 I = IdleState  # noqa: E741
@@ -78,7 +79,7 @@ class Announcer:
 
     def cancelled(self, a: SendCancelled, now: Now) -> None:
         self.send(f"idle:cancelled:{a.cycle}", "stop_cancelled", "info", words.cancelled(
-            words.Cancelled(now.wall, a.reasons, a.during_stop, self.th.warn_after)))
+            words.Cancelled(now.wall, a.reasons, a.during_stop, self.th.warn_after, a.withdrawn)))
         log.info("stop_cancelled_mail", cycle=a.cycle, reasons=list(a.reasons))
 
     def sync_failed(self, r: FinalSyncResult) -> None:
@@ -103,8 +104,9 @@ class Announcer:
         self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
         log.error("stop_held_unselected_output", files=r.unselected_files, names=r.unselected[:5])
 
-    def stopping(self, rec: StopRecord, now: Now, cap_why: str) -> None:
+    def stopping(self, rec: StopRecord, now: Now) -> None:
         m = self.st.m
+        why = next((x.why for x in m.standing if x.word == rec.reason), "")
         interrupted = None
         if rec.interrupted_run and rec.interrupted_at is not None:
             interrupted = words.Interrupted(rec.interrupted_run, rec.interrupted_at, rec.interrupt_ended,
@@ -112,10 +114,10 @@ class Announcer:
         self.send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
             now.wall, rec.reason == "finished", m.idle_s, rec.synced or {}, rec.forced, self._plan(),
             self._cost(), interrupted, reason=_in_words(rec.reason),
-            cap=(cap_why or f"the {rec.reason.replace('_', ' ')}") if rec.reason in CAP_REASONS else "",
+            cap=(why or stop_rule(rec.reason).words) if is_cap(rec.reason) else "",
             also=tuple(f"{stop_rule(x.word).words}{': ' + x.why if x.why else ''}"
                        for x in m.standing if x.word != rec.reason),
-            why=next((x.why for x in m.standing if x.word == rec.reason), ""))))
+            why=why)))
 
     def still_up(self, rec: StopRecord, up_for: float) -> None:
         self.send(f"stop:still-up:{rec.id}", "stop_failed", "critical", words.still_up(up_for, rec.result))

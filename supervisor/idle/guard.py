@@ -13,6 +13,7 @@ The daemon lists its duties (`poll()` every idle.poll_interval, `poll_if_due()` 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,7 @@ class IdleGuard:
                  tmux_socket: str | None = None, runners: dict | None = None, env: dict[str, str] | None = None,
                  mail_flush_s: float = 30.0, full_at_end: Callable[[list[str]], str] | None = None,
                  run_total: Callable[[], str] | None = None, hooks: Hooks | None = None,
-                 cap_moment: Callable[[], tuple[float | None, str]] | None = None):
+                 cap_moment: Callable[[str], tuple[float | None, str]] | None = None):
         self.conf = conf
         self.clock, self.alerts = clock, alerts
         self.th = Thresholds.of(conf.idle, conf.finish_grace)
@@ -99,7 +100,7 @@ class IdleGuard:
             info = self.stop.training_info()
             sig = self.probes.gather(info, now, self.gpu, self.training.pids)
             if why := self._stall_counts_idle(info, now):
-                sig = idle.people_only(sig, why)
+                sig = replace(idle.people_only(sig, why), stalled=why)  # its warning asks for `stalled`
             with st.lock:
                 if self.stop.interrupted(info):
                     sig = idle.people_only(sig, "the stop is interrupting the training")
@@ -179,7 +180,9 @@ class IdleGuard:
         now = st.now()
         with st.lock:
             if mode == "stop":
-                st.m = idle.begin_finish(st.m, now, self.th, info.run_id)
+                # `finished` or `failed` through the door, with the finish grace (stop.rules)
+                st.m = idle.begin_finish(st.m, now, self.th, info.run_id,
+                                         "finished" if info.state == TrainingState.FINISHED else "failed")
             else:
                 st.m = idle.finish_handled(st.m)
             st.save()

@@ -1,5 +1,11 @@
 """The idle decision: ACTIVE -> IDLE -> WARNED -> STOPPING -> STOPPED, as pure functions.
 
+Every reason to stop stands in `pending` through the one door (stop.sequence.request): the idle
+clock's own warning asks for `idle` (or `stalled`), a run's end for `finished` or `failed`, the other
+wings through `request_stop`. What a reason does is the rule table's (stop.rules): the notice it
+waits (`warns`: WARNED counts it), whether activity or keepalive touch it, its rank. A stop whose
+reason is withdrawn by its wing before the action ends (`withdraw`).
+
 `step(machine, signals, now, thresholds)` is the only thing that moves the machine on a poll;
 `keepalive`, `cancel_keepalive`, `run_ended`, `finish_handled`, `begin_finish`, `commit_stop`,
 `stop_failed` and `mark_stopped` are the only other moves, each called by the guard under its lock. None of them reads a clock or
@@ -25,8 +31,9 @@ from typing import Any
 
 from supervisor import records
 from supervisor.config.schema import IdleConfig
-from supervisor.states import CAP_KINDS, IdleState, check_idle_move, stop_rule
+from supervisor.states import IdleState, check_idle_move
 from supervisor.stop import sequence as stops
+from supervisor.stop.rules import is_cap, notice, stop_rule
 from supervisor.stop.sequence import Standing
 from supervisor.timefmt import hm
 
@@ -47,6 +54,7 @@ class Signals:
     items: tuple[Signal, ...] = ()
     training_alive: bool = False  # the training is STARTING/RUNNING/STOPPING (it may look stalled)
     training_signs: tuple[str, ...] = ()  # what its own probes read, in two words each ("GPU 3%"), for mails
+    stalled: str = ""  # progress.stalled_action = "stop": the stall that makes the run count as idle, in words
 
     @property
     def active(self) -> bool:
@@ -97,10 +105,6 @@ class Thresholds:
         return 2.0 * max(self.poll_interval, 0.5)
 
 
-# Stops for a cap (supervisor.money): its moment is the money guard's to say (the table's
-# cuts_sync_short reasons, less the preemption that the spot guard times itself).
-CAP_REASONS = frozenset(CAP_KINDS)
-
 IDLE_MODE = "idle"
 FINISH_MODE = "finish"  # training ended with on_finish = "stop": a grace period instead of warn + wait
 
@@ -122,12 +126,13 @@ class IdleMachine:
     keepalive_mono: float | None = None
     keepalive_until: float | None = None  # wall twin of keepalive_mono: display, and survives a reboot
     committed: bool = False            # the stop action has begun: nothing cancels it any more
-    stop_reason: str = ""              # idle | finished
+    stop_reason: str = ""              # the word of the stop under way, or of the notice WARNED counts
     resettable: bool = False           # STOPPED by a dry-run: activity starts over
     reasons: list[str] = field(default_factory=list)
     finish_run: int = 0                # the training run whose end was handled
     finish_done: bool = False          # ... and its final sync and mail are done
     pending: list[dict] = field(default_factory=list)  # the stop reasons that still stand (stop.sequence)
+    door: int = 1                      # 1: every reason stands in `pending` (absent: an older daemon's)
 
     @property
     def standing(self) -> tuple[Standing, ...]:
@@ -147,7 +152,10 @@ class IdleMachine:
         m = records.load(cls, d, "idle state")
         if m.mode not in (IDLE_MODE, FINISH_MODE):
             raise ValueError(f"idle state: mode should be {IDLE_MODE!r} or {FINISH_MODE!r}, got {m.mode!r:.60}")
-        m.standing  # noqa: B018 - raises ValueError naming the problem
+        held = m.standing  # raises ValueError naming the problem
+        if "door" not in d and m.state in (I.WARNED, I.STOPPING) and m.stop_reason not in stops.words(held):
+            # an older daemon kept its own idle and finish stops out of `pending`: they stand as they were
+            m.stand(stops.request(held, m.stop_reason or "idle", "", m.warned_at or m.last_wall or 0.0))
         return m
 
 
@@ -164,19 +172,22 @@ class SendCancelled:
     cycle: int
     reasons: tuple[str, ...]
     during_stop: bool = False
+    withdrawn: bool = False  # not activity: the asking wing took its reason back (a cap moved)
 
 
 @dataclass(frozen=True)
 class BeginStop:
     cycle: int
-    reason: str  # idle | finished
+    reason: str  # the word it was asked with (idle, finished, max_cost, gpu_bad, ...)
 
 
 @dataclass(frozen=True)
 class AbortStop:
-    """A stop that had not begun its action was cancelled by activity; tell the stop sequence."""
+    """A stop that had not begun its action was cancelled (activity, its reason withdrawn, or a
+    higher reason taking it over); tell the stop sequence."""
 
     cycle: int
+    why: str = ""
 
 
 Action = SendWarning | SendCancelled | BeginStop | AbortStop
@@ -217,11 +228,13 @@ def _move(m: IdleMachine, new: IdleState) -> None:
     m.state = new
 
 
-def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action]) -> None:
-    if m.mode == IDLE_MODE and m.warn_sent and m.state in (I.WARNED, I.STOPPING):
-        actions.append(SendCancelled(m.cycle, tuple(reasons), during_stop=m.state == I.STOPPING))
+def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action], activity: bool = True) -> None:
+    """Back to work: activity came (`activity`), or the stop's reason was withdrawn by its wing."""
+    if m.state in (I.WARNED, I.STOPPING) and (not activity or (m.mode == IDLE_MODE and m.warn_sent)):
+        actions.append(SendCancelled(m.cycle, tuple(reasons), during_stop=m.state == I.STOPPING,
+                                     withdrawn=not activity))
     if m.state == I.STOPPING:
-        actions.append(AbortStop(m.cycle))
+        actions.append(AbortStop(m.cycle, "; ".join(reasons)))
         if m.mode == FINISH_MODE:
             m.warn_sent = False
     _move(m, I.ACTIVE)
@@ -231,30 +244,78 @@ def _to_active(m: IdleMachine, reasons: list[str], actions: list[Action]) -> Non
     m.warned_at = None
     if m.mode == IDLE_MODE:
         m.warn_sent = False
-    m.stop_reason = "" if m.mode == IDLE_MODE else "finished"
+        m.stop_reason = ""
     m.resettable = False
-    m.stand(stops.on_activity(m.standing))  # a reason activity does not cancel stands on
+    if activity:
+        m.stand(stops.on_activity(m.standing))  # a reason activity does not cancel stands on
+    grace = stops.lead([x for x in m.standing if stop_rule(x.word).warns == "grace"])
+    if grace is not None and m.mode == IDLE_MODE:
+        # a run's end asked while another stop was under way: its grace comes once the activity ends
+        m.mode, m.stop_reason = FINISH_MODE, grace.word
 
 
-def _advance(m: IdleMachine, now: Now, actions: list[Action], from_stopped: bool = False) -> None:
-    """Begin, or take over with, the stop the standing reasons ask for (stop.sequence.advance)."""
+def _start_notice(m: IdleMachine, now: Now, word: str, wait: float) -> None:
+    """WARNED for `word`: its stop comes after `wait` seconds of quiet (the table's `warns`)."""
+    _move(m, I.WARNED)
+    m.cycle += 1
+    m.warned_at, m.warned_s = now.wall, 0.0
+    m.stop_after = wait
+    m.warn_sent = True
+    m.stop_reason = word
+    m.mode = FINISH_MODE if stop_rule(word).warns == "grace" else IDLE_MODE
+    if m.idle_since is None:
+        m.idle_since = now.wall
+
+
+def _notice_gone(m: IdleMachine, now: Now, th: Thresholds | None) -> None:
+    """WARNED for a reason no longer standing (its wing withdrew it): back to the idle clock, or to
+    the notice of the next reason that waits for one."""
+    if m.state != I.WARNED or m.stop_reason in stops.words(m.standing):
+        return
+    _move(m, I.IDLE)
+    m.warned_s, m.warned_at, m.warn_sent, m.stop_reason, m.mode = 0.0, None, False, "", IDLE_MODE
+    nxt = stops.lead(stops.waiting(m.standing))
+    if nxt is not None:
+        t = th or Thresholds()
+        _start_notice(m, now, nxt.word, notice(nxt.word, t.stop_after_warning, t.finish_grace))
+
+
+def _ready(m: IdleMachine, th: Thresholds | None):
+    """Has a waiting reason's notice run? Only the one WARNED counts, once its wait is over."""
+    def ready(s: Standing) -> bool:
+        return (th is not None and m.state == I.WARNED and s.word == m.stop_reason and m.warn_sent
+                and m.warned_s >= stop_wait(m, th))
+    return ready
+
+
+def _advance(m: IdleMachine, now: Now, actions: list[Action], from_stopped: bool = False,
+             th: Thresholds | None = None) -> None:
+    """Begin, take over with, or end the stop the standing reasons ask for (stop.sequence.advance)."""
     adv = stops.advance(m.standing, m.state == I.STOPPING, m.stop_reason, m.committed,
-                        m.state == I.STOPPED and not (from_stopped and m.resettable))
+                        m.state == I.STOPPED and not (from_stopped and m.resettable), _ready(m, th))
+    if adv.abort_current and adv.begin is None:
+        rule = stop_rule(m.stop_reason)
+        gone = f"{rule.words}: withdrawn" + (f" ({rule.withdrawn_by})" if rule.withdrawn_by else "")
+        _to_active(m, [gone], actions, activity=False)
+        return
     if adv.begin is None:
         return
-    if adv.abort_current:
-        actions.append(AbortStop(m.cycle))  # the stop under way becomes the new reason's (a new record)
-    rule = stop_rule(adv.begin.word)
-    m.cycle += 1
+    word = adv.begin.word
+    if adv.abort_current:  # the stop under way becomes the new reason's (a new record)
+        actions.append(AbortStop(m.cycle, f"taken over: {stop_rule(word).words}"))
+    rule = stop_rule(word)
+    if not (m.state == I.WARNED and m.stop_reason == word):
+        m.cycle += 1  # a stop after its own notice keeps the notice's cycle (its mails' keys)
     _move(m, I.STOPPING)
-    m.stop_reason, m.mode = adv.begin.word, IDLE_MODE
+    m.stop_reason = word
+    m.mode = FINISH_MODE if rule.warns == "grace" else IDLE_MODE
     if not rule.keepalive_moves:
         m.keepalive_mono = m.keepalive_until = None
     m.resettable = False
     m.last_mono, m.last_wall = now.mono, now.wall
     if m.idle_since is None:
         m.idle_since = now.wall
-    actions.append(BeginStop(m.cycle, adv.begin.word))
+    actions.append(BeginStop(m.cycle, word))
 
 
 def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMachine, list[Action]]:
@@ -276,38 +337,47 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     active = bool(reasons)
     m.reasons = reasons
     if sig.training_alive and m.mode == FINISH_MODE and m.state != I.STOPPING and not m.committed:
-        m.mode = IDLE_MODE  # a new run started during the grace: back to ordinary idle protection
+        # a new run started during the grace: it withdraws its predecessor's end (the table's
+        # withdrawn_by), and the machine is back to ordinary idle protection
+        m.mode = IDLE_MODE
         m.warn_sent = False
-        m.stop_reason = ""
+        m.stand(stops.cancel(m.standing, {x.word for x in m.standing if stop_rule(x.word).warns == "grace"}))
+        if m.state != I.WARNED:
+            m.stop_reason = ""
+    _notice_gone(m, now, th)
 
     if m.state == I.STOPPED:
         # a dry run's stop, or one whose action left the machine up while a new run started on it:
         # the stop of that run is over, and the new one gets its own
         if (m.resettable and active) or sig.training_alive:
             _to_active(m, reasons, actions)
-            _advance(m, now, actions)
+            _advance(m, now, actions, th=th)
         return m, actions
     if m.state == I.STOPPING:
         if active and not m.committed and stop_rule(m.stop_reason).activity_cancels:
             _to_active(m, reasons, actions)
-            _advance(m, now, actions)  # a reason that activity does not cancel still stands
         else:
             m.idle_s += dt_s  # the bill keeps running while the final sync retries
-            _advance(m, now, actions)  # a reason asked meanwhile may take this stop over
+            if active:  # the idle stop this one took over is cancelled all the same; this one goes on
+                m.stand(stops.on_activity(m.standing))
+        _advance(m, now, actions, th=th)  # a reason asked meanwhile may take this stop over, or one withdrawn end it
         return m, actions
     if active:
         if m.state != I.ACTIVE:
             _to_active(m, reasons, actions)
-        _advance(m, now, actions)
+        _advance(m, now, actions, th=th)
         return m, actions
 
     if m.state == I.ACTIVE:
         m.idle_s, m.idle_since = 0.0, now.wall
+        asked = stops.lead(stops.waiting(m.standing))
         if m.mode == FINISH_MODE:
-            # activity extended the grace; it starts over now that it has ended
+            # activity held the grace back; it starts over now that it has ended
             _move(m, I.WARNED)
             m.warned_s, m.warned_at = 0.0, now.wall
             m.warn_sent = True
+        elif asked is not None:  # asked while someone worked (waste): its notice starts now
+            _start_notice(m, now, asked.word, notice(asked.word, th.stop_after_warning, th.finish_grace))
         else:
             _move(m, I.IDLE)
         return m, actions
@@ -315,21 +385,19 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
     m.idle_s += dt_s
     if m.state == I.IDLE:
         if m.idle_s >= th.warn_after:
-            _move(m, I.WARNED)
-            m.cycle += 1
-            m.warned_at, m.warned_s = now.wall, 0.0
-            m.stop_after = th.stop_after_warning
-            m.warn_sent = True
-            m.stop_reason = "idle"
+            # the idle clock's warning: `idle` asks through the door, or `stalled` when a stalled run
+            # is what counts as idle (progress.stalled_action = "stop"); the mail is its notice
+            word = "stalled" if sig.stalled else "idle"
+            m.stand(stops.request(m.standing, word, sig.stalled, now.wall))
+            _start_notice(m, now, word, notice(word, th.stop_after_warning, th.finish_grace))
+            m.idle_since = m.idle_since if m.idle_since is not None else now.wall
             actions.append(SendWarning(m.cycle, m.idle_s, m.stop_after))
         return m, actions
 
-    # WARNED
+    # WARNED: the notice runs; when it is over, the stop begins (or one that ranks higher)
     m.warned_s += dt_s
     if m.warn_sent and m.warned_s >= stop_wait(m, th):
-        _move(m, I.STOPPING)
-        m.stop_reason = "finished" if m.mode == FINISH_MODE else "idle"
-        actions.append(BeginStop(m.cycle, m.stop_reason))
+        _advance(m, now, actions, th=th)
     return m, actions
 
 
@@ -365,10 +433,9 @@ def idle_for(m: IdleMachine, th: Thresholds, now_mono: float) -> float:
 
 
 def stop_wait(m: IdleMachine, th: Thresholds) -> float:
-    """Seconds between the warning (or the start of the grace) and the stop."""
-    if m.mode == FINISH_MODE:
-        return m.stop_after
-    return max(m.stop_after, th.stop_after_warning)
+    """Seconds between the warning (or the start of the grace) and the stop: the notice the table
+    gives the reason WARNED counts for (stop.rules.notice), never shorter than the one announced."""
+    return notice(m.stop_reason or "idle", th.stop_after_warning, th.finish_grace, m.stop_after)
 
 
 # --- the other moves ---------------------------------------------------------------------------
@@ -386,11 +453,10 @@ def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, li
         raise Refused("too late: the stop action has already begun")
     if m.state == I.STOPPED and not m.resettable:
         raise Refused("the machine was already stopped")
-    if m.state == I.STOPPING and not stop_rule(m.stop_reason).keepalive_moves:
-        if m.stop_reason in CAP_REASONS:
-            raise Refused(f"the machine is stopping for its {m.stop_reason.replace('_', ' ')}, which keepalive does "
-                          "not move; change the cap with `supervisorctl budget` (root)")
-        raise Refused(f"the machine is stopping ({stop_rule(m.stop_reason).words}), which keepalive does not move")
+    rule = stop_rule(m.stop_reason)
+    if m.state == I.STOPPING and not rule.keepalive_moves:
+        then = f"; {rule.withdrawn_by} withdraws it" if rule.withdrawn_by else ""
+        raise Refused(f"the machine is stopping ({rule.words}), which keepalive does not move{then}")
     m.keepalive_mono = now.mono + seconds
     m.keepalive_until = now.wall + seconds
     actions: list[Action] = []
@@ -417,12 +483,14 @@ def finish_handled(m: IdleMachine) -> IdleMachine:
     return replace(m, finish_done=True, reasons=list(m.reasons))
 
 
-def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleMachine:
-    """Training ended with on_finish = "stop" and its result mail is out: start the grace."""
+def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int, word: str = "finished") -> IdleMachine:
+    """Training ended with on_finish = "stop" and its result mail is out: `finished` (or `failed`)
+    asks through the door, and its grace (the table's `warns`) starts."""
     m = _this_boot(m, now)
     m.finish_run, m.finish_done = run_id, True
+    m.stand(stops.request(m.standing, word, "", now.wall))
     if m.state == I.STOPPING or m.committed:
-        return m  # a stop is already on its way
+        return m  # a stop is already on its way: it serves this reason too
     if m.state == I.STOPPED:
         # the stop before this run ran and the machine is still up (a dry run, or a provider command
         # that exited 0): that stop was the earlier run's; this run gets its own
@@ -433,33 +501,45 @@ def begin_finish(m: IdleMachine, now: Now, th: Thresholds, run_id: int) -> IdleM
     if m.state != I.ACTIVE:
         m.idle_s += elapsed(m, now.mono, th)
     m.last_mono, m.last_wall = now.mono, now.wall
-    m.mode = FINISH_MODE
-    m.cycle += 1
-    m.stop_after = th.finish_grace
-    m.stop_reason = "finished"
-    m.warn_sent = True
-    if m.idle_since is None:
-        m.idle_since = now.wall
-    _move(m, I.WARNED)
-    m.warned_at, m.warned_s = now.wall, 0.0
+    _start_notice(m, now, word, notice(word, th.stop_after_warning, th.finish_grace))
     return m
 
 
-def request_stop(m: IdleMachine, now: Now, word: str, why: str = "") -> tuple[IdleMachine, list[Action]]:
+def request_stop(m: IdleMachine, now: Now, word: str, why: str = "",
+                 th: Thresholds | None = None) -> tuple[IdleMachine, list[Action]]:
     """A wing asks for a stop (the stop runner): the reason stands from now on, and begins a stop,
-    or takes over the one under way, as the rule table says (stop.sequence.advance). No warning
-    wait for the reasons that have none (a cap's projection mail was its warning; a bad GPU cannot
-    do the work). A stop already acting, or of a higher rank, goes on; the reason stands beside it."""
+    or takes over the one under way, as the rule table says (stop.sequence.advance). No wait for
+    the reasons that warn "none" (a cap's projection mail was its warning; a bad GPU cannot do the
+    work); one that warns (waste: its alert was the warning) starts its notice unless one that
+    ranks as high runs (while someone works, it starts when the machine goes quiet). A stop already
+    acting, or of a higher rank, goes on; the reason stands beside it."""
     m = _this_boot(m, now)
     m.stand(stops.request(m.standing, word, why, now.wall))
+    rule, t = stop_rule(word), th or Thresholds()
+    if rule.warns != "none" and not m.committed and (
+            m.state == I.IDLE or (m.state == I.WARNED and rule.rank > stop_rule(m.stop_reason).rank)):
+        _start_notice(m, now, word, notice(word, t.stop_after_warning, t.finish_grace))
     actions: list[Action] = []
-    _advance(m, now, actions, from_stopped=True)
+    _advance(m, now, actions, from_stopped=True, th=th)
+    return m, actions
+
+
+def withdraw(m: IdleMachine, now: Now, word: str, th: Thresholds | None = None) -> tuple[IdleMachine, list[Action]]:
+    """Its wing says the reason no longer holds (a cap moved, a node back, the waste gone): it stops
+    standing, and a stop it leads that has not begun its action ends (another standing reason that
+    is ready takes it over), a notice it ran for gives way to the idle clock."""
+    m = _this_boot(m, now)
+    m.stand(stops.cancel(m.standing, {word}))
+    actions: list[Action] = []
+    _notice_gone(m, now, th)
+    if m.state == I.STOPPING:
+        _advance(m, now, actions, th=th)
     return m, actions
 
 
 def withdraw_stop(m: IdleMachine, word: str) -> IdleMachine:
-    """Its wing says the reason no longer holds (a cap moved, a node back). A stop it leads that has
-    not begun acting is left to the next poll: activity, or the next standing reason, decides."""
+    """`withdraw` without a clock: the reason stops standing now, and the stop it led ends at the
+    next poll."""
     m = replace(m, reasons=list(m.reasons))
     m.stand(stops.cancel(m.standing, {word}))
     return m
@@ -472,7 +552,7 @@ def stop_now(m: IdleMachine, now: Now, reason: str) -> IdleMachine:
 
 def begin_cap_stop(m: IdleMachine, now: Now, reason: str) -> tuple[IdleMachine, list[Action]]:
     """A cap (supervisor.money) is near: request_stop for its kind."""
-    if reason not in CAP_REASONS:
+    if not is_cap(reason):
         raise Refused(f"not a cap: {reason!r}")
     return request_stop(m, now, reason)
 

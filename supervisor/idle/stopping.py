@@ -3,10 +3,13 @@ stop hooks, the mail, the action (`stop.json` through idle.stop.StopSequence), i
 so the scheduler and the control socket never wait on a final sync.
 
 Every reason enters through `request_stop` (the stop runner's door: supervisor.stop) or the idle
-machine's own moves. A cap (supervisor.money) uses the same sequence with a reason activity does not
-cancel, and cuts through a final sync that hangs: the sync is given only the time left to the cap's
-moment (or to `max_idle_cost`), and at that moment the stop goes ahead, the mail naming what did not
-make it off the machine. Required `stop` hooks hold the stop as a failed final sync does."""
+machine's own moves, and leaves through `withdraw_stop` when its wing has no cause any more. What
+each reason does is its row of the rule table (stop.rules): a reason that `cuts_sync_short` (a money
+cap, a spot notice) names its moment through the door (`moment(word)`), and a final sync that hangs
+is given only the time left to it (or to `max_idle_cost`); at that moment the stop goes ahead, the
+mail naming what did not make it off the machine. Its `interrupt` says how a live training is ended
+first ("none": the final sync runs beside it). Required `stop` hooks hold the stop as a failed final
+sync does."""
 
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ from supervisor.idle.announce import Announcer
 from supervisor.idle.facts import GuardConfig, Jobs
 from supervisor.idle.finalwatch import EndSync
 from supervisor.idle.machine import (
-    CAP_REASONS,
     AbortStop,
     BeginStop,
     Now,
@@ -41,7 +43,8 @@ from supervisor.interfaces import FinalSyncResult, SyncView, TrainingInfo, Train
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails import describe_exit
 from supervisor.notify.mails import idle as words
-from supervisor.states import HUNG_GRACE_S, TRAINING_ALIVE, IdleState, StopPhase, TrainingState, stop_rule
+from supervisor.states import TRAINING_ALIVE, IdleState, StopPhase, TrainingState
+from supervisor.stop.rules import HUNG_GRACE_S, is_cap, stop_rule
 
 if TYPE_CHECKING:
     from supervisor.hooks.runner import Hooks
@@ -58,16 +61,16 @@ class StopDriver:
     def __init__(self, conf: GuardConfig, th: Thresholds, state: GuardState, stopper: StopSequence,
                  alerts: Alerts, training: TrainingView, sync: SyncView, announce: Announcer, jobs: Jobs,
                  poll_soon: Callable[[], None], *, hooks: Hooks | None = None,
-                 cap_moment: Callable[[], tuple[float | None, str]] | None = None, mail_flush_s: float = 30.0):
+                 cap_moment: Callable[[str], tuple[float | None, str]] | None = None, mail_flush_s: float = 30.0):
         self.conf, self.th, self.st, self.stopper = conf, th, state, stopper
         self.clock = state.clock
         self.alerts, self.training, self.sync, self.tell, self.jobs = alerts, training, sync, announce, jobs
         self.poll_soon = poll_soon
         self.hooks = hooks                # stop and final_sync_done hooks
-        self.cap_moment = cap_moment      # the money guard's: seconds to the cap's moment and its words
+        # the door's: for a reason that cuts the final sync short, seconds to its moment and its words
+        self.cap_moment = cap_moment
         self.mail_flush_s = mail_flush_s
         self.end_sync = EndSync(alerts)   # the final sync at a run's end, failing told at once
-        self.cap_why = ""                 # the cap this stop is for, in words (the stopping mail)
         self._queued = False
         self._seen = ""
         self._still_up_alerted = False
@@ -80,10 +83,8 @@ class StopDriver:
         st = self.st
         now = st.now()
         with st.lock:
-            st.m, actions = idle.request_stop(st.m, now, word, why)
+            st.m, actions = idle.request_stop(st.m, now, word, why, self.th)
             began = any(isinstance(a, idle.BeginStop) for a in actions)
-            if began and word in CAP_REASONS:
-                self.cap_why = why
             log.warning("stop_requested", reason=word, why=why, began=began, state=st.m.state.value)
             self.carry_out(actions, now)
             st.save()
@@ -91,9 +92,17 @@ class StopDriver:
         return began
 
     def withdraw_stop(self, word: str) -> None:
-        with self.st.lock:
-            self.st.m = idle.withdraw_stop(self.st.m, word)
-            self.st.save()
+        """Its wing has no cause any more: the reason stops standing, and a stop it leads that has not
+        begun its action ends now (during its final sync: the sync's result is then not acted on)."""
+        st = self.st
+        now = st.now()
+        with st.lock:
+            had = word in {x.word for x in st.m.standing}
+            st.m, actions = idle.withdraw(st.m, now, word, self.th)
+            if had:
+                log.warning("stop_withdrawn", reason=word, state=st.m.state.value)
+            self.carry_out(actions, now)
+            st.save()
         self.poll_soon()
 
     def carry_out(self, actions: list, now: Now) -> None:
@@ -109,7 +118,7 @@ class StopDriver:
                 self.stopper.begin(now.boot_id, a.cycle, a.reason, now.wall)
                 self._seen = f"{now.boot_id}:{a.cycle}"
             elif isinstance(a, AbortStop):
-                self.stopper.cancel(now.wall, "; ".join(self.st.m.reasons) or "activity")
+                self.stopper.cancel(now.wall, a.why or "; ".join(self.st.m.reasons) or "activity")
                 self.alerts.resolve("stop:failing")
 
     # --- each poll --------------------------------------------------------------------------------
@@ -134,7 +143,7 @@ class StopDriver:
             st.m = idle.mark_stopped(st.m, dry_run=rec.action == "dry-run")
             st.save()
             return
-        if rec.phase in (P.INTERRUPTING, P.FINAL_SYNC) and not self._training_gone(rec, info, now):
+        if rec.phase in (P.INTERRUPTING, P.FINAL_SYNC) and self._interrupts() and not self._training_gone(rec, info, now):
             return  # the final sync waits for the training's end: what it saves on the way out goes up too
         if rec.phase == P.FINAL_SYNC and now.mono < rec.next_try_mono and not self._cap_due():
             return  # the retry waits, unless a cap's moment comes first
@@ -179,7 +188,11 @@ class StopDriver:
         return self.conf.patience(min(HUNG_GRACE_S, self.conf.stop_grace) if self._hung() else self.conf.stop_grace)
 
     def _hung(self) -> bool:
-        return stop_rule(self.st.m.stop_reason or "idle").hung
+        return stop_rule(self.st.m.stop_reason or "idle").interrupt == "hung"
+
+    def _interrupts(self) -> bool:
+        """Does this stop end a live training before its final sync (the table's `interrupt`)?"""
+        return stop_rule(self.st.m.stop_reason or "idle").interrupt != "none"
 
     def _stop_training(self) -> None:
         try:
@@ -244,7 +257,7 @@ class StopDriver:
             if st.m.state != I.STOPPING or self.stopper.rec is not rec or rec.phase != P.FINAL_SYNC:
                 return False  # cancelled by activity while the sync ran
             self.stopper.record_sync(result, now.wall, now.mono)
-            if info.state in TRAINING_ALIVE and info.run_id != rec.interrupted_run:
+            if info.state in TRAINING_ALIVE and info.run_id != rec.interrupted_run and self._interrupts():
                 return False  # a training started meanwhile: the next poll interrupts it, then syncs again
             if not result.ok and not (why := self._may_force()):
                 self.tell.sync_failed(result)
@@ -272,7 +285,7 @@ class StopDriver:
                 self.stopper.force(f"{why}{'; ' + held if held else ''}", now.wall)
             self.alerts.resolve("stop:failing")
             if not rec.mailed:
-                self.tell.stopping(rec, now, self.cap_why)
+                self.tell.stopping(rec, now)
                 self.stopper.mark_mailed()
             st.m = idle.commit_stop(st.m)
             st.save()
@@ -288,10 +301,11 @@ class StopDriver:
 
     # --- caps: the time a final sync may take --------------------------------------------------
     def _cap_left(self) -> tuple[float | None, str]:
-        if self.st.m.stop_reason not in CAP_REASONS or self.cap_moment is None:
+        word = self.st.m.stop_reason
+        if not is_cap(word) or self.cap_moment is None:
             return None, ""
         try:
-            return self.cap_moment()
+            return self.cap_moment(word)
         except Exception:  # noqa: BLE001 - no figure: the configured timeout applies
             log.exception("cap_moment_failed")
             return None, ""

@@ -1,7 +1,9 @@
 """MoneyGuard: the duty behind the caps. It reads what the decision needs (uptime, the progress
 figures, the newest checkpoint's save time and size, the sync's rate), asks `plan.decide`, mails the
-projection, and at the moment asks the idle wing's stop sequence to stop for the cap (the daemon hands
-in `stop(reason, why)`). `supervisorctl budget` changes a cap here; the change is kept in money.json.
+projection, and at the moment asks the one stop door to stop for the cap (the daemon hands in
+`stop(reason, why)`). `supervisorctl budget` changes a cap here; the change is kept in money.json, and
+a cap moved so that its stop is no longer due withdraws that stop (`withdraw(reason)`) until its action
+begins: during the final sync, the stop ends and no action follows.
 
 It reads the checkpoint folders with lstat/scandir only (no file is opened, no link followed): they
 belong to the training's user."""
@@ -90,12 +92,14 @@ class MoneyGuard:
 
     def __init__(self, ctx: Context, conf: MoneyConfig, progress: ProgressView | None, sync: SyncView,
                  training: TrainingView,
-                 stop: Callable[[str, str], bool] | None = None, run: RunLedger | None = None):
+                 stop: Callable[[str, str], bool] | None = None, run: RunLedger | None = None,
+                 withdraw: Callable[[str], None] | None = None):
         self.cfg = conf
         self.run = run  # the run's ledger on the target: budget.scope = "run" counts every machine of it
         self.clock, self.store, self.alerts = ctx.clock, ctx.store, ctx.alerts
         self.progress, self.sync, self.training = progress, sync, training
         self.stop = stop
+        self.withdraw = withdraw
         self._lock = threading.Lock()
         raw = self.store.load(self.NAME, None) or {}
         raw = raw if isinstance(raw, dict) else {}
@@ -169,6 +173,7 @@ class MoneyGuard:
             return
         now = self.clock.time()
         run = self._run(now)
+        self._withdraw_moved()
         with self._lock:
             self._lead = lead = self._measure_lead()
             before = self.state
@@ -185,6 +190,19 @@ class MoneyGuard:
                             spent=a.projection.spent)
                 if self.stop is not None:
                     self.stop(a.cap.kind, why)
+
+    def _withdraw_moved(self) -> str:
+        """The cap a stop was asked for moved out of reach (`budget`): take the stop back. Its kind, or ""."""
+        caps, uptime = self.figures()
+        with self._lock:
+            self.state, kind = plan.withdrawn(self.state, caps, self._lead, self.clock.time(), uptime)
+            if kind:
+                self._save()
+        if kind:
+            log.warning("cap_stop_withdrawn", cap=kind, caps=self.overrides)
+            if self.withdraw is not None:
+                self.withdraw(kind)
+        return kind
 
     def _warn(self, a: Warn, caps: Caps) -> None:
         p = a.projection
@@ -255,8 +273,12 @@ class MoneyGuard:
             if amount is not None or deadline is not None or runtime is not None:
                 self._save()
                 log.warning("budget_changed", overrides=self.overrides)
+        kind = self._withdraw_moved()
         st = self.status()
-        return {"message": self.meaning(st), "budget": st}
+        out = self.meaning(st)
+        if kind:
+            out += f"; the stop asked for the {words.CAP_NAMES.get(kind, kind)} is withdrawn (a stop already acting goes on)"
+        return {"message": out, "budget": st}
 
     def meaning(self, st: dict) -> str:
         cap = st.get("cap")

@@ -213,6 +213,19 @@ def decide(st: MoneyState, caps: Caps, lead: Lead, run: Run, now_wall: float,
     return st, out
 
 
+def withdrawn(st: MoneyState, caps: Caps, lead: Lead, now_wall: float, uptime_s: float) -> tuple[MoneyState, str]:
+    """A cap a stop was asked for, moved (`supervisorctl budget`, or gone) so that no stop is due
+    now: the kind the stop was asked with (its wing withdraws it) and a state that acts again when
+    the moved cap comes; "" while the stop still has its cause (the same cap, or one due now). The
+    lead alone moving (the final sync sending what was pending) never withdraws a stop."""
+    if not st.acted:
+        return st, ""
+    cap = first_cap(caps, lead, now_wall, uptime_s)
+    if cap is not None and (cap.key == st.acted or now_wall >= cap.act_at):
+        return st, ""
+    return replace(st, acted="", acted_at=None), st.acted.split("=", 1)[0]
+
+
 def cut_in(cap: Cap | None, now_wall: float, reserve_s: float) -> float | None:
     """Seconds a final sync may still take before the cap's moment (keeping `reserve_s` for the
     action itself); None = no cap."""

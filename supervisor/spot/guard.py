@@ -1,7 +1,9 @@
 """The spot-notice shell: asks the metadata services (a daemon duty), and on a notice alerts the owner
 at once (uncapped), signals the training so it saves, puts the sync engine in emergency mode
-(newest complete checkpoint first), follows what makes it off the machine until the sync is done or
-the time is up, mails that, and keeps it all in state_dir/preemption.json for the next boot.
+(newest complete checkpoint first), asks the one stop door for a `preemption` stop (its final sync is
+the emergency sync, cut to the notice's deadline: `moment`; the training is not interrupted, it saves
+on its signal), follows what makes it off the machine until the sync is done or the time is up,
+mails that, and keeps it all in state_dir/preemption.json for the next boot.
 
 Decisions are in spot.py; the providers' replies are read in preemption.py; words in mails/preemption.py.
 """
@@ -13,6 +15,7 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +38,7 @@ from supervisor.spot.decide import (
 )
 from supervisor.spot.notices import TYPICAL_NOTICE_S, MetadataWatcher, Notice
 from supervisor.statefile import set_aside
+from supervisor.timefmt import when
 
 if TYPE_CHECKING:
     from supervisor.config import PreemptionConfig
@@ -47,12 +51,14 @@ log = structlog.get_logger("preemption")
 STATE_NAME = "preemption"
 REDETECT_S = 600.0     # with watch = [] and nothing answering: ask again this often (a late network)
 FOLLOW_EVERY_S = 0.5   # real seconds between looks at the emergency sync while a notice runs
+ACTION_RESERVE_S = 5.0  # kept before the deadline for the stopping mail and the action
 
 
 class SpotGuard:
     def __init__(self, ctx: Context, conf: PreemptionConfig, sync: SyncEngine | None, training: Training | None,
                  hostname: str,
-                 watcher: MetadataWatcher | None = None, env: dict[str, str] | None = None):
+                 watcher: MetadataWatcher | None = None, env: dict[str, str] | None = None,
+                 stop: Callable[[str, str], bool] | None = None):
         self.ctx = ctx
         self.cfg = conf
         self.clock = ctx.clock
@@ -63,6 +69,7 @@ class SpotGuard:
         self.watcher = watcher if watcher is not None else (
             None if off else MetadataWatcher(self.cfg.watch, self.cfg.metadata_urls, self.cfg.timeout))
         self.env = dict(os.environ) if env is None else env
+        self._stop = stop           # the one stop door (supervisor.stop): a notice is a `preemption` stop
         self._lock = threading.RLock()
         self._closing = threading.Event()
         self._decided = threading.Event()
@@ -142,12 +149,31 @@ class SpotGuard:
             err = self.training.send_signal(signal.Signals[sig])
             rec.signal, rec.signal_error = ("", f"{sig} not sent: {err}") if err else (sig, "")
         self.sync.emergency()
+        self._ask_stop(rec)
         m = words.notice(n.provider, n.kind, n.detail, now, deadline, rec.signal, rec.signal_error,
                          rec.newest_at_notice, bool(newest and newest.on_target), rec.not_made,
                          self.sync.display)
         self.ctx.alerts.event(f"preemption:{int(now)}", "preemption", Severity.CRITICAL, m.subject, m.body)
         self._save(rec)
         self._follow()
+
+    def _ask_stop(self, rec: NoticeRecord) -> None:
+        """Through the one door: the stop's final sync is the emergency sync, cut to the deadline."""
+        if self._stop is None:
+            return
+        why = f"{rec.provider} {rec.kind} notice: the machine is taken at {when(rec.deadline)}"
+        try:
+            self._stop("preemption", why)
+        except Exception:  # noqa: BLE001 - the notice's own handling goes on whatever the stop does
+            log.exception("preemption_stop_request_failed")
+
+    def moment(self) -> tuple[float | None, str]:
+        """Seconds the preemption stop's final sync may still take (the deadline, less the time its
+        mail and action need), and the deadline in words; (None, "") with no notice running."""
+        rec = self.record
+        if rec is None or not self.active:
+            return None, ""
+        return max(0.0, rec.deadline - ACTION_RESERVE_S - self.clock.time()), f"the notice's deadline {when(rec.deadline)}"
 
     # --- SIGTERM ----------------------------------------------------------------------------------
     def on_sigterm(self) -> bool:

@@ -17,4 +17,4 @@ Pure: `sequence`, `choose`, `confirm`, `providers.base`. Shell: `runner`, `carry
 May import: the core. Imported by: idle, the daemon, check-config.
 """
 
-PURE = ("sequence", "choose", "confirm", "providers.base")
+PURE = ("rules", "sequence", "choose", "confirm", "providers.base")

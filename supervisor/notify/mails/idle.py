@@ -148,12 +148,14 @@ class Cancelled:
     reasons: tuple[str, ...]
     during_stop: bool
     warn_after_s: float
+    withdrawn: bool = False   # its wing took the reason back (a cap moved), not activity
 
 
 def cancelled(f: Cancelled) -> Mail:
     why = "; ".join(f.reasons) or "activity"
     what = "stop that was under way" if f.during_stop else "idle stop announced earlier"
-    body = (f"The {what} is cancelled at {when(f.at)} because of activity:\n  " + "\n  ".join(f.reasons) +
+    cause = "its reason was withdrawn" if f.withdrawn else "of activity"
+    body = (f"The {what} is cancelled at {when(f.at)} because {cause}:\n  " + "\n  ".join(f.reasons) +
             f"\n\nThe idle clock starts again once the machine is idle; the next warning comes "
             f"{format_duration(f.warn_after_s)} after that.\n")
     return Mail(f"stop cancelled: {why}", body)
