@@ -97,11 +97,14 @@ class Daemon:
         from supervisor.gpu.oom import OomDetector
         from supervisor.progress.tracker import ProgressTracker
         from supervisor.sync.engine import engine_for
+        from supervisor.training import ranks
         from supervisor.training.logfollow import LogFollower
-        from supervisor.training.ranks import world_size
 
         self.gpu = GpuMonitor(self.ctx, cfg.gpu, training=self.training, keep_window_s=cfg.idle.gpu_window)
-        self.sync = engine_for(cfg, self.clock, self.alerts, world_size=lambda: world_size(self.training.pids(), single_if_unset=True))
+        # this node's ranks: what its workers were told, with sync.world_size and [cluster] standing in
+        self.sync = engine_for(cfg, self.clock, self.alerts, world_size=lambda: ranks.settle(
+                                   ranks.read(self.training.pids(), single_if_unset=True), cfg.sync.world_size,
+                                   cfg.cluster.nodes, cfg.cluster.rank or 0))
         self.progress = ProgressTracker(self.ctx, cfg.progress, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
                                         gpu=self.gpu, job_env=cfg.training.env, job_user=cfg.training.user,
                                         save_dirs=cfg.save_dirs)
@@ -169,8 +172,9 @@ class Daemon:
             from supervisor.cluster.watch import ClusterWatch
 
             self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
-                                           self.stops, holds=self.sync.answers.held_units, target_at=self.sync.sibling_target,
-                                           since_step=lambda: self.progress.snapshot(self.clock.time()).get("since_step_s"))
+                                           self.stops, holds=self.sync.answers.held_parts, target_at=self.sync.sibling_target,
+                                           since_step=lambda: self.progress.snapshot(self.clock.time()).get("since_step_s"),
+                                           ranks=lambda: self.sync.walker.ranks)
         from supervisor.resume.gate import GateConfig, ResumeGate
 
         self.resume = ResumeGate(GateConfig.of(cfg), self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,

@@ -393,12 +393,18 @@ def cluster_lines(st: dict) -> list[str]:
            f" ({'save and stop' if lost else 'alert only'})"]
     if c.get("error"):
         out.append(f"  target    {c['error']}")
+    trust = c.get("trust") or {}
+    if trust and not trust.get("signed"):
+        out.append(f"  trust     {trust.get('words')}")
     for n in nodes:
         quiet = n.get("quiet_s")
         seen = "" if n.get("rank") == c.get("rank") else " never heard from" if quiet is None else f" heard {quiet:g}s ago"
         why = f": {n['why']}" if n.get("why") and n.get("state") != "ok" else ""
         me = " (this node)" if n.get("rank") == c.get("rank") else ""
-        out.append(f"  node {n.get('rank'):<3} {n.get('state', '?'):<8} {n.get('host') or '?'}{me}{seen}{why}")
+        bad = f"; its heartbeat file: {n['problem']}" if n.get("problem") else ""
+        out.append(f"  node {n.get('rank'):<3} {n.get('state', '?'):<8} {n.get('host') or '?'}{me}{seen}{why}{bad}")
+    for w in ((c.get("records") or {}).get("waiting") or [])[:3]:
+        out.append(f"  waiting   {w.get('unit')}: {w.get('why')}")
     return out
 
 

@@ -24,7 +24,9 @@ from supervisor.cluster.watch import ClusterWatch
 from supervisor.config import ClusterConfig, ConfigError, from_dict
 from supervisor.config.cluster import Identity, identity, part_target
 from supervisor.interfaces import TrainingInfo
+from supervisor.resume.wholerun import RunParts
 from supervisor.states import TrainingState
+from supervisor.sync.parts import Held
 from supervisor.sync.targets.local import LocalTarget
 from tests.fixtures.ports import free_port
 from tests.waiting import wait_until
@@ -97,7 +99,7 @@ def test_a_heartbeat_round_trips_and_garbage_is_named():
     b = beat(1, 7)
     assert cn.parse_beat(cn.beat_doc(b), 1) == b
     for data, words in [(b"{", "not JSON"), (b"[]", "not an object"), (b'{"rank": 2, "seq": 1, "at": 1}', "lacks"),
-                        (b'{"rank": 1, "seq": true, "at": 1}', "lacks"), (b"x" * 70000, "more than any")]:
+                        (b'{"rank": 1, "seq": true, "at": 1}', "lacks"), (b"x" * 140000, "more than any")]:
         with pytest.raises(ValueError, match=words):
             cn.parse_beat(data, 1)
 
@@ -364,7 +366,11 @@ def test_status_cluster_shows_every_node_from_the_target_without_a_daemon(tmp_pa
                       stop=Recorder().stop, withdraw=Recorder().withdraw, holds=lambda: held) for k in range(2)]
     for x in w:
         x.poll()
-    (remote / "_cluster" / "checkpoint-20.json").write_text("{}")
+    from supervisor.sync.parts import record_doc
+
+    (remote / "_cluster" / "checkpoint-20.json").write_bytes(
+        record_doc("checkpoint-20", "run-a", {0: "a" * 64, 1: "b" * 64, 2: "none"}, "2025-01-01T00:00:00Z"))
+    (remote / "_cluster" / "checkpoint-30.json").write_text("{}")  # not a record: never shown as whole
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'state_dir = "{tmp_path}/state"\n[sync]\ntarget = "{remote}"\nwatch = ["{tmp_path}/out"]\n'
                    '[cluster]\nnodes = 3\nrank = 0\nrun_id = "run-a"\nheartbeat = "1s"\nsilent_after = "5s"\n')
@@ -382,14 +388,20 @@ def test_status_cluster_shows_every_node_from_the_target_without_a_daemon(tmp_pa
 
 
 # --- whole units: every node's part ----------------------------------------------------------------
-def test_a_unit_is_whole_when_every_part_is_complete_or_its_node_holds_none_of_it():
+def test_a_unit_is_whole_when_every_part_is_verified_or_its_node_never_held_any():
+    """More cases in tests/test_cluster_whole.py (issue 53: "no part" only for a node that never held it)."""
     u = "checkpoint-40"
-    assert cn.unit_whole(u, 2, {0: True, 1: True}, {}) == ""
-    assert cn.unit_whole(u, 2, {0: True}, {1: None}) == "node 1's part is not complete on the target"
-    assert cn.unit_whole(u, 2, {0: True}, {1: frozenset({u})}) == "node 1 still writes or sends its part"
-    # the HF Trainer's DDP checkpoint: the main process alone writes it; node 1 says it holds none
-    assert cn.unit_whole(u, 2, {0: True}, {1: frozenset({"checkpoint-20"})}) == ""
-    assert cn.unit_whole(u, 3, {}, {1: frozenset(), 2: frozenset()}) == "node 0's part is not complete on the target"
+    held = cn.Beat(1, "h", 5, "b", 1.0, "RUNNING", holds=(u,), verified={u: "d1"})
+    assert cn.unit_whole(u, 2, {0: cn.Part("d0"), 1: cn.Part("d1", held)}) == ("", {0: "d0", 1: "d1"})
+    assert cn.unit_whole(u, 2, {0: cn.Part("d0")})[0] == "node 1's part is not complete on the target (node 1 not heard from)"
+    sending = cn.Beat(1, "h", 5, "b", 1.0, "RUNNING", holds=(u,))
+    assert cn.unit_whole(u, 2, {0: cn.Part("d0"), 1: cn.Part("", sending, fresh=True)})[0] == \
+        "node 1 still writes or sends its part"
+    # the HF Trainer's DDP checkpoint: the main process alone writes it; node 1 never held any of it
+    never = cn.Beat(1, "h", 5, "b", 1.0, "RUNNING", holds=("checkpoint-20",))
+    assert cn.unit_whole(u, 2, {0: cn.Part("d0"), 1: cn.Part("", never, fresh=True, watched_before=True)}) == \
+        ("", {0: "d0", 1: "none"})
+    assert cn.unit_whole(u, 3, {})[0].startswith("node 0's part is not complete")
 
 
 def part(remote: Path, rank: int, unit: str, complete: bool = True) -> None:
@@ -412,7 +424,9 @@ def test_rank_0_records_a_unit_once_every_nodes_part_is_on_the_target(tmp_path):
                       stop=a.stop, withdraw=a.withdraw, part0=LocalTarget(str(remote / "node-0")))
     w1 = ClusterWatch(ClusterConfig(nodes=2, rank=1, run_id="run-a", heartbeat=1.0, silent_after=5.0),
                       Identity(2, 1, "run-a"), LocalTarget(str(remote)), Training(), b, clock, "host-1",
-                      stop=b.stop, withdraw=b.withdraw, holds=lambda: list(held))
+                      stop=b.stop, withdraw=b.withdraw,
+                      # node 1's sync engine: its parts of 20 verified on the target, of 40 still going up
+                      holds=lambda: Held(True, tuple((u, part_digest(1) if u == "checkpoint-20" else "") for u in held)))
 
     def rounds(n: int) -> None:
         for _ in range(n):
@@ -456,7 +470,7 @@ def test_a_resume_takes_this_nodes_part_of_the_newest_whole_unit_only(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     rs = Restorer(LocalTarget(str(remote / "node-1")), None, watch_roots([str(out)]), time.time,
-                  etag_is_sha=True, run=(LocalTarget(str(remote)), 2))
+                  etag_is_sha=True, run=RunParts(LocalTarget(str(remote)), 2, 1))
     sv = rs.survey()
     assert [u.key for u in sv.order] == ["checkpoint-20"]
     assert [(u.key, u.why) for u in sv.skipped] == [

@@ -143,6 +143,7 @@ ALLOWED = {
     "supervisor.sync.policy": {"os"},                      # os.path's string functions (and ~ for the HF cache)
     "supervisor.requests": {"os"},                         # os.path.isabs on the folder a request names
     "supervisor.records": {"types"},                       # the annotations' union types
+    "supervisor.untrusted.signed": {"hashlib", "hmac"},    # a run's documents signed with its shared key
 }
 
 

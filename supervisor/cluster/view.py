@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) -> dict:
     """{"run_id", "target", "nodes": [...], "whole": [...]}. ValueError when the config names no
     run of several nodes; TargetError when the target cannot be read."""
-    from supervisor.sync.parts import RECORDS
+    from supervisor.sync.credentials import run_key
+    from supervisor.sync.parts import RECORDS, record_names_all
     from supervisor.sync.targets import make_target
     from supervisor.sync.targets.base import reader
     from supervisor.syncurl import parse_target
@@ -33,6 +34,9 @@ def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) 
         raise ValueError("this config is not a run of several nodes (cluster.nodes, or NNODES and the like, "
                          "and sync.target)")
     now = time.time() if now is None else now
+    key, problem = run_key(c.key_file)
+    if problem:
+        raise ValueError(f"cluster.key_file cannot be read ({problem})")
     target = make_target(parse_target(run_target), cfg.sync, cfg.state_dir)
     records = make_target(parse_target(f"{run_target.rstrip('/')}/{RECORDS}"), cfg.sync, cfg.state_dir)
     try:
@@ -41,7 +45,7 @@ def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) 
         for k in range(c.nodes):
             data = rd.read_file(cn.beat_key(k))
             try:
-                b = cn.parse_beat(data, k) if data is not None else None
+                b = cn.parse_beat(data, k, key) if data is not None else None
             except ValueError as e:
                 out.append({"rank": k, "state": cn.SILENT, "why": str(e)})
                 continue
@@ -57,18 +61,27 @@ def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) 
             keys = reader(records).list_keys()
         except Exception:  # noqa: BLE001 - no record yet (a folder target without _cluster/)
             keys = {}
-        whole = sorted((k[: -len(".json")] for k in keys if k.endswith(".json") and not k.startswith(cn.PART_PREFIX)),
-                       key=unit_order, reverse=True)
+        named = sorted((k[: -len(".json")] for k in keys if k.endswith(".json") and "/" not in k
+                        and not k.startswith(cn.PART_PREFIX)), key=unit_order, reverse=True)
+        whole = []
+        rr = reader(records) if named else None
+        for u in named[:64]:  # the newest records that are ours (valid, signed where the run has a key)
+            if rr is not None and record_names_all(rr.read_file(f"{u}.json"), u, c.nodes, key):
+                whole.append(u)
+                if len(whole) == 5:
+                    break
     finally:
         target.close()
         records.close()
     return {"run_id": c.run_id, "target": run_target, "nodes": out, "whole": whole[:5],
-            "silent_after_s": c.silent_after}
+            "silent_after_s": c.silent_after, "signed": key is not None}
 
 
 def render_cluster(d: dict) -> str:
     lines = [f"run {d['run_id']} on {d['target']}: {len(d['nodes'])} nodes; newest unit whole on every node: "
              f"{d['whole'][0] if d['whole'] else 'none yet'}"]
+    if not d.get("signed"):
+        lines.append("  no cluster.key_file: whoever can write the target's _cluster/ is trusted by the cluster")
     for n in d["nodes"]:
         if n.get("host") is None:
             lines.append(f"  node {n['rank']:<3} {n['state']:<8} {n.get('why', '')}")

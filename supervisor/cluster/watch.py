@@ -6,7 +6,9 @@ the machine. A node that comes back before the stop acts withdraws the reason.
 
 No server of our own: S3, rsync over SSH and a shared folder all carry the heartbeats. Every read
 and write is bounded by the target's own timeouts; a target that fails here is told in status and
-judges nobody lost (nodes.judge)."""
+judges nobody lost (nodes.judge). A heartbeat file that is not one (unreadable, another run's,
+unsigned or wrongly signed where the run has a key) is that node's problem, named on its line in
+status (and, when forged, alerted once): it never counts as the target failing."""
 
 from __future__ import annotations
 
@@ -14,17 +16,20 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from supervisor.cluster import nodes as cn
 from supervisor.cluster.nodes import read_every
+from supervisor.cluster.records import RunRecords
 from supervisor.config.cluster import Identity
 from supervisor.interfaces import Duty
 from supervisor.states import TRAINING_ALIVE
-from supervisor.timefmt import utc_stamp
+from supervisor.sync.credentials import run_key
+from supervisor.sync.parts import Held
+from supervisor.training.checkpoints import unit_order
+from supervisor.training.ranks import Ranks, spans
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -36,15 +41,19 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cluster")
 
 READ_THREADS = 8     # heartbeats read at once: 64 nodes in 8 round trips
-RECORDS_PENDING = 4  # unrecorded units of this part looked at per round, newest first
-RECORDS_KEPT = 256   # recorded units remembered (older ones are never looked at again)
+LOST_STATE = "cluster-lost"  # state file: the units this node lost before they were sent, for this run
+UNTRUSTED = ("no cluster.key_file: whoever can write the sync target's _cluster/ folder is trusted by the cluster "
+             "(can keep a dead node \"finished\", get a live node stopped, or plant run-wide records)")
 
 
 class ClusterWatch:
     def __init__(self, cfg: ClusterConfig, ident: Identity, target: object, training: TrainingView,
                  alerts: Alerts, clock: Clock, hostname: str, *, stop: Callable[[str, str], bool],
-                 withdraw: Callable[[str], None], display: str = "", holds: Callable[[], list[str]] | None = None,
-                 part0: object | None = None, since_step: Callable[[], float | None] | None = None):
+                 withdraw: Callable[[str], None], display: str = "",
+                 holds: Callable[[], Held | list[str]] | None = None, part0: object | None = None,
+                 since_step: Callable[[], float | None] | None = None, key: bytes | None = None,
+                 key_problem: str = "", ranks: Callable[[], Ranks | None] | None = None,
+                 state_dir: str | None = None):
         self.cfg = cfg
         self.ident = ident
         self.target = target
@@ -60,6 +69,8 @@ class ClusterWatch:
         self._boot = f"{clock.boot()[0]}:{os.getpid()}:{int(clock.time())}"
         self._last_write: float | None = None
         self._seen: dict[int, cn.Seen] = {}
+        self._problems: dict[int, str] = {}   # node -> why its heartbeat file was not taken
+        self._forged_told: set[int] = set()
         self._reads_ok_since: float | None = None
         self._views: list[cn.NodeView] = []
         self._lost: set[int] = set()
@@ -68,20 +79,33 @@ class ClusterWatch:
         self.error = ""
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="cluster-read")
         self._holds = holds or (lambda: [])
+        self._ranks = ranks or (lambda: None)
+        # the run's shared secret (cluster.key_file): heartbeats and records are signed with it and
+        # only signed ones count; None: the bucket is trusted (status says so)
+        self.key = key
+        self.key_problem = key_problem
         # seconds since this node's training last stepped (None: not known): a run that still steps
         # has lost no peer (its collectives would block), whatever a silent supervisor says
         self._since_step = since_step or (lambda: None)
         # rank 0 writes the run-wide records: its own part's units, each once every node's part is whole
-        self._part0 = part0
+        self._records = RunRecords(ident, part0, target, key, cfg.heartbeat) if part0 is not None else None
         self._last_records: float | None = None
-        self._recorded: list[str] = []
-        self._complete_here: dict[str, float] = {}   # unit -> when its part here was first read complete
-        self._records_waiting: dict[str, str] = {}
+        # the units this node lost before they were sent: said in every heartbeat of this run, across restarts
+        self._state = None
+        self._lost_units: list[str] = []
+        if state_dir:
+            from supervisor.statefile import StateStore
+
+            self._state = StateStore(state_dir)
+            got = self._state.load(LOST_STATE, {})
+            if isinstance(got, dict) and got.get("run_id") == ident.run_id and isinstance(got.get("lost"), list):
+                self._lost_units = [u for u in got["lost"] if isinstance(u, str)][: cn.LOST_MAX]
 
     @classmethod
     def of(cls, cfg: Config, run_target: str, training: TrainingView, alerts: Alerts, clock: Clock, hostname: str,
-           stops: StopRunner, holds: Callable[[], list[str]], target_at: Callable[[str], object],
-           since_step: Callable[[], float | None] | None = None) -> ClusterWatch:
+           stops: StopRunner, holds: Callable[[], Held | list[str]], target_at: Callable[[str], object],
+           since_step: Callable[[], float | None] | None = None,
+           ranks: Callable[[], Ranks | None] | None = None) -> ClusterWatch:
         """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts);
         `target_at` builds a target for a place on the store (the sync engine's sibling_target)."""
         from supervisor.syncurl import parse_target
@@ -89,9 +113,15 @@ class ClusterWatch:
         c = cfg.cluster
         ident = Identity(c.nodes, c.rank or 0, c.run_id)
         part0 = target_at(cfg.sync.target) if ident.rank == 0 else None
+        key, problem = run_key(c.key_file)
+        if problem:
+            log.error("cluster_key_unreadable", key_file=c.key_file, error=problem)
+            alerts.fire("cluster:key", "cluster_key", "critical", "cluster.key_file cannot be read",
+                        f"cluster.key_file = {c.key_file}: {problem}.\nThis node neither signs nor checks the run's "
+                        "heartbeats and records: whoever can write the sync target is trusted by the cluster.\n")
         return cls(c, ident, target_at(run_target), training, alerts, clock, hostname, stop=stops.request,
                    withdraw=stops.withdraw, display=parse_target(run_target).display(), holds=holds, part0=part0,
-                   since_step=since_step)
+                   since_step=since_step, key=key, key_problem=problem, ranks=ranks, state_dir=cfg.state_dir)
 
     # --- the duty -------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -110,7 +140,7 @@ class ClusterWatch:
             for rank, beat in got.items():
                 self._seen[rank] = cn.observe(self._seen.get(rank), beat, now)
             self._views = cn.judge(self._seen, self.ident, self.hostname, info.state.value, now,
-                                   self._reads_ok_since, self.cfg.heartbeat, self.cfg.silent_after)
+                                   self._reads_ok_since, self.cfg.heartbeat, self.cfg.silent_after, self._problems)
             lost = {v.rank: v for v in self._views if v.state == cn.LOST}
             held: list[cn.NodeView] = []
             if lost and info.state in TRAINING_ALIVE and self._still_stepping():
@@ -130,11 +160,15 @@ class ClusterWatch:
             self._on_lost(v, info.state in TRAINING_ALIVE)
         for v in back.values():
             self._on_back(v)
-        if self._part0 is not None and (self._last_records is None or
-                                        now - self._last_records >= max(2 * self.cfg.heartbeat, 2.0)):
+        if self._records is not None and (self._last_records is None or
+                                          now - self._last_records >= max(2 * self.cfg.heartbeat, 2.0)):
             self._last_records = now
+            with self._lock:
+                seen = dict(self._seen)
+                gone = frozenset(v.rank for v in self._views if v.state == cn.LOST)
+            r = self._ranks_now()
             try:
-                self._write_records(now)
+                self._records.write(now, self.clock.time(), seen, r.world if r is not None else None, gone)
             except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
                 self._problem(f"cannot write the run-wide records: {e}")
 
@@ -155,17 +189,49 @@ class ClusterWatch:
 
     def _beat(self, training: str, run: int) -> None:
         self._seq += 1
-        try:
-            holds = tuple(self._holds()[: cn.HOLDS_MAX])
-        except Exception:  # noqa: BLE001 - the engine's view is a courtesy: a heartbeat goes out anyway
-            log.exception("cluster_holds_failed")
-            holds = ()
+        held = self._held_now()
+        r = self._ranks_now()
+        if self._records is not None and held.scanned:
+            self._records.saw([u for u, _ in held.units], self.clock.monotonic())
         doc = cn.beat_doc(cn.Beat(self.ident.rank, self.hostname, self._seq, self._boot, self.clock.time(), training,
-                                  run, self.ident.run_id, holds))
+                                  run, self.ident.run_id, tuple(u for u, _ in held.units) if held.scanned else None,
+                                  {u: d for u, d in held.units if d}, tuple(self._lost_units),
+                                  r.world if r is not None else None,
+                                  tuple((a, b) for a, b in spans(r.mine)) if r is not None and r.mine is not None
+                                  else None), self.key)
         try:
             self.target.write_object(cn.beat_key(self.ident.rank), doc)  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 - a failing target must never take the duty down
             self._problem(f"cannot write this node's heartbeat: {e}")
+
+    def _held_now(self) -> Held:
+        """The engine's answer (a plain list of names from an older caller: their parts unverified),
+        with this node's lost units kept: a unit lost before it was sent stays lost for the run,
+        across restarts, until the node holds it again verified."""
+        try:
+            got = self._holds()
+        except Exception:  # noqa: BLE001 - the engine's view is a courtesy: a heartbeat goes out anyway
+            log.exception("cluster_holds_failed")
+            return Held(False)
+        held = got if isinstance(got, Held) else Held(True, tuple((u, "") for u in got[: cn.HOLDS_MAX]))
+        verified = {u for u, d in held.units if d}
+        lost = [u for u in dict.fromkeys([*held.lost, *self._lost_units]) if u not in verified]
+        lost = sorted(lost, key=unit_order, reverse=True)[: cn.LOST_MAX]
+        if lost != self._lost_units:
+            self._lost_units = lost
+            if self._state is not None:
+                try:
+                    self._state.save(LOST_STATE, {"run_id": self.ident.run_id, "lost": lost})
+                except OSError:
+                    pass  # kept in memory; the state store says it is unsaved
+        return held
+
+    def _ranks_now(self) -> Ranks | None:
+        try:
+            return self._ranks()
+        except Exception:  # noqa: BLE001 - not known: the heartbeat says so
+            log.exception("cluster_ranks_failed")
+            return None
 
     def _read_all(self) -> tuple[dict[int, cn.Beat | None], bool]:
         from supervisor.sync.targets.base import reader
@@ -177,17 +243,20 @@ class ClusterWatch:
             data = read.read_file(cn.beat_key(rank))
             if data is None:
                 return None
-            beat = cn.parse_beat(data, rank)
-            return beat if beat.run_id == self.ident.run_id else None  # another run's, left on this prefix
+            beat = cn.parse_beat(data, rank, self.key)
+            if beat.run_id != self.ident.run_id:  # another run's, left on this prefix
+                raise cn.Unreadable(f"node {rank}'s heartbeat is another run's ({beat.run_id[:80]!r})")
+            return beat
 
         out: dict[int, cn.Beat | None] = {}
         ok = True
         for rank, fut in [(r, self._pool.submit(one, r)) for r in others]:
             try:
                 out[rank] = fut.result()
-            except ValueError as e:
+                self._problems.pop(rank, None)
+            except ValueError as e:  # Unreadable, Forged: that node's file, never the target failing
                 out[rank] = None
-                log.warning("cluster_heartbeat_unreadable", rank=rank, error=str(e))
+                self._bad_beat(rank, e)
             except Exception as e:  # noqa: BLE001 - a target error: nobody is judged lost meanwhile
                 ok = False
                 self._problem(f"cannot read node {rank}'s heartbeat: {e}")
@@ -195,54 +264,23 @@ class ClusterWatch:
             self.error = ""
         return out, ok
 
+    def _bad_beat(self, rank: int, e: ValueError) -> None:
+        text = str(e)[:300]
+        if self._problems.get(rank) != text:
+            log.warning("cluster_heartbeat_not_taken", rank=rank, error=text)
+        self._problems[rank] = text
+        if isinstance(e, cn.Forged) and rank not in self._forged_told:
+            self._forged_told.add(rank)
+            self.alerts.fire(f"cluster:forged:{rank}", "cluster_forged", "critical",
+                             f"a heartbeat of node {rank} is not signed with the run's key",
+                             f"Run {self.ident.run_id or '(unnamed)'}: {text}.\nIt is ignored: node {rank} counts as "
+                             "not heard from. Someone other than the run's nodes can write the sync target, or node "
+                             f"{rank} runs with another cluster.key_file.\n")
+
     def _problem(self, text: str) -> None:
         if text != self.error:
             log.warning("cluster_target_failed", error=text)
         self.error = text
-
-    # --- the run-wide records (rank 0) -----------------------------------------------------------
-    def _write_records(self, now: float) -> None:
-        """`_cluster/<unit>.json` for each unit of this part that every node's part makes whole
-        (sync.parts); the newest RECORDS_PENDING unrecorded units are looked at each round."""
-        from supervisor.sync import parts
-        from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
-        from supervisor.sync.targets.base import reader
-        from supervisor.training.checkpoints import unit_order
-
-        tail = "/" + MANIFEST_NAME
-        base = getattr(self._part0, "base", None)
-        if isinstance(base, Path) and not base.exists():
-            return  # a folder target: nothing of this part uploaded yet
-        own = [k[: -len(tail)] for k in reader(self._part0).list_keys()
-               if k.endswith(tail) and not k.startswith(PROBE_FOLDER)]
-        own.sort(key=unit_order, reverse=True)
-        read = reader(self.target).read_file
-        todo = [u for u in own if u not in self._recorded][:RECORDS_PENDING]
-        self._records_waiting = {u: w for u, w in self._records_waiting.items() if u in todo}
-        for unit in todo:
-            if parts.record_names_all(read(parts.record_key(unit)), unit, self.ident.nodes):
-                self._recorded.append(unit)  # written before this daemon started
-                continue
-            digests = {k: parts.part_digest(read(parts.part_manifest(k, unit))) for k in range(self.ident.nodes)}
-            if not digests[0]:
-                continue
-            since = self._complete_here.setdefault(unit, now)
-            with self._lock:
-                holds = {k: frozenset(s.beat.holds) if s.beat is not None and s.changed is not None
-                         and s.changed > since + self.cfg.heartbeat else None for k, s in self._seen.items()}
-            why = cn.unit_whole(unit, self.ident.nodes, {k: bool(d) for k, d in digests.items()}, holds)
-            if why:
-                self._records_waiting[unit] = why
-                continue
-            doc = parts.record_doc(unit, self.ident.run_id, {k: d or "none" for k, d in digests.items()},
-                                   utc_stamp(self.clock.time()))
-            self.target.write_object(parts.record_key(unit), doc)  # type: ignore[attr-defined]
-            log.info("cluster_unit_recorded", unit=unit, nodes=self.ident.nodes,
-                     without_part=[k for k, d in digests.items() if not d])
-            self._recorded.append(unit)
-            self._records_waiting.pop(unit, None)
-            self._complete_here.pop(unit, None)
-        del self._recorded[:-RECORDS_KEPT]
 
     # --- a node lost, a node back ---------------------------------------------------------------
     def _on_lost(self, v: cn.NodeView, training_alive: bool) -> None:
@@ -280,16 +318,24 @@ class ClusterWatch:
             self._withdraw("node_lost")
 
     # --- status ---------------------------------------------------------------------------------
+    def trust(self) -> dict:
+        """Whom the cluster trusts, in words for status."""
+        if self.key:
+            return {"signed": True, "words": "heartbeats and run-wide records are signed with cluster.key_file; "
+                                             "unsigned or wrongly signed ones are ignored"}
+        why = f"cluster.key_file cannot be read ({self.key_problem}): " if self.key_problem else ""
+        return {"signed": False, "words": why + UNTRUSTED}
+
     def status(self) -> dict:
         now_wall = self.clock.time()
+        r = self._ranks_now()
         with self._lock:
             views = list(self._views)
         return {"run_id": self.ident.run_id, "rank": self.ident.rank, "target": self.display,
                 "heartbeat_s": self.cfg.heartbeat, "silent_after_s": self.cfg.silent_after,
                 "on_node_lost": self.cfg.on_node_lost, "error": self.error,
-                "records": {"recorded": list(reversed(self._recorded[-5:])),
-                            "waiting": [{"unit": u, "why": w} for u, w in list(self._records_waiting.items())[:5]]}
-                if self._part0 is not None else None,
+                "trust": self.trust(), "ranks": r.to_json() if r is not None else None,
+                "records": self._records.status() if self._records is not None else None,
                 "nodes": [v.to_json(now_wall) for v in views] or
                          [{"rank": r, "host": self.hostname if r == self.ident.rank else "",
                            "state": cn.OK if r == self.ident.rank else cn.SILENT, "last_seen": None,
@@ -297,7 +343,7 @@ class ClusterWatch:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for t in (self.target, self._part0):
+        for t in (self.target, self._records.part0 if self._records is not None else None):
             close = getattr(t, "close", None)
             if callable(close):
                 close()
@@ -307,4 +353,5 @@ class ClusterWatch:
 
     def status_blocks(self) -> dict[str, object]:
         return {"cluster": self.status()}
+
 

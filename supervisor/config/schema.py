@@ -284,6 +284,7 @@ class ClusterConfig:
     heartbeat: float = _k("duration", 15.0, min=0.2, max=600)
     silent_after: float = _k("duration", 60.0, min=1, max=86400)
     on_node_lost: str = _k("choice", "save_and_stop", choices=("save_and_stop", "alert"))
+    key_file: str = _k("path", "")  # a secret every node shares: heartbeats and records carry its HMAC
 
 
 @dataclass

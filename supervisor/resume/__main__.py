@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     _log.on_first_use = setup_logging
     _log.min_level = _log.LEVELS.get(str(cfg.log_level).lower(), 0)
     from supervisor.resume.restore import NothingToRestore, Restorer
+    from supervisor.resume.wholerun import run_parts
     from supervisor.sync.ledger import Ledger, LedgerBusy
     from supervisor.sync.scan import watch_roots
     from supervisor.sync.targets import make_target, target_identity
@@ -61,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not (args.list or args.dry_run):
             ledger = Ledger(cfg.state_dir, target_identity(url, cfg.sync))
-        run = make_target(parse_target(run_target), cfg.sync, cfg.state_dir) if cfg.cluster.nodes > 1 else None
+        run = run_parts(run_target, cfg.cluster.nodes, cfg.cluster.rank or 0, cfg.cluster.key_file,
+                        lambda u: make_target(parse_target(u), cfg.sync, cfg.state_dir))
         rs = Restorer(target, ledger, watch_roots(cfg.sync.watch), time.time,
-                      etag_is_sha=url.kind in ("local", "rsync"), user=cfg.training.user,
-                      run=(run, cfg.cluster.nodes) if run else None)
+                      etag_is_sha=url.kind in ("local", "rsync"), user=cfg.training.user, run=run)
         if args.list:
             out = {"target": url.display(), "units": [u.to_json() for u in rs.survey().units]}
         else:

@@ -21,6 +21,7 @@ from supervisor.interfaces import RequestError, Verb
 from supervisor.notify.mails import resume as words
 from supervisor.resume.local import newest_local
 from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Restorer, saved_epoch
+from supervisor.resume.wholerun import run_parts
 from supervisor.sync._log import get_logger
 from supervisor.sync.targets import make_target
 from supervisor.sync.targets.base import TargetError
@@ -52,10 +53,13 @@ class GateConfig:
     nodes: int = 1            # cluster.nodes: a run of several restores whole units only
     user: str = ""            # training.user: the restored files are the training's
     hostname: str = ""
+    rank: int = 0             # cluster.rank: this node's part of the run's one unit
+    key_file: str = ""        # cluster.key_file: the run-wide records are signed with it
 
     @classmethod
     def of(cls, c: Config) -> GateConfig:
-        return cls(c.resume, c.sync, c.state_dir, c.cluster.nodes, c.training.user, c.hostname)
+        return cls(c.resume, c.sync, c.state_dir, c.cluster.nodes, c.training.user, c.hostname, c.cluster.rank or 0,
+                   c.cluster.key_file)
 
 
 class ResumeGate:
@@ -216,12 +220,16 @@ class ResumeGate:
             raise RequestError("no sync.target configured: nothing to resume from")
         url = self.engine.url
         target = make_target(url, self.cfg.sync, self.cfg.state_dir)
-        run = (make_target(parse_target(self.run_target), self.cfg.sync, self.cfg.state_dir)
-               if self.cfg.nodes > 1 and self.run_target else None)
+        try:
+            run = run_parts(self.run_target, self.cfg.nodes, self.cfg.rank, self.cfg.key_file,
+                            lambda u: make_target(parse_target(u), self.cfg.sync, self.cfg.state_dir))
+        except TargetError:
+            target.close()
+            raise
         try:
             return fn(Restorer(target, self.engine.ledger if record else None, list(self.engine.roots),
                                self.clock.time, etag_is_sha=url.kind in ("local", "rsync"), progress=self.progress,
-                               user=self.cfg.user, run=(run, self.cfg.nodes) if run else None))
+                               user=self.cfg.user, run=run))
         finally:
             target.close()
             if run is not None:

@@ -30,7 +30,6 @@ from itertools import islice
 from supervisor.resume.ahead import Ahead, Cancelled, Declined, from_listing
 from supervisor.resume.choose import (
     COMPLETE,
-    PARTIAL,
     UnitInfo,
     choose,
     judge,
@@ -41,7 +40,7 @@ from supervisor.resume.choose import (
 )
 from supervisor.resume.place import Staging, open_inside, owner_of
 from supervisor.resume.place import hand_over as _hand_over
-from supervisor.sync import parts
+from supervisor.resume.wholerun import RunParts, whole_run
 from supervisor.sync._log import get_logger
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.manifest_doc import STATE_NAME
@@ -58,7 +57,6 @@ LAST_CKPT = re.compile(r"^last(?:-v\d+)?\.ckpt$")  # Lightning's save_last copy 
 HASH_CHUNK = 8 << 20
 SURVEY_THREADS = 8
 SURVEY_WINDOW = 2 * SURVEY_THREADS  # folders read ahead of the one being judged
-WHOLE_RUN_CHECKED = 16  # complete units checked on every node's part, newest first (a resume needs one)
 KEEP_LISTS = 4          # complete units whose file lists a survey keeps (the restore's first choices)
 VERIFY_THREADS = 4
 
@@ -134,9 +132,10 @@ class Restorer:
 
     def __init__(self, target: object, ledger: Ledger | None, roots: list[Root], now: Callable[[], float],
                  etag_is_sha: bool = False, progress: Progress | None = None, user: str | None = None,
-                 run: tuple[object, int] | None = None):
+                 run: RunParts | tuple[object, int] | None = None):
         self.target = target
-        self.run = run                      # a run of several nodes: (its own target, nodes): whole units only
+        # a run of several nodes: one unit for the whole run (its parts all complete, or its record)
+        self.run = RunParts(run[0], run[1]) if isinstance(run, tuple) else run
         self.user = user or None            # training.user: the restored folders and files become theirs
         self.owner = owner_of(self.user)
         self.ledger = ledger
@@ -171,27 +170,15 @@ class Restorer:
             units.append(u)
         ch = choose(units, name)
         if self.run is not None:
-            ch.order, ch.skipped = self._whole_run(ch.order, ch.skipped)
+            ch.order, ch.skipped = self._whole_run(ch.order, ch.skipped, name)
         ranked = sorted(units, key=lambda u: (u.step if u.step is not None else -1, u.saved_at), reverse=True)
         return Survey(ranked, ch.order, ch.skipped, keys)
 
-    def _whole_run(self, order: list[UnitInfo], skipped: list[UnitInfo]) -> tuple[list[UnitInfo], list[UnitInfo]]:
-        """Only the units complete on every node of the run (sync.parts): this node's part of a
-        newer unit that another node never finished is skipped, named."""
+    def _whole_run(self, order: list[UnitInfo], skipped: list[UnitInfo],
+                   name: str | None = None) -> tuple[list[UnitInfo], list[UnitInfo]]:
+        """One unit for the whole run, the same on every node (resume/wholerun.py)."""
         assert self.run is not None
-        rd = reader(self.run[0])
-        nodes = self.run[1]
-        whole, newer = [], []
-        for u in order[:WHOLE_RUN_CHECKED]:
-            if parts.record_names_all(rd.read_file(parts.record_key(u.key)), u.key, nodes):
-                whole.append(u)
-                continue
-            found, why = parts.whole(rd.read_file, nodes, u.key)
-            if found:
-                whole.append(u)
-            elif not whole:
-                newer.append(replace(u, state=PARTIAL, why=f"not complete on every node of the run: {why}"))
-        return whole, newer + skipped
+        return whole_run(self.run, order, skipped, name)
 
     def _judged(self, rd: Reader, keys: dict[str, int], folders: list[str]) -> Iterator[UnitInfo]:
         """The units of `folders` in their order, each judged from its manifest (and its

@@ -8,10 +8,11 @@ A single checkpoint file rewritten as it goes up is sent from a snapshot (`snaps
 `snapdir`), and the saves the target lacks are counted (`saves`) and told (`targethealth`).
 `python -m supervisor.sync` is the one-shot CLI; `stamp` answers its no-change pass without the engine.
 
-Pure: `complete`, `backoff`, `retention`, `names`, `parts`, `manifest_doc`, `policy`, `unselected` (what looks
+Pure: `complete`, `formats` (each trainer's rule), `backoff`, `retention`, `names`, `parts`, `manifest_doc`,
+`policy`, `unselected` (what looks
 like training output and no include selects; `unreached` lists the folders the walk skips). Shell: everything
 else (`final` too: it reads the ledger and the target's answers while it decides).
 May import: the core, notify, training. Imported by: the daemon, resume, cluster.
 """
 
-PURE = ("complete", "backoff", "retention", "names", "parts", "manifest_doc", "policy", "unselected")
+PURE = ("complete", "formats", "backoff", "retention", "names", "parts", "manifest_doc", "policy", "unselected")

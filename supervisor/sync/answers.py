@@ -1,6 +1,6 @@
 """Answering the callers who wait on the sync engine: `sync --wait`, the final sync before a stop,
 `once`, and what made it off the machine (`holdings`, for a spot notice), and which units are here at all
-(`held_units`, for a cluster heartbeat): the engine's part `answers`. The decisions themselves are
+(`held_units`, `held_parts`, for a cluster heartbeat): the engine's part `answers`. The decisions themselves are
 final.py's and scan.py's, pure.
 """
 
@@ -17,6 +17,7 @@ from supervisor.sync import final
 from supervisor.sync import scan as sc
 from supervisor.sync._log import get_logger
 from supervisor.sync.final import FinalJob
+from supervisor.sync.parts import Held
 from supervisor.sync.proof import EngineView
 from supervisor.sync.targets.base import TargetError
 from supervisor.sync.waiter import Ticket, Waiters
@@ -73,6 +74,28 @@ class Answers:
         with self.e._lock:
             keys = {u.key for u in self.e._units.values() if u.key}
         return sorted(keys, key=unit_order, reverse=True)[:limit]
+
+    def held_parts(self, limit: int = 64) -> Held:
+        """What a cluster heartbeat says of this node's units: nothing known before the first scan
+        ended (a restarted daemon's first heartbeat must not read as "holds no part"); then the
+        units here, newest first, each with its part's digest when the target holds it verified
+        exactly as it is here; and the units deleted here before they were sent (sync/lost.py)."""
+        with self.e._lock:
+            if not self.e.stats.get("scans"):
+                return Held(False)
+            up = self.e._up
+            pairs: dict[str, str] = {}
+            for u in self.e._units.values():
+                if not u.key:
+                    continue
+                d = ""
+                if up is not None and self.e.ledger is not None and u.verdict.complete and up.synced(u):
+                    m = self.e.ledger.manifest(u.key)
+                    d = str((m or {}).get("digest") or "")
+                pairs[u.key] = pairs.get(u.key) or ("" if d.startswith("damaged:") else d)
+            lost = tuple(str(x.get("unit") or "") for x in self.e.lost.lost)
+        keys = sorted(pairs, key=unit_order, reverse=True)[:limit]
+        return Held(True, tuple((k, pairs[k]) for k in keys), tuple(x for x in lost if x))
 
     def wait_idle(self, timeout_s: float) -> FinalSyncResult:
         """Block until a full pass that started after this call has uploaded and verified every

@@ -183,3 +183,24 @@ class CredentialWatch:
                 if p == self.env_file:
                     self._load_env_file()
         return moved
+
+
+def run_key(path: str) -> tuple[bytes | None, str]:
+    """(the run's shared secret, "") from cluster.key_file (its first line, at least 16 bytes); (None,
+    why) when it is set and cannot be used; (None, "") when it is not set. Registered with the
+    redactor: it is never written into a message."""
+    if not path:
+        return None, ""
+    from supervisor import redact
+    from supervisor.untrusted import signed
+
+    try:
+        fd = open_regular(os.path.expanduser(path))
+        try:
+            key = signed.key_of(os.read(fd, 64 * 1024))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as e:
+        return None, f"{path}: {getattr(e, 'strerror', None) or e}"
+    redact.register(key.decode("utf-8", "replace"))
+    return key, ""

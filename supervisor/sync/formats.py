@@ -9,10 +9,16 @@ these rules add what the format itself promises:
 - deepspeed: `global_stepN/` holds one optimizer shard per data-parallel rank and model-parallel
   rank (`[bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt`). `latest` (the tag) is
   written by rank 0 *before* the last barrier (DeepSpeed #7546), so it proves nothing about the
-  other ranks: every rank's shard must be there, the world size coming from the workers.
+  other ranks: every shard of *this node's* ranks must be there (the ranks and the world size
+  coming from the workers, training/ranks.py), and `mp_rank_00_model_states.pt` on the node that
+  runs data-parallel rank 0 (the only one that writes it, unless use_node_local_storage).
 - dcp (torch.distributed.checkpoint, FSDP, Megatron's torch_dist): `.metadata` is written last,
-  by the coordinator, after every rank's `.distcp` files; a folder of `.distcp` without it is
-  nothing. `.metadata` is a pickle: it is never opened.
+  by the coordinator (rank 0), after every rank's `.distcp` files; on its node a folder of
+  `.distcp` without it is nothing; on a node without rank 0 (node-local disks) each of its ranks'
+  `__{rank}_0.distcp` is. `.metadata` is a pickle: it is never opened.
+- the files only global rank 0 writes (model states, `.metadata`, Megatron's tracker, NeMo's
+  marker, trainer_state.json) are not awaited on a node that does not run it: the run-wide check
+  (sync/parts.py) asks the union of the nodes' parts for them. Ranks not known: not complete.
 - megatron: `iter_NNNNNNN/` is complete once `latest_checkpointed_iteration.txt` beside it names
   that iteration or a later one.
 - nemo: a `<name>-unfinished` marker beside `<name>.ckpt` while the save runs.
@@ -44,15 +50,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from supervisor.untrusted import Unreadable, json_object
 
 DS_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 DS_MODEL = re.compile(r"^(?:zero_pp_rank_\d+_)?mp_rank_(\d+)_model_states\.pt$")
+DS_RANK_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")  # ZeRO-3: one per rank
 DS_LATEST = "latest"
 DCP_METADATA = ".metadata"
 DCP_SHARD = re.compile(r"\.distcp$")
+DCP_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")     # FileSystemWriter: __{rank}_{file}.distcp
+HF_RNG = re.compile(r"^rng_state_(\d+)\.pth$")      # the Trainer: one per process when it runs several
+HF_NAME = re.compile(r"^checkpoint-\d+$")
 MEGATRON_ITER = re.compile(r"^iter_(\d{7})$")
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 NEMO_UNFINISHED = "-unfinished"
@@ -90,6 +100,10 @@ class Facts:
                                                        # marker, when the unit is its weights/ folder)
     mtimes: Mapping[str, float] = field(default_factory=dict)  # files a rule only stats (never reads):
                                                        # rel ("../x" beside the unit) -> mtime
+    ranks: frozenset[int] | None = None                # the global ranks this node runs (None: every rank of
+                                                       # world_size, one node, unless ranks_waiting says)
+    ranks_waiting: str = ""                            # a node of several whose ranks are not known: what
+                                                       # is awaited (training/ranks.py)
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,35 @@ class Rule:
     positive: bool = False   # the format's own rule says complete (not merely "nothing seen missing")
     soft: bool = False       # only a fact the daemon lacks (the world size) is missing: a final sync,
                              # whose writers are gone, takes the files as they are
+    elsewhere: bool = False  # global rank 0 runs on another node: the Trainer's trainer_state.json (the
+                             # default sync.complete_marker) is its file, never this node's to wait for
+
+
+def _mine(facts: Facts) -> frozenset[int] | None:
+    """The ranks whose files this node's folder holds; None while they are not known."""
+    if facts.ranks is not None:
+        return facts.ranks
+    if facts.world_size is None or facts.ranks_waiting or facts.world_size > RANKS_MAX:
+        return None
+    return frozenset(range(facts.world_size))
+
+
+def _elsewhere(facts: Facts) -> bool:
+    """Global rank 0 runs on another node: the files only it writes (DeepSpeed's model states,
+    DCP's .metadata, Megatron's tracker, NeMo's marker, the Trainer's trainer_state.json) are not
+    this node's to wait for (a node-local disk never gets them; the run-wide check asks the
+    union of the nodes' parts for them, sync/parts.py)."""
+    mine = _mine(facts)
+    return mine is not None and 0 not in mine
+
+
+def _unknown(facts: Facts) -> Rule:
+    """The rule needs this node's ranks and they are not known: not complete (a final sync, whose
+    writers are gone, takes the files as they are)."""
+    if facts.world_size is None:
+        why = facts.ranks_waiting or "the training's WORLD_SIZE is not known yet"
+        return Rule(f"the world size (set sync.world_size): {why}", soft=True)
+    return Rule(facts.ranks_waiting or "this node's ranks (set sync.world_size and cluster.nodes)", soft=True)
 
 
 def _base(path: str) -> str:
@@ -174,10 +217,19 @@ def waiting_for(fmt: str, unit_name: str, rels: Iterable[str], facts: Facts) -> 
 
 def judge(fmt: str, unit_name: str, rels: Iterable[str], facts: Facts) -> Rule:
     """The unit's format's rule, applied to its files' names and the facts the shell read."""
-    names = list(rels)
+    r = _rule(fmt, unit_name, list(rels), facts)
+    return replace(r, elsewhere=True) if _elsewhere(facts) else r
+
+
+def _rule(fmt: str, unit_name: str, names: list[str], facts: Facts) -> Rule:
     base = _base(unit_name)
     if fmt == "megatron":
+        tracker = f"../{MEGATRON_TRACKER}" in facts.texts
+        if _elsewhere(facts) and not tracker:
+            return Rule()  # the tracker is rank 0's, on its node: this node's files wait out the quiet period
         why = _megatron(base, facts)
+        if why and facts.ranks_waiting and not tracker:
+            return _unknown(facts)  # rank 0's tracker to come, or a node-local disk that never gets it
         return Rule(why, positive=not why)
     if fmt == "orbax":
         return _orbax(base, names, facts)
@@ -196,25 +248,55 @@ def judge(fmt: str, unit_name: str, rels: Iterable[str], facts: Facts) -> Rule:
     # DeepSpeed and DCP layouts also sit inside an HF checkpoint-N/ (the Trainer with DeepSpeed or
     # FSDP) and an Accelerate checkpoint_N/ (save_state with either)
     ds = _deepspeed(names, facts)
-    if ds:
-        return Rule(ds)
-    dcp = _dcp(names)
-    if dcp:
-        return Rule(dcp)
+    if ds is not None and ds.waiting:
+        return ds
+    dcp = _dcp(names, facts)
+    if dcp.waiting:
+        return dcp
+    if fmt in ("hf", "deepspeed") and _elsewhere(facts) and HF_STATE not in names:
+        rng = _hf_rng(names, facts)
+        if rng is not None and rng.waiting:
+            return rng  # the Trainer's processes write their rng_state last, after their shards
+        if rng is None and HF_NAME.match(base):
+            return Rule()  # the Trainer's folder before any rng_state: the quiet period decides
     if fmt == "accelerate":
         return _accelerate(names, facts)
     if fmt == "hf":
-        return Rule(positive=HF_STATE in names)
+        return _hf(names, facts, ds)
     if fmt == "deepspeed":
-        # every rank's shard counted against a known world: nothing can still be missing
-        return Rule(positive=facts.world_size is not None)
+        return ds or Rule()
     if fmt == "dcp":
-        return Rule(positive=True)  # every folder of .distcp shards has its .metadata, written last
+        return dcp  # every folder of .distcp shards has its .metadata, written last (or this node's ranks' files)
     if fmt == "nemo":
-        return Rule(positive=True)  # NeMo removes its marker only after the last file
+        # NeMo removes its marker only after the last file; the marker is global rank 0's: a node
+        # without rank 0 never sees one, and waits out the quiet period
+        return Rule(positive=not _elsewhere(facts) and not facts.ranks_waiting)
     if fmt == "files" and names == [base] and base.lower().endswith(CHECKPOINT_FILE_EXT):
         return Rule(positive=True)  # one checkpoint file: whole by its own header (complete.py)
     return Rule()
+
+
+def _hf(names: list[str], facts: Facts, ds: Rule | None) -> Rule:
+    """The Trainer's trainer_state.json, written last by the main process (global rank 0). A node
+    without rank 0 holds the folder with its own processes' rng_state_{rank}.pth (each written by
+    its process after its model and optimizer parts) and their DeepSpeed shards."""
+    if HF_STATE in names:
+        return Rule(positive=True)
+    if not _elsewhere(facts):
+        return Rule()
+    return _hf_rng(names, facts) or Rule(positive=ds is not None and ds.positive)
+
+
+def _hf_rng(names: list[str], facts: Facts) -> Rule | None:
+    """None: no rng_state_N.pth among the names. Else each of this node's ranks' (its process
+    writes it after its model and optimizer parts), or complete."""
+    rng = {int(m.group(1)) for n in _top(names) if (m := HF_RNG.match(n)) and len(m.group(1)) <= 7}
+    if not rng:
+        return None
+    for r in sorted(_mine(facts) or ()):
+        if r not in rng:
+            return Rule(f"rng_state_{r}.pth (rank {r} of this node writes it after its part of the save)")
+    return Rule(positive=True)
 
 
 def _folders(names: list[str]) -> dict[str, list[str]]:
@@ -225,60 +307,103 @@ def _folders(names: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _dcp(names: list[str]) -> str:
+def _dcp(names: list[str], facts: Facts | None = None) -> Rule:
+    """Every folder of .distcp files has its .metadata, written last by the coordinator (global
+    rank 0). A node without rank 0 (a node-local disk) never gets it: there each of this node's
+    ranks' `__{rank}_0.distcp` must be there, and the quiet period covers a rank's later files;
+    the run-wide check asks the union of the parts for the .metadata (sync/parts.py)."""
+    facts = facts or Facts()
+    positive = True
     for d, files in sorted(_folders(names).items()):
-        if any(DCP_SHARD.search(n) for n in files) and DCP_METADATA not in files:
-            where = f"{d}/{DCP_METADATA}" if d else DCP_METADATA
-            return f"{where} (torch.distributed.checkpoint writes it last, on the coordinator rank)"
-    return ""
+        if not any(DCP_SHARD.search(n) for n in files) or DCP_METADATA in files:
+            continue
+        where = f"{d}/" if d else ""
+        if facts.ranks_waiting and _mine(facts) is None:
+            return _unknown(facts)
+        if not _elsewhere(facts):
+            return Rule(f"{where}{DCP_METADATA} (torch.distributed.checkpoint writes it last, on the coordinator rank)")
+        have = {int(m.group(1)) for n in files if (m := DCP_RANK.match(n)) and len(m.group(1)) <= 7}
+        for r in sorted(_mine(facts) or ()):
+            if r not in have:
+                return Rule(f"{where}__{r}_0.distcp (rank {r} of this node; the .metadata is the coordinator's, "
+                            "rank 0's, on its node)")
+        positive = False
+    return Rule(positive=positive)
 
 
-def _deepspeed(names: list[str], facts: Facts) -> str:
+def _deepspeed(names: list[str], facts: Facts) -> Rule | None:
+    """None: no DeepSpeed files. Else what this node's ranks' files still lack, or complete."""
     folders = _folders(names)
     tags = {d: files for d, files in folders.items() if any(DS_SHARD.match(n) or DS_MODEL.match(n) for n in files)}
     if not tags:
-        return ""
+        return None
     latest = facts.texts.get(DS_LATEST, "").strip() if DS_LATEST in folders.get("", []) else ""
     if latest and latest not in tags:
-        return f"{latest}/ (named by `latest`) to hold the ranks' shards"
+        return Rule(f"{latest}/ (named by `latest`) to hold the ranks' shards")
+    positive = True
     for d, files in sorted(tags.items()):
         if latest and d != latest:
             continue
-        why = _ranks(d, files, facts.world_size)
-        if why:
-            return why
-    return ""
+        r = _ranks(d, files, facts)
+        if r.waiting:
+            return r
+        positive = positive and r.positive
+    return Rule(positive=positive)
 
 
-def _ranks(folder: str, files: list[str], world: int | None) -> str:
+def _ranks(folder: str, files: list[str], facts: Facts) -> Rule:
+    """One tag folder: every shard of this node's ranks. Rank r is data-parallel rank r // M and
+    model-parallel rank r % M (M: the model-parallel ranks the names show; Megatron's order). Each
+    rank writes `[bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt` (and under ZeRO-3 its
+    own `zero_pp_rank_..._model_states.pt`); `mp_rank_{mp:02d}_model_states.pt` comes from data-
+    parallel rank 0 alone (DeepSpeed's save_non_zero_checkpoint), so only the node that runs it
+    waits for it (with use_node_local_storage each node's local rank 0 writes one: taken if there)."""
     where = f"{folder}/" if folder else ""
-    shards = {}
+    shards: dict[tuple[int, int], str] = {}
+    owned: set[tuple[int, int]] = set()  # ZeRO-3: each rank's own model states
+    models: set[int] = set()
     for n in files:
-        if m := DS_SHARD.match(n):
-            if len(m.group(1)) > 7 or len(m.group(2)) > 7:  # int() of a 5,000-digit name raises
-                return f"{where}{n[:80]} to name a rank any run has (its number is {len(m.group(1))} digits long)"
+        m = DS_SHARD.match(n) or DS_RANK_MODEL.match(n) or DS_MODEL.match(n)
+        if m is None:
+            continue
+        if any(len(g) > 7 for g in m.groups()):  # int() of a 5,000-digit name raises
+            return Rule(f"{where}{n[:80]} to name a rank any run has (its number is {len(m.group(1))} digits long)")
+        if n.endswith("_optim_states.pt"):
             shards[(int(m.group(1)), int(m.group(2)))] = n
-    models = [n for n in files if DS_MODEL.match(n)]
-    if not models:
-        return f"{where}mp_rank_00_model_states.pt (the model's states)"
-    if not shards:
-        return ""  # ZeRO off: the model states alone
+        elif n.startswith("zero_pp_rank_"):
+            owned.add((int(m.group(1)), int(m.group(2))))
+        else:
+            models.add(int(m.group(1)))
+    mps = max((mp for _, mp in (*shards, *owned)), default=max(models, default=0)) + 1
+    world = facts.world_size
     prefix = "bf16_" if any(n.startswith("bf16_") for n in shards.values()) else ""
-    mps = max(mp for _, mp in shards) + 1
-    dps = max(dp for dp, _ in shards) + 1
-    if world is not None and world % mps == 0:
-        dps = max(dps, world // mps)
-    total = dps * mps
-    if total > RANKS_MAX:
-        # a name like zero_pp_rank_9999999_... would have the loop below count ranks for hours
-        return f"{where}shards of {total} ranks, more than any run has ({RANKS_MAX}): not judged complete"
-    for mp in range(mps):
-        for dp in range(dps):
-            if (dp, mp) not in shards:
-                rank = mp * dps + dp
-                return (f"rank {rank} of {total}: {where}{prefix}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt "
-                        "missing" + ("" if world is not None else " (world size not known: ranks counted from the files)"))
-    return ""
+    if world is not None and world > RANKS_MAX:
+        return Rule(f"{where}shards of {world} ranks, more than any run has ({RANKS_MAX}): not judged complete")
+    mine = _mine(facts)
+    if mine is None:
+        dps = max((dp for dp, _ in shards), default=0) + 1
+        if shards and dps * mps <= RANKS_MAX:
+            for mp in range(mps):  # a gap the names show waits in any case
+                for dp in range(min(dps, len(shards) + 1)):
+                    if (dp, mp) not in shards:
+                        return Rule(f"rank {mp * dps + dp} of {dps * mps}: {where}{prefix}zero_pp_rank_{dp}_mp_rank_"
+                                    f"{mp:02d}_optim_states.pt missing (world size not known: ranks counted from the "
+                                    "files)")
+        return _unknown(facts)
+    if any(dp * mps >= RANKS_MAX for dp, _ in (*shards, *owned)):
+        return Rule(f"{where}shards of more ranks than any run has ({RANKS_MAX}): not judged complete")
+    zero = bool(shards) or bool(owned)
+    for mp in sorted({r % mps for r in mine if r // mps == 0}):
+        if mp not in models and not owned:
+            return Rule(f"{where}mp_rank_{mp:02d}_model_states.pt (the model's states, written by data-parallel rank 0)")
+    for r in sorted(mine) if zero else ():
+        dp, mp = r // mps, r % mps
+        if shards and (dp, mp) not in shards:
+            return Rule(f"rank {r} of {world}: {where}{prefix}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt missing")
+        if owned and (dp, mp) not in owned:
+            return Rule(f"rank {r} of {world}: {where}zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt missing")
+    # only the model states on a run of several ranks: ZeRO off, or the shards not begun: the quiet period
+    return Rule(positive=zero or world == 1)
 
 
 def _megatron(base: str, facts: Facts) -> str:
@@ -312,6 +437,13 @@ def _accelerate(names: list[str], facts: Facts) -> Rule:
     for n in _top(names):
         if (m := ACCEL_RNG.match(n)) and len(m.group(1)) <= 7:
             ranks.add(int(m.group(1)))
+    if facts.ranks is not None:
+        # a node of several on its own disk: its processes' random states (process index = global
+        # rank); the main process's model and optimizer are on rank 0's node
+        for r in sorted(facts.ranks):
+            if r not in ranks:
+                return Rule(f"random_states_{r}.pkl (process {r} of this node writes it last)")
+        return Rule(positive=True)
     if not ranks:
         return Rule("random_states_0.pkl (Accelerate's save_state writes each process's random_states_N.pkl last)")
     seen = max(ranks) + 1
@@ -340,9 +472,9 @@ def _nemo2(unit_name: str, names: list[str], facts: Facts) -> Rule:
     marker = f"{_nemo_stem(ckpt)}{NEMO_UNFINISHED}"
     if marker in beside:
         return Rule(f"the save to end ({marker} is still beside {ckpt}/)")
-    why = _dcp(names)
-    if why:
-        return Rule(why)
+    dcp = _dcp(names, facts)
+    if dcp.waiting:
+        return dcp
     weights = "" if inner else "weights/"
     has_metadata = f"{weights}{DCP_METADATA}" in names or (inner and base == "context")
     return Rule(positive=has_metadata)
@@ -399,6 +531,11 @@ def _composer(base: str, facts: Facts) -> Rule:
             if (s.group(1), s.group(2)) == (ep, ba):
                 mine.add(r)
     world = facts.world_size or 1
+    if facts.ranks is not None and top > 0:
+        for r in sorted(facts.ranks):  # a node of several: its own ranks' files
+            if r not in mine:
+                return Rule(f"ep{ep}-ba{ba}-rank{r}.pt (Composer writes one file per rank; rank {r} of this node)")
+        return Rule(positive=True)
     if top == 0:
         # rank 0's file alone: rank 0 saves for all (the usual), or the others have not begun;
         # with more ranks running the quiet period decides

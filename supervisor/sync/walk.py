@@ -30,6 +30,7 @@ from supervisor.sync.complete import (
 from supervisor.sync.policy import Policy
 from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step
+from supervisor.training.ranks import Ranks, settle
 from supervisor.untrusted import SAFETENSORS_PARSE_MAX, ZIP_LOCAL_MAGIC, ZIP_TAIL, Unreadable, text
 
 WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often ...
@@ -40,12 +41,15 @@ SAVES_KEPT = 8         # save start times remembered per kind of save (for the c
 
 class Walker:
     def __init__(self, policy: Policy, cfg: SyncConfig, once: Once, alerts: AlertSink | None = None,
-                 world_size: Callable[[], int | None] | None = None):
+                 world_size: Callable[[], Ranks | int | None] | None = None):
         self.policy = policy
-        # sync.world_size, else what the training's workers were told (WORLD_SIZE in their environment)
-        self.world_size = (lambda: cfg.world_size) if cfg.world_size else world_size
-        self._world: tuple[float, int | None] | None = None
-        self._world_known: int | None = None  # the last answer that was one: a run that ended keeps its size
+        # what the training's workers were told (WORLD_SIZE, RANK, LOCAL_WORLD_SIZE in their environment:
+        # the daemon's reader settles them with sync.world_size and [cluster], training/ranks.py), else
+        # sync.world_size alone; a callable that answers a plain number is one node's whole world
+        self.configured = cfg.world_size
+        self.world_size = world_size if world_size is not None else (lambda: cfg.world_size) if cfg.world_size else None
+        self._world: tuple[float, Ranks] | None = None
+        self._world_known: Ranks | None = None  # the last answer that was one: a run that ended keeps its ranks
         self.quiet = cfg.quiet_period
         self.marker = cfg.complete_marker
         self.keep_last = cfg.keep_last
@@ -109,7 +113,7 @@ class Walker:
             u.verdict = self._judge(u, forced, wall, mono, quiet, fmt, rule, seen_before)
             # a unit that only waits out its quiet period has its files' formats read now, while
             # it waits: the scan at its ready time finds them read (by size and mtime) and sends
-            if (u.verdict.complete or u.forced or sc.quieting(u, self.marker)) and self._check_whole(u):
+            if (u.verdict.complete or u.forced or sc.quieting(u, self._marker(rule))) and self._check_whole(u):
                 u.verdict = self._judge(u, forced, wall, mono, quiet, fmt, rule, seen_before)
             if self.sparse:
                 self._leave_out_sparse(u)
@@ -118,21 +122,29 @@ class Walker:
         tell_sparse(self.sparse, self.sparse_told, self.alerts)
         return units
 
-    def _world_size(self, mono: float) -> int | None:
+    def _world_size(self, mono: float) -> Ranks:
+        """The training's ranks, read every WORLD_EVERY_S once known, every WORLD_RECHECK_S while
+        not (a launcher's workers appear a moment after it): never "unknown" kept as an answer."""
         if self.world_size is None:
-            return None
+            return Ranks(waiting="the training's WORLD_SIZE (no training runs under the daemon; set sync.world_size)")
         last = self._world
-        every = WORLD_EVERY_S if last is not None and (last[1] or 0) > 1 else WORLD_RECHECK_S
+        known = last is not None and (last[1].world or 0) > 1 and last[1].mine is not None
+        every = WORLD_EVERY_S if known else WORLD_RECHECK_S
         if last is None or mono - last[0] >= every:
             try:
-                got = self.world_size()
-            except Exception:  # noqa: BLE001 - the rules count ranks from the files instead
-                got = None
-            if got is not None:
+                got = as_ranks(self.world_size(), self.configured)
+            except Exception:  # noqa: BLE001 - not known: the rules that need it wait
+                got = Ranks(waiting="the training's WORLD_SIZE (its processes could not be read)")
+            if got.world is not None:
                 self._world_known = got
-            # no training running now: its saves keep the size it ran with
-            self._world = (mono, got if got is not None else self._world_known)
+            # no training running now: its saves keep the ranks it ran with
+            self._world = (mono, got if got.world is not None or self._world_known is None else self._world_known)
         return self._world[1]
+
+    @property
+    def ranks(self) -> Ranks | None:
+        """The ranks the last scan judged by (None before the first), for status and the heartbeat."""
+        return self._world[1] if self._world is not None else None
 
     def _judge(self, u: sc.Unit, forced: list[str], wall: float, mono: float, quiet: float, fmt: str,
                rule: formats.Rule, seen_before: bool) -> Verdict:
@@ -142,8 +154,13 @@ class Walker:
             return Verdict(False, "nothing selected")
         u.forced = sc.overlaps(u.abspath, forced)
         waiting = "" if u.forced and rule.soft else rule.waiting
-        return judge(u.rel or u.root.path, u.kind, u.files, wall, mono, quiet, u.forced, self.marker, fmt, waiting,
-                     rule.positive, seen_before)
+        return judge(u.rel or u.root.path, u.kind, u.files, wall, mono, quiet, u.forced, self._marker(rule), fmt,
+                     waiting, rule.positive, seen_before)
+
+    def _marker(self, rule: formats.Rule) -> str:
+        """The last file a checkpoint-N folder must hold: the Trainer's trainer_state.json is global
+        rank 0's, so a node that does not run it (its own disk) never gets one and waits for none."""
+        return "" if rule.elsewhere and self.marker == formats.HF_STATE else self.marker
 
     def _look(self, root: sc.Root, raw: dict[str, tuple[int, int, int, int]], mono: float) -> None:
         for rel, v in raw.items():
@@ -204,7 +221,7 @@ class Walker:
         far = _listing(os.path.dirname(parent), siblings) if above else frozenset()
         return formats.detect(name, rels, near, far), name, rels, near, far
 
-    def _format(self, u: sc.Unit, world: int | None,
+    def _format(self, u: sc.Unit, world: Ranks,
                 siblings: dict[str, frozenset[str]]) -> tuple[str, formats.Rule]:
         """The unit's format and its rule's answer (formats.py), reading only the names beside it,
         the small tracker files a rule names and the mtimes of files a rule compares: never a
@@ -223,7 +240,10 @@ class Walker:
             except OSError:
                 continue
         newest = max((f.mtime for f in u.files), default=None)
-        facts = formats.Facts(world, texts, near, mtimes, newest, above=far, mtimes=stats)
+        several = world.nodes > 1  # one node runs every rank: the rules count them from the world size
+        facts = formats.Facts(world.world, texts, near, mtimes, newest, above=far, mtimes=stats,
+                              ranks=world.mine if several else None,
+                              ranks_waiting=world.waiting if several and world.mine is None else "")
         return fmt, formats.judge(fmt, name, rels, facts)
 
     def _leave_out_sparse(self, u: sc.Unit) -> None:
@@ -322,6 +342,14 @@ class Walker:
                 if not self.upload_sparse and sparse(st.st_size, st.st_blocks * 512):
                     self.sparse[e.path] = (st.st_size, st.st_blocks * 512)
         return out
+
+
+def as_ranks(got: Ranks | int | None, configured: int = 0) -> Ranks:
+    """What a world-size source answered, as Ranks: a plain number is one node's whole world."""
+    if isinstance(got, Ranks):
+        return got
+    return settle(Ranks(got, None, "the training's WORLD_SIZE" if got else "",
+                        "" if got else "the training's WORLD_SIZE (set sync.world_size)"), configured)
 
 
 def _listing(folder: str, cache: dict[str, frozenset[str]]) -> frozenset[str]:

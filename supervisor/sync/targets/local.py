@@ -224,6 +224,24 @@ class LocalTarget:
                     out[os.path.relpath(p, self.base).replace(os.sep, "/")] = st.st_size
         return out
 
+    def list_versions(self) -> dict[str, tuple[int, str]]:
+        """key -> (size, mtime in ns): what changed since a last look (the run ledger's records)."""
+        if not self.base.is_dir():
+            raise TargetError(f"{self.base}: target folder is missing")
+        out: dict[str, tuple[int, str]] = {}
+        for dirpath, _dirs, names in os.walk(self.base):
+            for n in names:
+                if ".tsync-" in n:
+                    continue
+                p = os.path.join(dirpath, n)
+                try:
+                    st = os.stat(p, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out[os.path.relpath(p, self.base).replace(os.sep, "/")] = (st.st_size, f"{st.st_mtime_ns}:{st.st_ino}")
+        return out
+
     def read_file(self, key: str) -> bytes | None:
         try:
             with open(self._dest(key), "rb") as fh:

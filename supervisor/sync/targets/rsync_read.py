@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from supervisor.sync.targets.rsync import RsyncTarget
 
 PARTIAL_DIR = ".rsync-partial"
+RSYNC_PARTIAL = 23  # rsync's exit for a partial transfer (rsync.PARTIAL; a missing folder lists so)
 SMALL_MAX = 64 << 20
 
 
@@ -35,6 +36,25 @@ class RsyncReader:
 
     def list_keys(self) -> dict[str, int]:
         return {k: v for k, v in self.c.listing("").items() if PARTIAL_DIR not in k.split("/")}
+
+    def list_versions(self) -> dict[str, tuple[int, str]]:
+        """key -> (size, modification time to the second, as rsync lists it)."""
+        r = self.c._run([*self.c._rsync_base(), "-r", "--list-only", f"{self.c.remote_host}:{self.c._remote('')}/"],
+                        timeout=300)
+        if r.returncode == RSYNC_PARTIAL and b"No such file" in r.stderr:
+            return {}
+        if r.returncode != 0:
+            raise TargetError(f"{self.c.display}: listing failed ({r.returncode})")
+        out: dict[str, tuple[int, str]] = {}
+        for ln in r.stdout.decode(errors="replace").splitlines():
+            f = ln.split(None, 4)
+            if len(f) < 5 or not f[0].startswith("-") or PARTIAL_DIR in f[4].split("/"):
+                continue
+            try:
+                out[f[4]] = (int(f[1].replace(",", "")), f"{f[2]} {f[3]}")
+            except ValueError:
+                continue
+        return out
 
     def read_file(self, key: str) -> bytes | None:
         path = self.c._remote(key)

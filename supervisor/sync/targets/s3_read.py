@@ -43,6 +43,16 @@ class S3Reader:
             self.c._light_client.release()  # for the survey's first thread
         return keys
 
+    def list_versions(self) -> dict[str, tuple[int, str]]:
+        """key -> (size, ETag): a reader that polls small records (the run ledger) reads again only
+        those whose ETag changed."""
+        if self.c._light_client is not False:
+            self.c._light_client = None
+        out = {k: (o.size, o.etag) for k, o in self.c.listing("").items()}
+        if self.c._light_client:
+            self.c._light_client.release()
+        return out
+
     def read_file(self, key: str) -> bytes | None:
         light = self.c._light()
         if light:
