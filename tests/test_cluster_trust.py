@@ -283,3 +283,33 @@ def test_the_ledger_over_s3_asks_by_etag(s3_server, s3_prefix):
     led.poll()
     assert led.gets == 41 and len(led.status()["machines"]) == 41
     led.close()
+
+
+def test_the_ledger_over_rsync_asks_by_size_and_time(sshd_server, tmp_path):
+    """rsync lists each record's size and modification time (to the second): unchanged ones are not
+    fetched again (each fetch is an ssh round trip)."""
+    import os
+
+    from supervisor.config import SyncConfig
+    from supervisor.money.runledger import RunLedger
+    from supervisor.sync.targets import make_target
+    from supervisor.syncurl import parse_target
+
+    remote = tmp_path / "remote"
+    d = (remote / "_run" / "ledger")
+    d.mkdir(parents=True)
+    for i in range(12):
+        (d / f"old-{i}.json").write_bytes(boot_doc(i))
+        os.utime(d / f"old-{i}.json", (1e9, 1e9))
+    sc = SyncConfig(**sshd_server.sync_config(remote))
+    led = RunLedger(ClusterConfig(nodes=2, rank=0, run_id="run-a"), 2.0, "USD", sc.target, FakeClock(), "me",
+                    lambda url: make_target(parse_target(url), sc, str(tmp_path / "st")))
+    led.poll()
+    assert led.gets == 12 and not led.error, led.error
+    led.poll()
+    assert led.gets == 12
+    (d / "old-5.json").write_bytes(boot_doc(5, seconds=7200.0))
+    os.utime(d / "old-5.json", (1e9 + 60, 1e9 + 60))
+    led.poll()
+    assert led.gets == 13 and len(led.status()["machines"]) == 13
+    led.close()

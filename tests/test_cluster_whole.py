@@ -48,6 +48,7 @@ def beat(holds: tuple[str, ...] | None = (), verified: dict | None = None, lost:
     (cn.Part("d1", beat(None)), "d1"),                                  # restarted, complete part on the target
     (cn.Part("d1", beat((U,))), "still writes or sends"),               # held, its files differ from the manifest
     (cn.Part("d1", beat((U,), {U: "d0"})), "still writes or sends"),    # verified another version
+    (cn.Part("d1", beat((U,)), lost=True), "d1"),                       # lost: its manifest is its last word
     (cn.Part("d1", beat((), lost=(U,))), "lost its part before it was sent"),
     (cn.Part("", None), "not heard from"),
     (cn.Part("", beat(None), fresh=True, watched_before=True), "first scan (holds: unknown)"),
