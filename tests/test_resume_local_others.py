@@ -52,3 +52,11 @@ def test_an_hf_checkpoint_still_wins_and_links_are_not_followed(tmp_path):
     os.symlink(elsewhere, tmp_path / "w2" / "link")
     os.symlink(elsewhere / "x.ckpt", tmp_path / "w2" / "y.ckpt")
     assert newest_local([str(tmp_path / "w2")]) is None
+
+
+def test_the_files_of_an_unfinished_hf_checkpoint_are_no_save(tmp_path):
+    """checkpoint-20/ without trainer_state.json holds rng_state.pth and optimizer.pt (torch zips):
+    the HF rule decides for that folder, and it is not complete, so nothing is here."""
+    put(tmp_path / "out" / "checkpoint-20" / "rng_state.pth", torch_zip_bytes(100, 1))
+    put(tmp_path / "out" / "checkpoint-20" / "optimizer.pt", torch_zip_bytes(100, 2))
+    assert newest_local([str(tmp_path / "out")]) is None

@@ -80,6 +80,9 @@ def _look(d: str, level: int, files: list, dirs: list, budget: list[int]) -> Non
                 if st.st_size > 0:
                     files.append((st.st_mtime, e.path))
             elif e.is_dir(follow_symlinks=False) and not is_cache_dir(e.name):
+                if checkpoint_step(e.name) is not None:
+                    continue  # an HF Trainer's checkpoint-N/ counts by its own rule (trainer_state.json) or
+                              # not at all: its rng_state.pth or optimizer.pt is no save of its own
                 if ACCELERATE_DIR.match(e.name):
                     st = os.stat(os.path.join(e.path, ACCELERATE_LAST), follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
