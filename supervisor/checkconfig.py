@@ -18,6 +18,33 @@ def stop_plan(cfg: Config):  # noqa: ANN201 - supervisor.stop.choose.Plan, impor
     return choose(cfg.stop, quiet=True)
 
 
+def stop_settings(cfg: Config) -> str:
+    """Where each stop setting lives, with its value: per reason (the rule table's order), then what
+    every stop's sequence reads (supervisor.stop.rules.SETTINGS)."""
+    import dataclasses
+
+    from supervisor.durations import format_duration
+    from supervisor.stop.rules import SEQUENCE_SETTINGS, SETTINGS
+
+    def value(key: str) -> str:
+        x: object = cfg
+        kind = ""
+        for part in key.split("."):
+            f = next((f for f in dataclasses.fields(x) if f.name == part), None) if dataclasses.is_dataclass(x) else None
+            kind = f.metadata.get("kind", "") if f is not None else ""
+            x = getattr(x, part, None)
+        if x in (None, "", []):
+            return "unset"
+        return format_duration(float(x)) if "duration" in kind and isinstance(x, int | float) else str(x)
+
+    def keys(ks: tuple[str, ...]) -> str:
+        return ", ".join(f"{k} = {value(k)}" for k in ks)
+
+    out = ["stop settings (supervisor/stop/rules.py: what each reason does):"]
+    out += [f"  {words:<22} {keys(ks) or 'supervisorctl stop-machine (root)'}" for words, ks in SETTINGS.items()]
+    return "\n".join([*out, f"  {'every stop':<22} {keys(SEQUENCE_SETTINGS)}"]) + "\n"
+
+
 def warnings(cfg: Config, plan: object | None = None) -> list[str]:
     """What is allowed but unsafe: a log folder others can write (training.user), a public Hub repo,
     a stop that leaves the machine billing (poweroff in a container, on Azure, Lambda without

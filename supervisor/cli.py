@@ -478,7 +478,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for w in checkconfig.warnings(cfg, plan):
         sys.stderr.write(f"warning: {w}\n")
-    sys.stdout.write(f"stop: {plan.line()}\n")  # the provider's stop, and what still bills (issue 52)
+    sys.stdout.write(f"stop: {plan.line()}\n" + checkconfig.stop_settings(cfg))  # and where each setting lives
     if cfg.sync.watch_default:
         sys.stdout.write(f"sync.watch not set: watching {', '.join(cfg.sync.watch)} ({cfg.sync.watch_default})\n")
     sys.stdout.write(f"{path}: OK\n")

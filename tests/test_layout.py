@@ -29,7 +29,7 @@ MAY_IMPORT = {
     "hooks": {"notify"},
     "money": {"notify", "training", "progress", "sync"},
     "disk": {"notify", "training", "sync"},
-    "stop": set(),
+    "stop": {"notify"},
     "cluster": {"notify", "training", "sync"},
 }
 # The stop wing's rule table: pure data that imports nothing of the product, re-exported by the core's

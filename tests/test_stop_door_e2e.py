@@ -227,5 +227,6 @@ def test_stop_machine_asks_for_the_manual_stop(tmp_path, make_daemon, smtp_serve
     wait_until(lambda: lines(tmp_path / "stopped.txt"), 60, what="the manual stop's action")
     subject, body = wait_mail(smtp_server, "stopping now (a stop was asked for)")
     assert "final sync verified" in subject and "Why: done for today" in body, (subject, body)
-    st = d.status()["stop"]
+    st = wait_until(lambda: (lambda s: s if s["idle"]["state"] == "STOPPED" else None)(d.status()), 30,
+                    interval=0.1, what="STOPPED")["stop"]
     assert st["reason"] == "manual" and st["pending"] == [] and lines(tmp_path / "stopped.txt") == ["stopped"]

@@ -1,6 +1,6 @@
-"""What the idle guard tells the owner: the idle warning, a cancelled stop, the stopping mail, a final
-sync that holds the stop, the run's end, a machine still up after its stop. The guard and its stop
-driver gather the facts; the words are in notify/mails/ (idle.py, training.py)."""
+"""What the idle guard tells the owner: the idle warning, a cancelled stop, the run's end. The stop's
+own mails (stopping now, a final sync that holds it, a machine still up) are stop/announce.py's. The
+guard gathers the facts; the words are in notify/mails/ (idle.py, training.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from supervisor.idle.facts import (
 )
 from supervisor.idle.machine import Now, SendCancelled, SendWarning, Thresholds
 from supervisor.idle.shared import GuardState
-from supervisor.idle.stop import StopRecord, describe_action
 from supervisor.interfaces import FinalSyncResult, ProgressView, SyncView, TrainingInfo
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails import Mail
@@ -29,7 +28,8 @@ from supervisor.notify.mails import idle as words
 from supervisor.notify.mails import training as run_words
 from supervisor.notify.mails.sync import Unselected
 from supervisor.states import IdleState, TrainingState
-from supervisor.stop.rules import StopReason, is_cap, stop_reason, stop_rule
+from supervisor.stop.announce import in_words as _in_words  # noqa: F401 - the name tests have used
+from supervisor.stop.announce import plan_of
 
 log = structlog.get_logger("idle")
 I = IdleState  # noqa: E741
@@ -62,18 +62,17 @@ class Announcer:
             log.exception("run_total_failed")
             return ""
 
-    def _cost(self) -> words.IdleCost | None:
+    def cost(self) -> words.IdleCost | None:
         c, price = idle.idle_cost(self.st.m, self.conf.price_per_hour), self.conf.price_per_hour
         return None if c is None or price is None else words.IdleCost(c, self.conf.currency, price)
 
     def _plan(self) -> words.StopPlan:
-        target = getattr(self.sync, "display", "") or self.conf.sync_target
-        return words.StopPlan(self.conf.final_paths, target, describe_action(self.conf.stop, self.conf.stop_plan))
+        return plan_of(self.conf, self.sync)
 
     def warning(self, a: SendWarning, now: Now) -> None:
         stop_at = now.wall + a.stop_in_s
         self.send(f"idle:warning:{a.cycle}", "idle_warning", "warning", words.warning(words.IdleWarning(
-            a.idle_s, self.st.m.idle_since, stop_at, a.stop_in_s, self._plan(), self._cost(), self._stalled(),
+            a.idle_s, self.st.m.idle_since, stop_at, a.stop_in_s, self._plan(), self.cost(), self._stalled(),
             tuple(self.st.signals.notes()), self._unselected())))
         log.warning("idle_warning_sent", cycle=a.cycle, idle_s=round(a.idle_s), stop_at=stop_at)
 
@@ -82,12 +81,6 @@ class Announcer:
             words.Cancelled(now.wall, a.reasons, a.during_stop, self.th.warn_after, a.withdrawn)))
         log.info("stop_cancelled_mail", cycle=a.cycle, reasons=list(a.reasons))
 
-    def sync_failed(self, r: FinalSyncResult) -> None:
-        mail = words.sync_failed(words.SyncFailed(self.st.m.stop_reason, self._plan(), r.error, tuple(r.unsynced),
-                                                  self.conf.stop.retry_interval, self._cost()))
-        self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
-        log.error("final_sync_failed_not_stopping", error=r.error, unsynced=len(r.unsynced))
-
     def _unselected(self) -> Unselected:
         """What no include selects, as the sync engine saw it last (the warning names it)."""
         try:
@@ -95,32 +88,6 @@ class Announcer:
         except Exception:  # noqa: BLE001 - the warning goes out without it
             log.exception("sync_status_for_warning_failed")
             return Unselected()
-
-    def unselected_held(self, r: FinalSyncResult) -> None:
-        """The stop waits: a checkpoint no include selects is newer than anything on the target."""
-        left = Unselected(tuple(r.unselected), r.unselected_files, r.unselected_bytes, r.unselected_hold)
-        mail = words.unselected_held(words.UnselectedHeld(self.st.m.stop_reason, self._plan(), left,
-                                                          self.conf.stop.retry_interval, self._cost()))
-        self.alerts.fire("stop:failing", "stop_failed", "critical", mail.subject, mail.body)
-        log.error("stop_held_unselected_output", files=r.unselected_files, names=r.unselected[:5])
-
-    def stopping(self, rec: StopRecord, now: Now) -> None:
-        m = self.st.m
-        why = next((x.why for x in m.standing if x.word == rec.reason), "")
-        interrupted = None
-        if rec.interrupted_run and rec.interrupted_at is not None:
-            interrupted = words.Interrupted(rec.interrupted_run, rec.interrupted_at, rec.interrupt_ended,
-                                            self.conf.interrupt_patience)
-        self.send(f"stop:now:{rec.id}", "stopping", "warning", words.stopping(words.Stopping(
-            now.wall, rec.reason == "finished", m.idle_s, rec.synced or {}, rec.forced, self._plan(),
-            self._cost(), interrupted, reason=_in_words(rec.reason),
-            cap=(why or stop_rule(rec.reason).words) if is_cap(rec.reason) else "",
-            also=tuple(f"{stop_rule(x.word).words}{': ' + x.why if x.why else ''}"
-                       for x in m.standing if x.word != rec.reason),
-            why=why)))
-
-    def still_up(self, rec: StopRecord, up_for: float) -> None:
-        self.send(f"stop:still-up:{rec.id}", "stop_failed", "critical", words.still_up(up_for, rec.result))
 
     def finished(self, info: TrainingInfo, r: FinalSyncResult | None, now: Now, mode: str | None = None) -> None:
         m = self.st.m
@@ -142,8 +109,3 @@ class Announcer:
                                                outputs(self.conf, r), nxt, self._run_total()))
         self.send(f"training:end:{info.run_id}:{int(info.ended_at or now.wall)}",
                   "training_finished" if ok else "training_failed", "info" if ok else "warning", mail)
-
-
-def _in_words(word: str) -> str:
-    """The stop mail's reason, from the rule table; "" for idleness (the mail says for how long)."""
-    return "" if stop_reason(word) == StopReason.IDLE else stop_rule(word).words

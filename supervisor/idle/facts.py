@@ -1,13 +1,9 @@
-"""What the idle guard works from and reports: its view of the config, its one background worker,
+"""What the idle guard works from and reports: its view of the config, the stop's worker it shares,
 and the facts (run end, outputs, last progress, the `idle`/`stop` blocks of status) that its mails
 and status are made of. Plain functions of plain data, apart from the worker."""
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +12,13 @@ import structlog
 from supervisor.config import Config, IdleConfig, StopConfig
 from supervisor.idle import machine as idle
 from supervisor.idle.machine import IdleMachine, Signals, Thresholds
-from supervisor.idle.stop import StopRecord, stop_how
 from supervisor.interfaces import FinalSyncResult, ProgressView, TrainingInfo
 from supervisor.notify.mails import training as run_words
 from supervisor.notify.mails.stall import LOG_LINES
 from supervisor.states import IdleState, TrainingState, stop_reason
+from supervisor.stop.actions import stop_how
+from supervisor.stop.record import StopRecord
+from supervisor.stop.worker import Jobs  # noqa: F401 - the stop's worker, which the run's end uses too
 from supervisor.training.runner import run_log_tail
 
 log = structlog.get_logger("idle")
@@ -65,52 +63,6 @@ class GuardConfig:
     def patience(grace: float) -> float:
         """The same wait when each of SIGINT and SIGTERM gets `grace`."""
         return 2 * grace + 60.0
-
-
-class Jobs:
-    """One background worker, started on demand, running queued jobs one at a time."""
-
-    def __init__(self, lock: threading.RLock):
-        self._lock = lock
-        self._q: queue.Queue = queue.Queue()
-        self._pending = 0
-        self._idle = threading.Condition(lock)
-        self._worker: threading.Thread | None = None
-
-    def submit(self, name: str, fn: Callable, *args) -> None:
-        with self._lock:
-            self._pending += 1
-            self._q.put((name, fn, args))
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._run, name="idle-worker", daemon=True)
-                self._worker.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if self._q.empty():
-                    self._worker = None
-                    return
-                name, fn, args = self._q.get()
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - a failed job is logged; the next poll tries again
-                log.exception("idle_job_failed", job=name)
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    self._idle.notify_all()
-
-    def drain(self, timeout: float) -> bool:
-        """Wait (real time: real threads run the jobs) until no job is queued or running."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
 
 
 # --- facts ---------------------------------------------------------------------------------------

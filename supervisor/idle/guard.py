@@ -1,9 +1,11 @@
 """IdleGuard: the thin shell around the idle machine. It gathers the probes' signals, steps the
-machine and persists it (`idle.json`, held in `shared.GuardState`), and handles a run's end and
-`keepalive`. Its parts: the stop sequence (`stopping.StopDriver`: the interrupt, the final sync, the
-hooks, the action, in a background worker so the scheduler and the control socket never wait on a
-final sync) and what it tells the owner (`announce.Announcer`). Decisions live in `machine.py` and
-`stop.py`, its config view, worker and the facts it reports in `facts.py`, words in
+machine and persists it (`idle.json`, held in `shared.GuardState`), handles a run's end and
+`keepalive`, and is where the stop door lands (`request_stop`, `withdraw_stop`: the reason stands in
+the record, and the stop machine begins, takes over or ends a stop). The stop itself is the stop
+wing's (`stop.driver.StopDriver`: the interrupt, the final sync, the hooks, the action, in a
+background worker so the scheduler and the control socket never wait on a final sync; its mails
+`stop.announce`); what the idle side tells the owner is `announce.Announcer`. Decisions live in
+`machine.py` (and stop/), its config view and the facts it reports in `facts.py`, words in
 `notify/mails/idle.py` and `mails/training.py`, status lines in `render.idle_lines`.
 
 The daemon lists its duties (`poll()` every idle.poll_interval, `poll_if_due()` every second), calls
@@ -28,8 +30,6 @@ from supervisor.idle.announce import Announcer
 from supervisor.idle.facts import GuardConfig, Jobs, finish_mode, people_here, status_of
 from supervisor.idle.machine import IdleMachine, Now, Thresholds
 from supervisor.idle.shared import GuardState
-from supervisor.idle.stop import StopSequence
-from supervisor.idle.stopping import StopDriver
 from supervisor.interfaces import Duty, GpuView, ProgressView, SyncView, TrainingInfo, TrainingView, Verb
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails import stall as stall_words
@@ -37,6 +37,10 @@ from supervisor.progress import stall
 from supervisor.requests import keepalive_seconds
 from supervisor.statefile import StateStore
 from supervisor.states import IdleState, TrainingState
+from supervisor.stop.announce import StopAnnouncer
+from supervisor.stop.driver import StopDriver
+from supervisor.stop.machine import AbortStop, BeginStop
+from supervisor.stop.record import StopSequence
 from supervisor.timefmt import when
 
 if TYPE_CHECKING:
@@ -69,8 +73,10 @@ class IdleGuard:
         self.stopper = StopSequence(conf.stop, store, clock, state_dir=conf.state_dir,
                                     command_env=conf.training_env, runners=runners, env=env, plan=conf.stop_plan)
         self.tell = Announcer(conf, self.th, self.st, alerts, sync, progress, full_at_end, run_total)
-        self.stop = StopDriver(conf, self.th, self.st, self.stopper, alerts, training, sync, self.tell, self.jobs,
-                               self.poll_soon, hooks=hooks, cap_moment=cap_moment, mail_flush_s=mail_flush_s)
+        self.stop = StopDriver(conf, self.st, self.stopper, alerts, training, sync,
+                               StopAnnouncer(conf, self.st, alerts, sync, self.tell.cost), self.jobs, self.poll_soon,
+                               lambda: idle.idle_for(self.st.m, self.th, self.clock.monotonic()),
+                               hooks=hooks, cap_moment=cap_moment, mail_flush_s=mail_flush_s)
         self._finish_queued: int | None = None
         self._poll_wanted = False
 
@@ -84,12 +90,47 @@ class IdleGuard:
     def m(self) -> IdleMachine:
         return self.st.m
 
-    # --- the stop runner's door (supervisor.stop) -----------------------------------------------
+    # --- where the stop runner's door lands (supervisor.stop) --------------------------------------
     def request_stop(self, word: str, why: str) -> bool:
-        return self.stop.request_stop(word, why)
+        """The reason stands, and begins or takes over a stop as the rule table says. False when no
+        new stop began (one that ranks as high is under way or acting, or its notice runs first)."""
+        st = self.st
+        now = st.now()
+        with st.lock:
+            st.m, actions = idle.request_stop(st.m, now, word, why, self.th)
+            began = any(isinstance(a, BeginStop) for a in actions)
+            log.warning("stop_requested", reason=word, why=why, began=began, state=st.m.state.value)
+            self.carry_out(actions, now)
+            st.save()
+        self.poll_soon()
+        return began
 
     def withdraw_stop(self, word: str) -> None:
-        self.stop.withdraw_stop(word)
+        """Its wing has no cause any more: the reason stops standing, and a stop it leads that has not
+        begun its action ends now (during its final sync: the sync's result is then not acted on)."""
+        st = self.st
+        now = st.now()
+        with st.lock:
+            had = word in {x.word for x in st.m.standing}
+            st.m, actions = idle.withdraw(st.m, now, word, self.th)
+            if had:
+                log.warning("stop_withdrawn", reason=word, state=st.m.state.value)
+            self.carry_out(actions, now)
+            st.save()
+        self.poll_soon()
+
+    def carry_out(self, actions: list, now: Now) -> None:
+        """The machines' actions (under the record's lock): the idle side's mails, the stop's records."""
+        for a in actions:
+            if isinstance(a, idle.SendWarning):
+                self.tell.warning(a, now)
+                self.stop.fire("idle_warning", {"reason": "idle", "idle_s": round(a.idle_s),
+                                                "stop_at": round(now.wall + a.stop_in_s),
+                                                "target": self.conf.sync_target})
+            elif isinstance(a, idle.SendCancelled):
+                self.tell.cancelled(a, now)
+            elif isinstance(a, BeginStop | AbortStop):
+                self.stop.carry_out(a, now)
 
     # --- the poll ---------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -110,7 +151,7 @@ class IdleGuard:
                 if st.m.state != before:
                     log.info("idle_state", old=before.value, new=st.m.state.value, reasons=st.m.reasons,
                              idle_s=round(st.m.idle_s))
-                self.stop.carry_out(actions, now)
+                self.carry_out(actions, now)
                 st.save()
                 self._reconcile_finish(info, now)
                 self.stop.schedule(now, info)
@@ -206,7 +247,7 @@ class IdleGuard:
                 st.m, actions = idle.keepalive(st.m, seconds, now)
             except idle.Refused as e:
                 raise RequestError(f"keepalive: {e}") from None
-            self.stop.carry_out(actions, now)
+            self.carry_out(actions, now)
             st.save()
             until = st.m.keepalive_until
             if st.m.mode == idle.FINISH_MODE:

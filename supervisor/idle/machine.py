@@ -1,14 +1,18 @@
-"""The idle decision: ACTIVE -> IDLE -> WARNED -> STOPPING -> STOPPED, as pure functions.
+"""The idle decision: ACTIVE -> IDLE -> WARNED, and when a stop comes, as pure functions.
 
-Every reason to stop stands in `pending` through the one door (stop.sequence.request): the idle
-clock's own warning asks for `idle` (or `stalled`), a run's end for `finished` or `failed`, the other
-wings through `request_stop`. What a reason does is the rule table's (stop.rules): the notice it
-waits (`warns`: WARNED counts it), whether activity or keepalive touch it, its rank. A stop whose
-reason is withdrawn by its wing before the action ends (`withdraw`).
+The idle machine owns ACTIVE/IDLE/WARNED and the idle clock; STOPPING and STOPPED are the stop
+machine's (stop/machine.py: the stop's fields of the one record, idle.json, and its moves). Every
+reason to stop stands in `pending` through the one door (stop.sequence.request): the idle clock's
+own warning asks for `idle` (or `stalled`) like any wing, a run's end for `finished` or `failed`, the
+other wings through `request_stop`. What a reason does is the rule table's (stop.rules): the notice
+it waits (`warns`: WARNED counts it), whether activity or keepalive touch it, its rank. When the
+decision (stop.sequence.advance) says a stop begins, the stop machine takes the record over; a stop
+whose reason is withdrawn before its action hands it back (`withdraw`), and the clock starts again.
 
 `step(machine, signals, now, thresholds)` is the only thing that moves the machine on a poll;
-`keepalive`, `cancel_keepalive`, `run_ended`, `finish_handled`, `begin_finish`, `commit_stop`,
-`stop_failed` and `mark_stopped` are the only other moves, each called by the guard under its lock. None of them reads a clock or
+`keepalive`, `cancel_keepalive`, `run_ended`, `finish_handled`, `begin_finish`, `request_stop` and
+`withdraw` are the only other moves (and the stop machine's `commit_stop`, `stop_failed`,
+`mark_stopped`, re-exported here), each called by the guard under its lock. None of them reads a clock or
 touches a file: the guard hands in `Now` and carries out the returned actions.
 
 How time is measured, so that no clock trick can bring a stop forward:
@@ -32,7 +36,9 @@ from typing import Any
 from supervisor import records
 from supervisor.config.schema import IdleConfig
 from supervisor.states import IdleState, check_idle_move
+from supervisor.stop import machine as stop
 from supervisor.stop import sequence as stops
+from supervisor.stop.machine import AbortStop, BeginStop, Refused
 from supervisor.stop.rules import is_cap, notice, stop_rule
 from supervisor.stop.sequence import Standing
 from supervisor.timefmt import hm
@@ -136,10 +142,10 @@ class IdleMachine:
 
     @property
     def standing(self) -> tuple[Standing, ...]:
-        return tuple(Standing.from_json(d) for d in self.pending)
+        return stop.standing(self)
 
     def stand(self, held: tuple[Standing, ...]) -> None:
-        self.pending = [{"word": x.word, "why": x.why, "since": x.since} for x in held]
+        stop.stand(self, held)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -173,21 +179,6 @@ class SendCancelled:
     reasons: tuple[str, ...]
     during_stop: bool = False
     withdrawn: bool = False  # not activity: the asking wing took its reason back (a cap moved)
-
-
-@dataclass(frozen=True)
-class BeginStop:
-    cycle: int
-    reason: str  # the word it was asked with (idle, finished, max_cost, gpu_bad, ...)
-
-
-@dataclass(frozen=True)
-class AbortStop:
-    """A stop that had not begun its action was cancelled (activity, its reason withdrawn, or a
-    higher reason taking it over); tell the stop sequence."""
-
-    cycle: int
-    why: str = ""
 
 
 Action = SendWarning | SendCancelled | BeginStop | AbortStop
@@ -293,29 +284,17 @@ def _advance(m: IdleMachine, now: Now, actions: list[Action], from_stopped: bool
     """Begin, take over with, or end the stop the standing reasons ask for (stop.sequence.advance)."""
     adv = stops.advance(m.standing, m.state == I.STOPPING, m.stop_reason, m.committed,
                         m.state == I.STOPPED and not (from_stopped and m.resettable), _ready(m, th))
-    if adv.abort_current and adv.begin is None:
-        rule = stop_rule(m.stop_reason)
-        gone = f"{rule.words}: withdrawn" + (f" ({rule.withdrawn_by})" if rule.withdrawn_by else "")
-        _to_active(m, [gone], actions, activity=False)
+    if adv.abort_current and adv.begin is None:  # withdrawn: the stop machine hands the record back
+        _to_active(m, [stop.ended(m)], actions, activity=False)
         return
     if adv.begin is None:
         return
     word = adv.begin.word
-    if adv.abort_current:  # the stop under way becomes the new reason's (a new record)
-        actions.append(AbortStop(m.cycle, f"taken over: {stop_rule(word).words}"))
-    rule = stop_rule(word)
-    if not (m.state == I.WARNED and m.stop_reason == word):
-        m.cycle += 1  # a stop after its own notice keeps the notice's cycle (its mails' keys)
-    _move(m, I.STOPPING)
-    m.stop_reason = word
-    m.mode = FINISH_MODE if rule.warns == "grace" else IDLE_MODE
-    if not rule.keepalive_moves:
-        m.keepalive_mono = m.keepalive_until = None
-    m.resettable = False
+    actions.extend(stop.begin(m, word, own_notice=m.state == I.WARNED and m.stop_reason == word))
+    m.mode = FINISH_MODE if stop_rule(word).warns == "grace" else IDLE_MODE
     m.last_mono, m.last_wall = now.mono, now.wall
     if m.idle_since is None:
         m.idle_since = now.wall
-    actions.append(BeginStop(m.cycle, word))
 
 
 def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMachine, list[Action]]:
@@ -359,7 +338,7 @@ def step(m: IdleMachine, sig: Signals, now: Now, th: Thresholds) -> tuple[IdleMa
         else:
             m.idle_s += dt_s  # the bill keeps running while the final sync retries
             if active:  # the idle stop this one took over is cancelled all the same; this one goes on
-                m.stand(stops.on_activity(m.standing))
+                stop.on_activity(m)
         _advance(m, now, actions, th=th)  # a reason asked meanwhile may take this stop over, or one withdrawn end it
         return m, actions
     if active:
@@ -439,24 +418,14 @@ def stop_wait(m: IdleMachine, th: Thresholds) -> float:
 
 
 # --- the other moves ---------------------------------------------------------------------------
-class Refused(Exception):
-    """A request that cannot be honoured now; the message says why."""
-
-
 def keepalive(m: IdleMachine, seconds: float, now: Now) -> tuple[IdleMachine, list[Action]]:
     """`supervisorctl keepalive 2h`: activity until then. Takes effect at once (a pending stop
     that has not begun its action is cancelled)."""
     if seconds <= 0:
         raise Refused("keepalive: the duration must be positive")
     m = _this_boot(m, now)
-    if m.committed:
-        raise Refused("too late: the stop action has already begun")
-    if m.state == I.STOPPED and not m.resettable:
-        raise Refused("the machine was already stopped")
-    rule = stop_rule(m.stop_reason)
-    if m.state == I.STOPPING and not rule.keepalive_moves:
-        then = f"; {rule.withdrawn_by} withdraws it" if rule.withdrawn_by else ""
-        raise Refused(f"the machine is stopping ({rule.words}), which keepalive does not move{then}")
+    if why := stop.keepalive_refusal(m):
+        raise Refused(why)
     m.keepalive_mono = now.mono + seconds
     m.keepalive_until = now.wall + seconds
     actions: list[Action] = []
@@ -557,22 +526,10 @@ def begin_cap_stop(m: IdleMachine, now: Now, reason: str) -> tuple[IdleMachine, 
     return request_stop(m, now, reason)
 
 
-def commit_stop(m: IdleMachine) -> IdleMachine:
-    """The stop action is about to run; from here on activity no longer cancels."""
-    if m.state != I.STOPPING:
-        raise Refused(f"not stopping (state {m.state.value})")
-    return replace(m, committed=True)
-
-
-def stop_failed(m: IdleMachine) -> IdleMachine:
-    """The action ran and failed: the machine is still up, so activity may cancel again."""
-    return replace(m, committed=False)
-
-
-def mark_stopped(m: IdleMachine, dry_run: bool) -> IdleMachine:
-    """The action ran: every reason that stood is served by it."""
-    check_idle_move(m.state, I.STOPPED)
-    return replace(m, state=I.STOPPED, committed=False, resettable=dry_run, pending=[])
+# the stop machine's moves after the begin (stop/machine.py), under the names the guard has used
+commit_stop = stop.commit
+stop_failed = stop.failed
+mark_stopped = stop.stopped
 
 
 def idle_cost(m: IdleMachine, price_per_hour: float | None) -> float | None:

@@ -113,6 +113,24 @@ STOP_WORDS: dict[str, StopReason] = {"max_cost": R.COST, "max_runtime": R.RUNTIM
                                      "": R.IDLE, **{r.value: r for r in StopReason}}
 
 
+# Where each stop setting lives (`supervisorctl check-config` prints them with their values): what asks
+# for each reason and shapes its notice, then what every stop's sequence reads. No key moved for the
+# stop wing; the sections stay where users have them.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "idle": ("idle.warn_after", "idle.stop_after_warning", "price_per_hour", "max_idle_cost"),
+    "stalled": ("progress.stalled_action", "progress.stall_after", "idle.warn_after", "idle.stop_after_warning"),
+    "waste": ("gpu.on_waste", "gpu.waste_after", "idle.stop_after_warning"),
+    "finished failed": ("training.on_finish", "training.finish_grace"),
+    "node_lost": ("cluster.on_node_lost", "cluster.silent_after"),
+    "health": ("health.on_bad",),
+    "cost runtime deadline": ("budget.max_cost", "budget.max_runtime", "budget.deadline", "budget.margin"),
+    "preemption": ("preemption.watch", "preemption.training_signal", "preemption.sigterm_grace"),
+    "manual": (),
+}
+SEQUENCE_SETTINGS = ("training.stop_grace", "stop.final_sync", "stop.final_sync_timeout", "stop.retry_interval",
+                     "stop.stop_even_if_sync_fails", "stop.action")
+
+
 def stop_reason(word: str) -> StopReason:
     """The reason a stop word stands for; an unknown word (a newer daemon's) is treated as manual:
     nothing cancels it by accident."""

@@ -140,7 +140,7 @@ def _next_text(n: Next, held: bool = False) -> str:
     if n.mode == "stop":
         if n.stop_under_way:
             return "\nA stop was already under way.\n"
-        if held:  # the stop gate waits for output no include selects (idle/stopping.py)
+        if held:  # the stop gate waits for output no include selects (stop/driver.py)
             return (f"\nNext: the stop due at {when(n.stop_at)} WAITS while the output NOT SELECTED above is newer "
                     "than anything on the target (unless stop.stop_even_if_sync_fails is set): select it as said "
                     "above, or move it into a synced folder. To keep the machine: supervisorctl keepalive 2h\n")
