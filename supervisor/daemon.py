@@ -104,7 +104,8 @@ class Daemon:
         # this node's ranks: what its workers were told, with sync.world_size and [cluster] standing in
         self.sync = engine_for(cfg, self.clock, self.alerts, world_size=lambda: ranks.settle(
                                    ranks.read(self.training.pids(), single_if_unset=True), cfg.sync.world_size,
-                                   cfg.cluster.nodes, cfg.cluster.rank or 0))
+                                   cfg.cluster.nodes, cfg.cluster.rank or 0),
+                               step_at=lambda t: self.progress.step_at(t))
         self.progress = ProgressTracker(self.ctx, cfg.progress, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
                                         gpu=self.gpu, job_env=cfg.training.env, job_user=cfg.training.user,
                                         save_dirs=cfg.save_dirs)

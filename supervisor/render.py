@@ -5,7 +5,7 @@ from __future__ import annotations
 from supervisor.durations import format_bytes, format_duration, format_hms
 from supervisor.notify.mails import describe_exit
 from supervisor.notify.mails.progress import money, steps_rate
-from supervisor.notify.mails.sync import unselected_line
+from supervisor.notify.mails.sync import behind_line, unselected_line
 from supervisor.timefmt import clock as _clock
 from supervisor.timefmt import hm, stamp
 
@@ -196,6 +196,10 @@ def sync_lines(st: dict) -> list[str]:
         lines.append(f"          waiting {w.get('unit')}: {w.get('reason')}")
     for p in (sy.get("partial") or [])[:3]:
         lines.append(f"          partial {p}")
+    for b in (sy.get("target_behind") or [])[:3]:  # a file saved faster than it uploads (targethealth.Behind)
+        since = f"behind for {format_duration(now - b['since'])}; " if b.get("since") else ""
+        lines.append(f"          {behind_line(b.get('path') or b.get('unit', '?'), b.get('saves', 0))} "
+                     f"({since}{b.get('note') or 'save less often, or give the upload more bandwidth'})")
     names = sy.get("unselected") or []
     if names:  # training output no include selects: it stays here (one wording with sync --wait and the mails)
         line = unselected_line(sy.get("unselected_files", len(names)), sy.get("unselected_bytes") or 0, names,

@@ -211,6 +211,9 @@ def test_budget_raising_the_cap_during_its_stops_final_sync_withdraws_the_stop(t
     assert "cancelled: the spend cap: withdrawn" in " ".join(d.guard.stopper.rec.history)
     # the machine is protected as before: the idle clock runs, and the moved cap acts again when it comes
     assert d.status()["budget"]["cap"]["kind"] == "max_cost"
+    # the owner raised the cap for more training: the run the stop interrupted starts again
+    wait_until(lambda: d.status()["training"]["state"] == "RUNNING", 30, interval=0.1,
+               what=f"the training started again; {d.status()['training']}")
 
 
 # --- manual ------------------------------------------------------------------------------------------

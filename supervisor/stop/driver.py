@@ -114,8 +114,30 @@ class StopDriver:
             self.stopper.begin(now.boot_id, a.cycle, a.reason, now.wall)
             self._seen = f"{now.boot_id}:{a.cycle}"
         elif isinstance(a, AbortStop):
+            rec = self.stopper.rec
+            again = (rec is not None and rec.interrupted_at is not None and rec.done_at is None
+                     and stop_rule(rec.reason).resumes_training)
             self.stopper.cancel(now.wall, a.why or "; ".join(self.st.m.reasons) or "activity")
             self.alerts.resolve("stop:failing")
+            if again:  # off the record's lock: a start runs the GPU preflight and may take seconds
+                threading.Thread(target=self._resume_training, args=(rec.reason,), name="stop-resume",
+                                 daemon=True).start()
+
+    def _resume_training(self, reason: str) -> None:
+        """The training this stop interrupted starts again (the table's `resumes_training`: a cap
+        moved out of reach); it resumes from its newest checkpoint as any start does."""
+        restart = getattr(self.training, "restart", None)
+        if restart is None:
+            return
+        try:
+            restart()
+            log.info("stop_withdrawn_training_resumed", reason=reason)
+        except Exception as e:  # noqa: BLE001 - a start that fails is told, the stop stays cancelled
+            log.warning("stop_withdrawn_training_not_resumed", reason=reason, error=str(e))
+            self.alerts.fire(f"stop:resume:{reason}", "training_not_resumed", "warning",
+                             f"the training did not start again: {e}",
+                             f"The {stop_rule(reason).words} stop was withdrawn after it interrupted the "
+                             f"training, and starting it again failed: {e}\nStart it with `supervisorctl start`.")
 
     # --- each poll --------------------------------------------------------------------------------
     def interrupted(self, info: TrainingInfo) -> bool:

@@ -60,6 +60,9 @@ class StopRule:
     words: str
     interrupt: str = "sigint"
     withdrawn_by: str = ""
+    # withdrawn after it interrupted the training, the training starts again: the owner who raised the
+    # cap (`budget +20`) asked for more training, not for a machine left idle with its run ended
+    resumes_training: bool = False
 
     def __post_init__(self) -> None:
         if self.warns not in WARNS or self.interrupt not in INTERRUPTS:
@@ -82,7 +85,7 @@ _A_WARNING = dict(warns="warning", activity_cancels=True, keepalive_moves=True, 
                   withdrawn_by=_PERSON)
 _AT_ONCE = dict(warns="none", activity_cancels=False, keepalive_moves=False, cuts_sync_short=False)
 _A_CAP = dict(warns="none", activity_cancels=False, keepalive_moves=False, rank=4, cuts_sync_short=True,
-              withdrawn_by=_CAP)
+              withdrawn_by=_CAP, resumes_training=True)
 
 STOP_RULES: dict[StopReason, StopRule] = {
     R.IDLE: StopRule(**_A_WARNING, words="idle"),
