@@ -73,3 +73,27 @@ def test_units_named_by_number_rank_by_it_before_the_time_they_were_saved():
     assert choose(lightning).order[0].key == "out/epoch=1-step=200.ckpt"
     assert [name_order(n) for n in ("checkpoint_12", "epoch_3", "300", "ckpt.pt", "epoch=2-step=300.ckpt")] == \
         [12, 3, 300, -1, 300]
+
+
+def test_a_model_saved_below_the_top_goes_up_whole_and_a_downloaded_one_does_not(make_engine, tmp_path):
+    """`trainer.save_model("out/final")` (the demo's tiny trainer does this) is one unit, config,
+    weights and tokenizer with a manifest; a model `hf download --local-dir` put in the watched
+    folder is not sent (it was not trained here)."""
+    out = tmp_path / "out"
+    final = out / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text('{"model_type": "tiny"}')
+    (final / "model.safetensors").write_bytes(safetensors_bytes({"w": 244}))
+    (final / "tokenizer.json").write_text("{}")
+    base = out / "base"
+    (base / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (base / "config.json").write_text("{}")
+    (base / "model-00001-of-00002.safetensors").write_bytes(safetensors_bytes({"w": 64}))
+    HFWriter(out).age(60)
+    remote = tmp_path / "remote"
+    e = make_engine({"target": str(remote), "watch": [str(out)], "quiet_period": "0.5s"})
+    r = e.final_sync([str(out)], 60)
+    assert r.ok, r
+    for n in ("config.json", "model.safetensors", "tokenizer.json", "_MANIFEST.json"):
+        assert (remote / "final" / n).exists(), n
+    assert not (remote / "base").exists()

@@ -25,6 +25,7 @@ from supervisor.sync.complete import (
 )
 from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy
 from supervisor.sync.targets.base import join_key
+from supervisor.sync.wholes import NEMO2_WEIGHTS, downloaded, inside, nemo2_dirs, saved_models
 
 # current(key, size, mtime_ns, ctime_ns=...): truthy when the target holds exactly that version
 # (Ledger.current)
@@ -189,13 +190,15 @@ def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str
                     and policy.selects(rel)}
     nemo = nemo2_dirs(adapter_dirs, raw)
     adapter_dirs = (adapter_dirs - {f"{d}/{NEMO2_WEIGHTS}" for d in nemo}) | nemo
+    # a model saved below the top (`trainer.save_model("out/final")`, save_pretrained): one unit, whole
+    adapter_dirs |= {d for d in saved_models(raw, policy) if not downloaded(os.path.join(root.path, d))}
     for rel, v in raw.items():
         size, mtime_ns = v[0], v[1]
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         # an adapter folder goes up whole (README, tokenizer); the watched folder itself
         # only with what the globs select, or a growing train.log would hold it back
         in_adapter = bool(parent) and parent in adapter_dirs
-        whole_of = _inside(rel, nemo)  # a NeMo 2 checkpoint goes up whole, context/ and all
+        whole_of = inside(rel, nemo)  # a NeMo 2 checkpoint goes up whole, context/ and all
         selected = policy.selects(rel) or ((in_adapter or whole_of is not None) and policy.allowed(rel))
         if whole_of is not None:
             kind, urel = "dir", whole_of
@@ -225,32 +228,6 @@ def group(root: Root, raw: dict[str, tuple[int, ...]], seen: dict[tuple[str, str
             u.selected.append(Selected(os.path.join(root.path, rel), join_key(root.prefix, rel), inner,
                                        size, mtime_ns, rel, v[2] if len(v) > 2 else 0, v[3] if len(v) > 3 else 0))
     return units
-
-
-NEMO2_WEIGHTS, NEMO2_CONTEXT = "weights", "context"   # NeMo 2's checkpoint folder: <name>/weights/ (DCP), <name>/context/
-
-
-def nemo2_dirs(dcp_dirs: set[str], raw: Iterable[str]) -> set[str]:
-    """The NeMo 2 checkpoint folders among the parents of DCP folders: `<name>/` whose DCP folder is
-    `weights/` and that holds a `context/` too. Each is one unit: a restore needs its context (the
-    model's config and tokenizer) as much as its weights."""
-    cands = {d.rsplit("/", 1)[0] for d in dcp_dirs if "/" in d and d.rsplit("/", 1)[1] == NEMO2_WEIGHTS}
-    if not cands:
-        return set()
-    ctx = {rel.rsplit(f"/{NEMO2_CONTEXT}/", 1)[0] for rel in raw if f"/{NEMO2_CONTEXT}/" in rel}
-    return cands & ctx
-
-
-def _inside(rel: str, folders: set[str]) -> str | None:
-    """The folder of `folders` that holds `rel` (at any depth); None when none does."""
-    if not folders:
-        return None
-    parts = rel.split("/")
-    for i in range(len(parts) - 1, 0, -1):
-        d = "/".join(parts[:i])
-        if d in folders:
-            return d
-    return None
 
 
 def judge_unit(u: Unit, forced_paths: list[str], wall: float, mono: float, quiet: float, marker: str,

@@ -13,13 +13,14 @@ import os
 from collections.abc import Iterable
 
 from supervisor.sync import scan as sc
+from supervisor.sync import wholes
 from supervisor.sync.policy import Policy, is_cache_dir
 from supervisor.sync.unselected import NOT_OUTPUT_DIRS, VENV_MARKER, Report, Seen, find
 
 ENTRIES_MAX = 20_000
 DEPTH_MAX = 32
 REFRESH_S = 30.0
-DOWNLOAD_MARKS = (".cache/huggingface/download", ".huggingface")  # what `hf download --local-dir` leaves
+DOWNLOAD_MARKS = wholes.DOWNLOAD_MARKS  # what `hf download --local-dir` leaves
 
 
 class Outside:
@@ -83,9 +84,7 @@ def list_under(dirs: Iterable[tuple[str, str]], policy: Policy, cap: int = ENTRI
                     continue
     return out, True
 
-
-def downloaded(folder: str) -> bool:
-    return any(os.path.isdir(os.path.join(folder, m)) for m in DOWNLOAD_MARKS)
+downloaded = wholes.downloaded  # one answer for "a model downloaded there" (scan.saved_models asks it too)
 
 
 def report(seen: dict[tuple[str, str], sc.Seen], outside: list[Seen], complete: bool,
