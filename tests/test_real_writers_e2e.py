@@ -70,7 +70,9 @@ class Writer:
     finals: tuple[str, ...] = ()   # the final save's files at the top of the watched folder
 
 
-LIGHTNING_ARGS = ("--epochs", "3", "--batches", "8", "--every", "4", "--sleep", "0.3", "--flush", "4")
+# 24 steps of 1 s: Lightning's Rich bar prints only at the end, so the step comes from metrics.csv, which
+# the daemon reads every 10 s (progress tracker duty): a run shorter than that may show no step at all
+LIGHTNING_ARGS = ("--epochs", "3", "--batches", "8", "--every", "4", "--sleep", "1.0", "--flush", "4")
 WRITER_LIST = [
     Writer("lightning", "lightning_train.py", (*LIGHTNING_ARGS, "--last", "true"),
            lambda out: files_in(out, "checkpoints", "*.ckpt"),

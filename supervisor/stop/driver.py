@@ -115,8 +115,9 @@ class StopDriver:
             self._seen = f"{now.boot_id}:{a.cycle}"
         elif isinstance(a, AbortStop):
             rec = self.stopper.rec
+            # withdrawn, not taken over by a higher reason (then the machine is still stopping)
             again = (rec is not None and rec.interrupted_at is not None and rec.done_at is None
-                     and stop_rule(rec.reason).resumes_training)
+                     and stop_rule(rec.reason).resumes_training and self.st.m.state != I.STOPPING)
             self.stopper.cancel(now.wall, a.why or "; ".join(self.st.m.reasons) or "activity")
             self.alerts.resolve("stop:failing")
             if again:  # off the record's lock: a start runs the GPU preflight and may take seconds
@@ -127,7 +128,7 @@ class StopDriver:
         """The training this stop interrupted starts again (the table's `resumes_training`: a cap
         moved out of reach); it resumes from its newest checkpoint as any start does."""
         restart = getattr(self.training, "restart", None)
-        if restart is None:
+        if restart is None or self.st.m.state == I.STOPPING:  # another stop began meanwhile: it rules
             return
         try:
             restart()
