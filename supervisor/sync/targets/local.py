@@ -152,14 +152,7 @@ class LocalTarget:
             raise TargetError(f"{dest}: cannot write {what}: {e.strerror or e}") from None
 
     def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
-        dest = self._dest(manifest_key(unit_key, kind))
-        try:
-            os.unlink(dest)
-            _fsync_dir(dest.parent)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise TargetError(f"{dest}: cannot remove manifest: {e.strerror or e}") from None
+        self._unlink(manifest_key(unit_key, kind), "manifest")
 
     def missing(self, expected: dict[str, tuple[int, str]], deep: Collection[str] | None = None) -> list[str]:
         """By content for the keys in `deep` (all when None): the etag this target records at
@@ -184,6 +177,10 @@ class LocalTarget:
         return out
 
     def delete_file(self, key: str) -> None:
+        self._unlink(key)
+
+    def _unlink(self, key: str, what: str = "") -> None:
+        """One object gone, its folder synced; nothing when it is not there."""
         dest = self._dest(key)
         try:
             os.unlink(dest)
@@ -191,7 +188,7 @@ class LocalTarget:
         except FileNotFoundError:
             pass
         except OSError as e:
-            raise TargetError(f"{dest}: cannot remove: {e.strerror or e}") from None
+            raise TargetError(f"{dest}: cannot remove{' ' + what if what else ''}: {e.strerror or e}") from None
 
     def delete_prefix(self, unit_key: str) -> None:
         if not unit_key:
