@@ -76,7 +76,7 @@ def test_the_daemon_in_a_container_bills_from_the_container_start(tmp_path):
                                     "gpu": {"nvml_library": str(tmp_path / "no-such-libnvidia-ml.so.1")},
                                     "stop": {"action": "dry-run"}})
     log = tmp_path / "daemon.log"
-    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "supervisor.daemon",
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "supervisor.daemon.main",
                              "--config", str(d.config_path)], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             env=d.env, cwd=str(d.tmp), start_new_session=True)
     d.proc = proc

@@ -162,7 +162,7 @@ def test_cli_says_one_line_when_the_connection_breaks(tmp_path):
     t.start()
     import subprocess
 
-    res = subprocess.run([sys.executable, "-m", "supervisor.cli", "--socket", path, "status"],
+    res = subprocess.run([sys.executable, "-m", "supervisor.cli.main", "--socket", path, "status"],
                          capture_output=True, text=True, timeout=20,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     srv.close()

@@ -356,7 +356,7 @@ def test_a_target_that_fails_judges_nobody_lost_and_says_so(tmp_path):
 
 
 def test_status_cluster_shows_every_node_from_the_target_without_a_daemon(tmp_path, capsys):
-    from supervisor.cli import main
+    from supervisor.cli.main import main
 
     clock = FakeClock(start=time.time())
     remote = tmp_path / "run"

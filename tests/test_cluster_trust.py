@@ -109,7 +109,7 @@ def test_a_malformed_heartbeat_is_named_on_its_node_and_the_others_are_judged_as
     # node 2 is not heard from either (its file is no heartbeat): judged by the same rule, named apart
     assert "node 2's heartbeat" in n[2]["problem"] and n[2]["state"] != "ok"
     assert any(word == "node_lost" and "node 1" in why for word, why in rec.stops)
-    from supervisor.render import cluster_lines
+    from supervisor.cli.render import cluster_lines
 
     assert any("its heartbeat file: node 2's heartbeat" in ln for ln in cluster_lines({"cluster": st}))
     for w in ws:
@@ -153,7 +153,7 @@ def test_a_forged_heartbeat_cannot_keep_a_dead_node_finished_and_is_alerted_once
 
 
 def test_status_cluster_with_a_key_shows_forged_heartbeats_and_no_unsigned_record(tmp_path, capsys):
-    from supervisor.cli import main
+    from supervisor.cli.main import main
     from supervisor.sync.parts import record_doc
 
     remote = tmp_path / "run"

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from supervisor.control import MAX_REQUEST, ClientError, ControlServer, RequestError, request
+from supervisor.daemon.control import MAX_REQUEST, ClientError, ControlServer, RequestError, request
 from tests.waiting import wait_until
 
 
@@ -105,7 +105,7 @@ def test_oversized_request_is_refused(server):
 
 
 def test_half_sent_request_times_out_without_blocking_others(server, monkeypatch):
-    import supervisor.control as control
+    import supervisor.daemon.control as control
 
     monkeypatch.setattr(control, "READ_TIMEOUT", 0.5)
     c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -224,7 +224,7 @@ def test_stale_socket_file_is_replaced(tmp_path):
 
 
 def test_refusal_rules():
-    from supervisor.control import Peer, refusal
+    from supervisor.daemon.control import Peer, refusal
 
     members = {"status", "ping"}
     assert refusal("run", Peer(1, 0, 0), members, owner_uid=0) is None  # root
@@ -276,7 +276,7 @@ def test_supervisorctl_status_imports_nothing_it_does_not_use(tmp_path):
 
     t = threading.Thread(target=answer, daemon=True)
     t.start()
-    code = (f"import sys, supervisor.cli as c; rc = c.main(['--config', {str(tmp_path / 'cfg.toml')!r}, 'status', "
+    code = (f"import sys, supervisor.cli.main as c; rc = c.main(['--config', {str(tmp_path / 'cfg.toml')!r}, 'status', "
             "'--json']); print('@@', rc, ' '.join(sorted(sys.modules)))")
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -284,6 +284,6 @@ def test_supervisorctl_status_imports_nothing_it_does_not_use(tmp_path):
         srv.close()
     rc, loaded = r.stdout.split("@@ ", 1)[1].split(" ", 1)
     assert rc == "0" and '"RUNNING"' in r.stdout, r.stdout + r.stderr
-    heavy = {"structlog", "supervisor.control", "supervisor.config", "supervisor.config.schema", "supervisor.daemon",
+    heavy = {"structlog", "supervisor.daemon.control", "supervisor.config", "supervisor.config.schema", "supervisor.daemon.main",
              "supervisor.sync", "asyncio", "boto3", "psutil"}
     assert not heavy & set(loaded.split()), sorted(heavy & set(loaded.split()))

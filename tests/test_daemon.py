@@ -145,7 +145,7 @@ def test_corrupt_state_files_are_set_aside_and_reported(tmp_path, make_daemon):
 def test_daemon_refuses_bad_config(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[idle]\nwarn_after = "soon"\n')
-    r = subprocess.run([sys.executable, "-m", "supervisor.daemon", "--config", str(cfg)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "supervisor.daemon.main", "--config", str(cfg)], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and 'idle.warn_after: expected a duration like "2h", got "soon"' in r.stderr
 

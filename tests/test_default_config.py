@@ -10,7 +10,7 @@ from importlib import resources
 import pytest
 
 from supervisor import config as C
-from supervisor.configdoc import uncomment
+from supervisor.cli.configdoc import uncomment
 
 # Keys whose commented line shows an example rather than the default (the default is "unset").
 EXAMPLES = {"price_per_hour", "max_idle_cost", "progress.budget", "email.to", "email.from", "email.smtp_host",

@@ -101,8 +101,8 @@ def test_probe_finds_nested_checkpoints_not_caches_nor_inside_a_dataset(tmp_path
 
 
 def test_prune_is_roots_alone():
-    from supervisor.control import Peer, refusal
-    from supervisor.daemon import MEMBER_COMMANDS
+    from supervisor.daemon.control import Peer, refusal
+    from supervisor.daemon.main import MEMBER_COMMANDS
 
     assert "prune" not in MEMBER_COMMANDS
     assert refusal("prune", Peer(1, 0, 0), MEMBER_COMMANDS, owner_uid=0) is None

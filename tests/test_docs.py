@@ -89,7 +89,7 @@ def test_the_archive_installs_with_its_package_data(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert (target / "supervisor" / "default-config.toml").is_file()
     assert (target / "bin" / "supervisorctl").is_file() and (target / "bin" / "train-supervisord").is_file()
-    r = subprocess.run([sys.executable, "-c", "import supervisor; from supervisor.configdoc import default_text; "
+    r = subprocess.run([sys.executable, "-c", "import supervisor; from supervisor.cli.configdoc import default_text; "
                         "print(supervisor.__file__); print(len(default_text()))"], capture_output=True, text=True,
                        timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-2000:]

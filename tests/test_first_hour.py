@@ -115,7 +115,7 @@ def test_a_target_with_nothing_watched_watches_the_workdir_or_the_daemon_refuses
 
 def ctl_from_shell(d, cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     """supervisorctl as a user's shell runs it: in their folder, with their environment."""
-    return subprocess.run([sys.executable, "-m", "supervisor.cli", "--config", str(d.config_path), *args],
+    return subprocess.run([sys.executable, "-m", "supervisor.cli.main", "--config", str(d.config_path), *args],
                           capture_output=True, text=True, env=env, cwd=str(cwd), timeout=60)
 
 

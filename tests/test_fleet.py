@@ -181,7 +181,7 @@ Host d1 d2 dead
 """)
 
     def remote(d) -> str:
-        return quote_remote(["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "supervisor.cli",
+        return quote_remote(["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "supervisor.cli.main",
                              "--config", str(d.config_path)])
 
     (tmp_path / "hosts").write_text(f"d1 {remote(d1)}\nd2 {remote(d2)}\ndead\n")
@@ -206,7 +206,7 @@ Host d1 d2 dead
 
 
 def test_a_host_that_looks_like_an_option_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "supervisor.cli", "status", "--host=-oProxyCommand=touch x"],
+    r = subprocess.run([sys.executable, "-m", "supervisor.cli.main", "status", "--host=-oProxyCommand=touch x"],
                        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
     assert r.returncode == 2 and "not a host" in r.stderr
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import config, render
+from supervisor import config
+from supervisor.cli import render
 from supervisor.clock import FakeClock
 from supervisor.disk.floor import DiskFloor
 from supervisor.gpu.hostcheck import HostCheck

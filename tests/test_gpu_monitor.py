@@ -7,9 +7,9 @@ import os
 
 import pytest
 
+from supervisor.cli.render import gpu_line, gpu_lines, render_status
 from supervisor.gpu.monitor import GpuMonitor, gpu_dict
 from supervisor.gpu.nvml import GpuSample, NvmlProbe
-from supervisor.render import gpu_line, gpu_lines, render_status
 from tests.fixtures.nvml import GIB, gpu, make_ctx
 
 

@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from supervisor.control import RequestError
+from supervisor.cli.render import idle_lines
+from supervisor.daemon.control import RequestError
 from supervisor.idle.guard import GuardConfig, IdleGuard
 from supervisor.interfaces import FinalSyncResult, TrainingInfo
 from supervisor.notify.mail import SmtpMailer
-from supervisor.render import idle_lines
 from supervisor.states import TrainingState as T
 from tests.fixtures.idle import make_ctx
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.control import RequestError
+from supervisor.daemon.control import RequestError
 from tests.fixtures.nvml import HEALTH_KEYS, HEALTHY, gpu
 from tests.waiting import wait_until
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cli.render import health_lines, render_health
 from supervisor.fleet.metrics import exposition
 from supervisor.gpu import health as H
 from supervisor.gpu.healthwatch import HealthWatch
 from supervisor.gpu.nvml import NvmlProbe
 from supervisor.interfaces import TrainingInfo
-from supervisor.render import health_lines, render_health
 from supervisor.states import TrainingState
 from supervisor.training.job import TrainingError
 from tests.fixtures.nvml import gpu, make_ctx

@@ -18,7 +18,7 @@ import pytest
 
 from supervisor.clock import FakeClock
 from supervisor.config import from_dict
-from supervisor.daemon import Daemon
+from supervisor.daemon.main import Daemon
 from supervisor.interfaces import FinalSyncResult, RequestError
 from tests.fixtures.inproc import mails, run
 from tests.waiting import wait_until

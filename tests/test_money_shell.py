@@ -11,8 +11,8 @@ import pytest
 
 from supervisor.clock import FakeClock
 from supervisor.config import ConfigError, from_dict, parse
-from supervisor.control import Peer, refusal, request
-from supervisor.daemon import MEMBER_COMMANDS, Daemon
+from supervisor.daemon.control import Peer, refusal, request
+from supervisor.daemon.main import MEMBER_COMMANDS, Daemon
 from supervisor.hooks.env import hook_env
 from supervisor.idle import machine as idle
 from supervisor.idle.machine import BeginStop, IdleMachine, Now, Signal, Signals, Thresholds
@@ -94,7 +94,7 @@ def test_budget_plus_20_over_the_socket_moves_the_cap_says_what_it_means_and_per
         import contextlib
         import io
 
-        from supervisor import cli
+        from supervisor.cli import main as cli
 
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
@@ -143,7 +143,7 @@ def test_an_alert_runs_the_alert_hooks_with_its_facts(tmp_path):
 
 
 def test_the_status_screen_shows_the_cap_the_time_left_and_the_projection():
-    from supervisor.render import budget_lines
+    from supervisor.cli.render import budget_lines
 
     n = 1_800_000_000.0
     lines = budget_lines({"now": n, "budget": {

@@ -12,12 +12,12 @@ import pytest
 import structlog
 
 from supervisor.config import AlertsConfig, ConfigError, from_dict, redact_url, redacted
+from supervisor.daemon.channels import build_channels
 from supervisor.logging_setup import configure
 from supervisor.notify.alerts import Alerts, AlertState, Mail, due_mails, queue
 from supervisor.notify.apprise import AppriseChannel, check_urls
 from supervisor.notify.channels import chat_text, scrub, url_secret_parts
 from supervisor.notify.mail import SmtpMailer
-from supervisor.wiring import build_channels
 from tests.fixtures.http_receiver import ntfy_reply
 from tests.waiting import wait_until
 
@@ -218,6 +218,6 @@ def test_check_config_asks_apprise(tmp_path):
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('[notify]\nurls = ["json://127.0.0.1:9/ok", "nosuchservice://tok3n/x"]\n')
-    r = subprocess.run([sys.executable, "-m", "supervisor.cli", "check-config", str(cfg)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "supervisor.cli.main", "check-config", str(cfg)], capture_output=True,
                        text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and r.stderr.startswith("notify.urls[1]:") and "tok3n" not in r.stderr

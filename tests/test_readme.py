@@ -1,6 +1,6 @@
 """The configuration reference (docs/configuration.md) is generated from the shipped default config; keep them equal,
 and hold the table itself to the truth: every "default" cell is the built-in default of config.py.
-Regenerate with: python -m supervisor.configdoc (and paste between the markers)."""
+Regenerate with: python -m supervisor.cli.configdoc (and paste between the markers)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import config as C
-from supervisor.configdoc import default_of, default_text, markdown, rows, schema_keys
+from supervisor.cli.configdoc import default_of, default_text, markdown, rows, schema_keys
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -45,7 +45,7 @@ def _with(key: str, value) -> dict:
 
 def test_readme_config_reference_matches_default_config():
     assert _block() == markdown(default_text()).strip(), \
-        "docs/configuration.md is stale: run `python -m supervisor.configdoc` and paste it between the markers"
+        "docs/configuration.md is stale: run `python -m supervisor.cli.configdoc` and paste it between the markers"
 
 
 def test_every_schema_key_has_a_row():

@@ -198,8 +198,8 @@ def test_the_working_folder_in_the_environment_is_not_taken_for_a_password():
     """A daemon started from /workspace has PWD=/workspace: registered as a secret, it masked every
     path under it in every mail and status line (the fresh machine's demo showed `***/examples`)."""
     from supervisor.config import from_dict
+    from supervisor.daemon.channels import register_secrets
     from supervisor.redact import forget_registered
-    from supervisor.wiring import register_secrets
 
     try:
         register_secrets(from_dict({}), env={"PWD": "/workspace", "OLDPWD": "/root/src", "DB_PWD": "hunter2pw!"})

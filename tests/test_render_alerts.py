@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.render import render_alerts
+from supervisor.cli.render import render_alerts
 
 
 def ev(at, what, key, subject, **kw):

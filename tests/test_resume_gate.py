@@ -8,11 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
+from supervisor.cli.render import resume_lines
 from supervisor.clock import SystemClock
 from supervisor.config import from_dict
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails.resume import Resumed, resumed, resumed_line
-from supervisor.render import resume_lines
 from supervisor.resume.gate import ENV, GateConfig, ResumeGate
 from supervisor.sync.engine import engine_for
 from tests.fixtures.hf_writer import HFWriter

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import cli
+from supervisor.cli import main as cli
 from tests.fixtures.daemon import DaemonProc
 from tests.waiting import wait_until
 

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from supervisor.fileopen import NotRegular, open_regular
 from supervisor.sync.complete import SPARSE_MIN, sparse
 from supervisor.sync.targets.base import LocalFile, SourceProblem, open_source
 from supervisor.sync.walk import read_whole
+from supervisor.untrusted.fileopen import NotRegular, open_regular
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.sync_engine import ListMailer
 from tests.waiting import wait_until

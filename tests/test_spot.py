@@ -113,7 +113,7 @@ def test_mails_say_what_is_done_and_what_made_it():
 
 
 def test_status_lines_only_while_a_notice_runs_or_after_one():
-    from supervisor.render import preemption_lines, render_status
+    from supervisor.cli.render import preemption_lines, render_status
 
     assert preemption_lines({"now": NOW, "preemption": {"notice": None, "previous": None}}) == []
     rec = {"provider": "ec2", "kind": "terminate", "noticed_at": NOW - 10, "deadline": NOW + 110,

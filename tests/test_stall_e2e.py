@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from supervisor.cli.render import progress_line
 from supervisor.config import from_dict
-from supervisor.daemon import Daemon
+from supervisor.daemon.main import Daemon
 from supervisor.fleet.metrics import exposition
 from supervisor.progress import stacks
-from supervisor.render import progress_line
 from tests.fixtures.inproc import find_mail, run
 from tests.fixtures.nvml import GIB, H100_TOTAL, gpu
 from tests.waiting import wait_until

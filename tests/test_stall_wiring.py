@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from supervisor import config
+from supervisor.cli.render import progress_line
 from supervisor.clock import FakeClock
 from supervisor.fleet.metrics import exposition
 from supervisor.notify.mails import stall as words
 from supervisor.progress import stall
-from supervisor.render import progress_line
 from supervisor.states import TrainingState as T
 from tests.test_guard import FakeGpu, FakeProgress, FakeTraining, H
 from tests.test_tracker import make

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import from_dict
-from supervisor.control import request
+from supervisor.daemon.control import request
 from tests.fixtures.daemon import make_daemon  # noqa: F401 - the fixture
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.inproc import find_mail, mails, run, wait_mail

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.clock import FakeClock
-from supervisor.control import RequestError
+from supervisor.daemon.control import RequestError
 from supervisor.states import TRAINING_ALIVE
 from supervisor.states import TrainingState as T
 from tests.test_guard import FakeSync, H

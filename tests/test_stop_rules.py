@@ -52,7 +52,7 @@ def test_check_config_says_where_each_stop_setting_lives(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text('state_dir = "/var/lib/train-supervisor"\nprice_per_hour = 2.5\n[budget]\nmax_cost = 50\n'
                  '[gpu]\non_waste = "stop"\n')
-    r = subprocess.run([sys.executable, "-m", "supervisor.cli", "check-config", str(p)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "supervisor.cli.main", "check-config", str(p)], capture_output=True,
                        text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     out = r.stdout

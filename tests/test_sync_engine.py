@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from supervisor.cli.render import sync_lines
 from supervisor.clock import FakeClock
-from supervisor.render import sync_lines
 from supervisor.sync.manifest import check_folder
 from supervisor.sync.policy import MANIFEST_NAME
 from tests.fixtures.hf_writer import HFWriter, safetensors_bytes

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cli.render import sync_lines
 from supervisor.clock import FakeClock
-from supervisor.render import sync_lines
 from supervisor.sync.policy import MANIFEST_NAME
 from tests.fixtures.sync_engine import ListMailer
 from tests.test_sync_hf import TOKEN, assert_on_hub, hf_sync

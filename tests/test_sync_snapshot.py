@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cli.render import sync_lines
 from supervisor.clock import FakeClock
 from supervisor.config import from_dict
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails.sync import behind_line, target_behind
-from supervisor.render import sync_lines
 from supervisor.sync.complete import FileObs, Verdict
 from supervisor.sync.policy import Policy, is_cache_dir
 from supervisor.sync.saves import Track

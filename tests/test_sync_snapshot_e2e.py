@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cli.render import sync_lines
 from supervisor.clock import FakeClock
-from supervisor.render import sync_lines
 from supervisor.sync.targethealth import BEHIND_KEY
 from tests.fixtures.hf_writer import sha256, torch_zip_bytes
 from tests.waiting import wait_until

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from supervisor import render
+from supervisor.cli import render
 from supervisor.clock import FakeClock
 from supervisor.notify.mails import sync as mails_sync
 from supervisor.sync.engine import SyncEngine

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.control import ClientError, RequestError, request
+from supervisor.daemon.control import ClientError, RequestError, request
 from tests.fixtures.procs import kill_under
 from tests.fixtures.toml_writer import to_toml
 from tests.waiting import wait_until

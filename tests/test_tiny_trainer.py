@@ -16,11 +16,11 @@ from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from supervisor import config
+from supervisor.cli.render import progress_line
 from supervisor.clock import FakeClock
 from supervisor.notify.alerts import Alerts
 from supervisor.progress.parse import parse_trainer_state
 from supervisor.progress.tracker import ProgressTracker
-from supervisor.render import progress_line
 from supervisor.statefile import StateStore
 from tests.fixtures.context import ConfiguredContext
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor import config
+from supervisor.cli.render import progress_line
 from supervisor.clock import FakeClock
 from supervisor.notify.alerts import Alerts
 from supervisor.progress.tracker import ProgressTracker
-from supervisor.render import progress_line
 from supervisor.statefile import StateStore
 from tests.fixtures.context import ConfiguredContext
 

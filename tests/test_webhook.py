@@ -14,11 +14,11 @@ import structlog
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from supervisor.config import AlertsConfig, ConfigError, from_dict
+from supervisor.daemon.channels import build_channels
 from supervisor.logging_setup import configure
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.channels import Message
 from supervisor.notify.webhook import WebhookChannel, WebhookError, decode_secret, facts_for, payload, sign
-from supervisor.wiring import build_channels
 
 CFG = AlertsConfig(first_delay=10.0, repeat_interval=3600.0, max_per_hour=3, retry_interval=60.0)
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()

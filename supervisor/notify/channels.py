@@ -4,7 +4,7 @@ A channel takes one `Message` and either delivers it or raises; the outbox (aler
 repeat, resolved, the hourly cap, the queue and the retries for every channel alike, and keeps a
 retry state per channel. The channels: `email` (below, around the SMTP mailer of mail.py), one
 Apprise channel per URL (apprise.py) and the signed webhook (webhook.py); they import this module,
-never the other way round. Which of them a config asks for is built by supervisor.wiring. An exception's text is shown in status
+never the other way round. Which of them a config asks for is built by supervisor.daemon.channels. An exception's text is shown in status
 and the journal, so a channel raises only text that holds no secret.
 """
 

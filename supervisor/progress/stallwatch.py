@@ -20,7 +20,6 @@ import structlog
 
 from supervisor.config import ProgressConfig
 from supervisor.context import Context
-from supervisor.fileopen import open_regular
 from supervisor.interfaces import Duty, GpuView, ProgressView, TrainingInfo, TrainingView
 from supervisor.notify.mails import stall as words
 from supervisor.proc import CpuProbe
@@ -28,6 +27,7 @@ from supervisor.progress import stacks
 from supervisor.progress.stall import Stall
 from supervisor.states import TrainingState
 from supervisor.training.runner import RUNNER_MODULES
+from supervisor.untrusted.fileopen import open_regular
 
 log = structlog.get_logger("stall")
 

@@ -22,7 +22,6 @@ import structlog
 
 from supervisor.config import ProgressConfig
 from supervisor.context import Context
-from supervisor.fileopen import open_regular
 from supervisor.interfaces import Duty, GpuView
 from supervisor.notify.mails import progress as words
 from supervisor.progress import record as pr
@@ -31,6 +30,7 @@ from supervisor.progress.parse import parse_trainer_state
 from supervisor.progress.trackers import TrackerFiles
 from supervisor.statefile import set_aside
 from supervisor.training.finder import find_checkpoints
+from supervisor.untrusted.fileopen import open_regular
 
 log = structlog.get_logger("progress")
 

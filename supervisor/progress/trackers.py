@@ -32,11 +32,11 @@ from urllib.parse import quote
 
 import structlog
 
-from supervisor.fileopen import open_regular
 from supervisor.progress import trackfiles as tf
 from supervisor.progress.parse import MAX_EPOCHS_SANE, MAX_STEPS_SANE, Observation
 from supervisor.untrusted import Unreadable
 from supervisor.untrusted import records as rec
+from supervisor.untrusted.fileopen import open_regular
 
 log = structlog.get_logger("progress")
 

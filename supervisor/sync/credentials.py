@@ -22,9 +22,9 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from supervisor.fileopen import open_regular
 from supervisor.redact import register
 from supervisor.sync._log import get_logger
+from supervisor.untrusted.fileopen import open_regular
 
 log = get_logger("sync.credentials")
 

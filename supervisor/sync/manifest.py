@@ -22,7 +22,6 @@ import hashlib
 import os
 import sys
 
-from supervisor.fileopen import open_regular
 from supervisor.sync.manifest_doc import (
     FORMAT,
     LINKS_MAX,
@@ -37,6 +36,7 @@ from supervisor.sync.manifest_doc import (
     trainer_facts,
 )
 from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.untrusted.fileopen import open_regular
 
 __all__ = ["FORMAT", "LINKS_MAX", "STATE_MAX", "STATE_NAME", "ManifestFile", "build", "check_folder", "digest", "parse", "parse_doc",
            "state_facts", "trainer_facts"]

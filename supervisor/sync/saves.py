@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from supervisor.fileopen import open_regular
 from supervisor.sync.complete import checkable, safetensors_whole, zip_whole
 from supervisor.sync.scan import Unit
 from supervisor.sync.targethealth import Behind, Lag
 from supervisor.untrusted import SAFETENSORS_PARSE_MAX, ZIP_LOCAL_MAGIC, ZIP_TAIL, safetensors_header_len
+from supervisor.untrusted.fileopen import open_regular
 
 KEEP_VERSIONS = 64         # versions remembered per unit (their save numbers)
 WHOLE_KINDS = ("zip", "safetensors")       # formats whose own header or end record says "whole"

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from supervisor.config import SyncConfig
 from supervisor.durations import format_bytes
-from supervisor.fileopen import open_regular
 from supervisor.sync import formats, retention
 from supervisor.sync import scan as sc
 from supervisor.sync._log import Once
@@ -32,6 +31,7 @@ from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step
 from supervisor.training.ranks import Ranks, settle
 from supervisor.untrusted import SAFETENSORS_PARSE_MAX, ZIP_LOCAL_MAGIC, ZIP_TAIL, Unreadable, text
+from supervisor.untrusted.fileopen import open_regular
 
 WORLD_EVERY_S = 30.0   # the training's world size is read from /proc at most this often ...
 WORLD_RECHECK_S = 5.0  # ... and this often while it says one process or none: the workers of a

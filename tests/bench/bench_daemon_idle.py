@@ -136,7 +136,7 @@ def start_ours(tmp: Path, gpus: int, poll: float, sources: bool = False) -> subp
     }
     (d / "config.toml").write_text(to_toml(cfg))
     env = {**os.environ, "FAKE_NVML_SCRIPT": str(script), "TRAIN_SUPERVISOR_NO_SCOPE": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "supervisor.daemon", "--config", str(d / "config.toml")],
+    return subprocess.Popen([sys.executable, "-m", "supervisor.daemon.main", "--config", str(d / "config.toml")],
                             stdout=open(d / "daemon.log", "wb"), stderr=subprocess.STDOUT, env=env, cwd=str(d),
                             start_new_session=True)
 

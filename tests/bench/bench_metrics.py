@@ -62,7 +62,7 @@ def main() -> None:
                  "procs": [(os.getpid(), 60 * GIB)]} for i in range(8)])
     reset_pynvml()
 
-    from supervisor.daemon import Daemon
+    from supervisor.daemon.main import Daemon
 
     textfile = tmp / "prom" / "train_supervisor.prom"
     textfile.parent.mkdir()

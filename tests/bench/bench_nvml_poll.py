@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from supervisor.cli.render import gpu_lines  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.gpu.monitor import GpuMonitor  # noqa: E402
-from supervisor.render import gpu_lines  # noqa: E402
 from tests.fixtures.nvml import GIB, FakeNvml, FakeNvmlBuild, _compile, make_ctx, reset_pynvml  # noqa: E402
 
 

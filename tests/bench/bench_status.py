@@ -58,7 +58,7 @@ def main() -> int:
     cmds = {
         "ours": [str(Path(sys.executable).parent / "supervisorctl"), "--socket", str(sock), "status"],
         "ours-json": [str(Path(sys.executable).parent / "supervisorctl"), "--socket", str(sock), "status", "--json"],
-        "ours-m": [sys.executable, "-m", "supervisor.cli", "--socket", str(sock), "status"],
+        "ours-m": [sys.executable, "-m", "supervisor.cli.main", "--socket", str(sock), "status"],
     }
     if home:
         cmds["supervisord"] = [sys.executable, "-c", "from supervisor.supervisorctl import main; main()", "-c",

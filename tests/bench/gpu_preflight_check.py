@@ -27,13 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from supervisor.cli.render import render_health  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.config import from_dict  # noqa: E402
 from supervisor.context import Context  # noqa: E402
 from supervisor.gpu.healthwatch import HealthWatch  # noqa: E402
 from supervisor.gpu.nvml import NvmlProbe  # noqa: E402
 from supervisor.notify.alerts import Alerts  # noqa: E402
-from supervisor.render import render_health  # noqa: E402
 from supervisor.statefile import StateStore  # noqa: E402
 
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor.fileopen import NotRegular, open_regular
 from supervisor.sync.policy import manifest_key
+from supervisor.untrusted.fileopen import NotRegular, open_regular
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging

@@ -31,7 +31,6 @@ from collections.abc import Collection
 from pathlib import Path
 
 from supervisor.config import SyncConfig
-from supervisor.fileopen import open_regular
 from supervisor.sync._log import get_logger
 from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.policy import MANIFEST_NAME, manifest_key
@@ -50,6 +49,7 @@ from supervisor.sync.targets.hf_rules import parse_trainer_state, unit_of, unit_
 from supervisor.sync.targets.hf_stage import Stager
 from supervisor.syncurl import TargetURL
 from supervisor.untrusted import Unreadable, json_object
+from supervisor.untrusted.fileopen import open_regular
 
 STATE_MAX = 32 << 20            # trainer_state.json read for commit messages only up to this size
 

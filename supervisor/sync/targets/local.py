@@ -17,7 +17,6 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.fileopen import open_regular
 from supervisor.sync._log import get_logger
 from supervisor.sync.policy import manifest_key
 from supervisor.sync.targets.base import (
@@ -31,6 +30,7 @@ from supervisor.sync.targets.base import (
     open_source,
     write_all,
 )
+from supervisor.untrusted.fileopen import open_regular
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging

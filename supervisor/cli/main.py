@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.client import request, socket_path
+from supervisor.cli.client import request, socket_path
+from supervisor.cli.render import render_alerts, render_health, render_status
 from supervisor.durations import format_bytes
 from supervisor.errors import ClientError, ConfigError, RequestError
 from supervisor.notify.mails.sync import unselected_line
-from supervisor.render import render_alerts, render_health, render_status
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -453,7 +453,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from supervisor import checkconfig
+    from supervisor.cli import checkconfig
     from supervisor.config import nothing_watched, parse, resolve_path
 
     path = args.path or resolve_path(args.config)

@@ -1,5 +1,5 @@
 """The configuration reference (docs/configuration.md), generated from the shipped default config and the schema
-in config.py, so the two can never disagree: `python -m supervisor.configdoc` prints the Markdown.
+in config.py, so the two can never disagree: `python -m supervisor.cli.configdoc` prints the Markdown.
 
 The "default" column is the built-in default. Where the file shows an example instead (a key that
 has none, like price_per_hour), the column says "none" or "required" and the example goes to the

@@ -84,7 +84,7 @@ def channel_problems(cfg: Config) -> list[str]:
     an unreadable urls_file (Apprise is imported only when URLs are configured)."""
     if not (cfg.notify.urls or cfg.notify.urls_file):
         return []
-    from supervisor.wiring import build_channels
+    from supervisor.daemon.channels import build_channels
 
     _, problems = build_channels(cfg)
     return problems

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.client import ClientError, request  # noqa: F401 - the client's side, for its older importers
+from supervisor.cli.client import ClientError, request  # noqa: F401 - the client's side, for its older importers
 from supervisor.interfaces import RequestError
 from supervisor.redact import redact, redact_obj
 

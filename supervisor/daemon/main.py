@@ -27,15 +27,15 @@ from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import Config, ConfigError, load, nothing_watched
 from supervisor.context import Context
-from supervisor.control import ControlServer, Peer, RequestError
+from supervisor.daemon.control import ControlServer, Peer, RequestError
+from supervisor.daemon.malloc import few_arenas, settle_memory
+from supervisor.daemon.systemd_notify import notify, watchdog_interval
 from supervisor.interfaces import Duty, HasDuties, HasStatus, HasVerbs, TrainingInfo, Verb
 from supervisor.logging_setup import configure
-from supervisor.malloc import few_arenas, settle_memory
 from supervisor.notify.alerts import Alerts
 from supervisor.requests import run_context
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
-from supervisor.systemd_notify import notify, watchdog_interval
 from supervisor.training.job import Training, TrainingError, command_line
 from supervisor.training.runner import run_banner
 
@@ -55,7 +55,7 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
-        from supervisor.wiring import register_secrets
+        from supervisor.daemon.channels import register_secrets
 
         register_secrets(cfg)   # masked by value in every message from now on (supervisor.redact)
         from supervisor.stop.resolve import choose, priced
@@ -72,9 +72,9 @@ class Daemon:
         # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
         self.reserve = Reserve(cfg.state_dir).register()
         self.reserve.arm()
+        from supervisor.daemon.channels import build_channels
         from supervisor.fleet.metrics import MetricsDuty
         from supervisor.notify.webhook import facts_for
-        from supervisor.wiring import build_channels
 
         hostname = cfg.hostname or socket.gethostname()
         self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time,
@@ -277,7 +277,7 @@ class Daemon:
             hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
     def _fresh_status(self, wait: float = 2.0) -> dict | None:
-        from supervisor.wiring import status_aside
+        from supervisor.daemon.channels import status_aside
 
         return status_aside(self.status, wait) or self.metrics.last_status
 
