@@ -12,7 +12,6 @@ import argparse
 import os
 import select
 import signal
-import socket
 import sys
 import threading
 import time
@@ -26,17 +25,23 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from supervisor import __version__
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import Config, ConfigError, load, nothing_watched
+from supervisor.config.cluster import for_node
 from supervisor.context import Context
+from supervisor.daemon.channels import build_channels, register_secrets, status_aside
 from supervisor.daemon.control import ControlServer, Peer, RequestError
 from supervisor.daemon.malloc import few_arenas, settle_memory
 from supervisor.daemon.systemd_notify import notify, watchdog_interval
+from supervisor.daemon.wings import WINGS, Wing, build, default_hostname, duty_order
 from supervisor.interfaces import Duty, HasDuties, HasStatus, HasVerbs, TrainingInfo, Verb
 from supervisor.logging_setup import configure
 from supervisor.notify.alerts import Alerts
+from supervisor.notify.webhook import facts_for
 from supervisor.requests import run_context
+from supervisor.spot.decide import newest_unit
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
-from supervisor.training.job import Training, TrainingError, command_line
+from supervisor.stop.resolve import choose, priced
+from supervisor.training.job import TrainingError, command_line
 from supervisor.training.runner import run_banner
 
 log = structlog.get_logger("daemon")
@@ -48,18 +53,16 @@ MEMBER_COMMANDS = frozenset({"ping", "status", "alerts", "keepalive", "sync", "h
 
 
 class Daemon:
-    def __init__(self, cfg: Config, clock: Clock | None = None):
-        from supervisor.config.cluster import for_node
+    """The house: the core's parts (config, clock, state store, alerts), then every wing of
+    supervisor.daemon.wings built in the order their needs give; their duties, threads, status
+    blocks and verbs are gathered from that one list."""
 
+    def __init__(self, cfg: Config, clock: Clock | None = None, wings: tuple[Wing, ...] = WINGS):
         cfg, self.run_target = for_node(cfg, os.environ)  # a node of several syncs its part
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.started_at = self.clock.time()
-        from supervisor.daemon.channels import register_secrets
-
         register_secrets(cfg)   # masked by value in every message from now on (supervisor.redact)
-        from supervisor.stop.resolve import choose, priced
-
         # what stop.action means on this machine (the provider, what still bills), decided once;
         # the provider's own hourly price where the config sets none (issue 52)
         self.stop_plan = choose(cfg.stop)
@@ -72,115 +75,16 @@ class Daemon:
         # a few MiB the first write to hit a full disk frees: the stop record and alerts still fit
         self.reserve = Reserve(cfg.state_dir).register()
         self.reserve.arm()
-        from supervisor.daemon.channels import build_channels
-        from supervisor.fleet.metrics import MetricsDuty
-        from supervisor.notify.webhook import facts_for
-
-        hostname = cfg.hostname or socket.gethostname()
-        self.metrics = MetricsDuty(cfg.metrics.textfile, cfg.metrics.listen, self.status, self.clock.time,
-                                   every=cfg.gpu.poll_interval if self.metrics_wanted(cfg) else None)
+        self.hostname = default_hostname(cfg.hostname)
         channels, self.channel_problems = build_channels(
-            cfg, hostname=hostname, facts=lambda kind: facts_for(kind, self._fresh_status()))
-        self.alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=hostname, channels=channels,
-                             on_alert=self._on_alert)
-        from supervisor.idle.orchestrator import OrchestratorWatch
-
-        self.orchestrator = OrchestratorWatch(cfg.training.env)
-        self.ctx = Context(self.clock, self.store, self.alerts)
-        # the wings built later are reached through these callables, at call time (nothing patched in)
-        self.training = Training(self.ctx, cfg.training, on_start=self._on_training_start, on_end=self._on_training_end,
-                                 before_start=lambda: self.health.check_start(), extra_env=lambda: self.resume.env(),
-                                 gate=lambda start: self.resume.gate(start))
-
-        from supervisor.gpu.hostcheck import HostCheck
-        from supervisor.gpu.monitor import GpuMonitor
-        from supervisor.gpu.oom import OomDetector
-        from supervisor.progress.tracker import ProgressTracker
-        from supervisor.sync.engine import engine_for
-        from supervisor.training import ranks
-        from supervisor.training.logfollow import LogFollower
-
-        self.gpu = GpuMonitor(self.ctx, cfg.gpu, training=self.training, keep_window_s=cfg.idle.gpu_window)
-        # this node's ranks: what its workers were told, with sync.world_size and [cluster] standing in
-        self.sync = engine_for(cfg, self.clock, self.alerts, world_size=lambda: ranks.settle(
-                                   ranks.read(self.training.pids(), single_if_unset=True), cfg.sync.world_size,
-                                   cfg.cluster.nodes, cfg.cluster.rank or 0),
-                               step_at=lambda t: self.progress.step_at(t))
-        self.progress = ProgressTracker(self.ctx, cfg.progress, price_per_hour=cfg.price_per_hour, currency=cfg.currency,
-                                        gpu=self.gpu, job_env=cfg.training.env, job_user=cfg.training.user,
-                                        save_dirs=cfg.save_dirs)
-        self.oom = OomDetector(self.ctx, log_path=cfg.training.log or None)
-        # resumes where the last daemon got to (an OOM printed while none ran is still seen)
-        self.follower = LogFollower(self.training.log_path(), [self.oom, self.progress], start_at_end=True,
-                                    store=self.store, user=cfg.training.user or None,
-                                    since=run_banner(self.training.info().run_id), clock=self.clock.time)
-        from supervisor.disk.floor import DiskFloor
-        from supervisor.disk.watch import DiskWatch
-
-        self.disk = DiskWatch(self.ctx, cfg.disk, self.sync, cfg.save_dirs,
-                              quiet=cfg.sync.quiet_period, saves_in=list(cfg.sync.watch),
-                              free_min_pct=cfg.alerts.disk_free_min_pct)
-        disk_paths = [cfg.state_dir, *cfg.save_dirs]
-        # the filesystems the disk wing forecasts get their "almost full" alert from it, not twice
-        self.floor = DiskFloor(self.ctx, cfg.alerts, disk_paths, covered=self.disk.covers)
-        self.hostcheck = HostCheck(self.ctx, cfg.alerts)
-
-        from supervisor.idle.guard import GuardConfig, IdleGuard
-        from supervisor.money.runledger import RunLedger
-        from supervisor.progress.stallwatch import StallWatch
-
-        # the run's money across machines (nodes, resumes): a ledger on the target
-        self.ledger = RunLedger(cfg.cluster, cfg.price_per_hour, cfg.currency, self.run_target, self.clock, hostname,
-                                self.sync.sibling_target) if self.run_target and (
-            cfg.cluster.nodes > 1 or cfg.budget.scope == "run") else None
-        from supervisor.hooks.runner import Hooks
-
-        self.hooks = Hooks(cfg.hooks, alert=lambda k, s, b: self.alerts.event(k, "hook_failed", "warning", s, b),
-                           facts=lambda: self._hook_facts(hostname))
-        self.guard = IdleGuard.of(self.ctx, GuardConfig.of(cfg, self.stop_plan), self.training, self.gpu, self.sync,
-                                  progress=self.progress, full_at_end=self.disk.full_at_end,
-                                  run_total=self.ledger.words if self.ledger else None, hooks=self.hooks,
-                                  cap_moment=lambda word: self.stops.moment(word))
-        self.stall = StallWatch(self.ctx, cfg.progress, self.training, self.gpu, self.progress)
-        from supervisor.stop.rules import StopReason
-        from supervisor.stop.runner import StopRunner
-
-        # every reason to stop goes through this one door (supervisor.stop), and leaves through it
-        self.stops = StopRunner(self.guard.request_stop, self.guard.withdraw_stop)
-
-        from supervisor.spot.guard import SpotGuard
-
-        self.spot = SpotGuard(self.ctx, cfg.preemption, self.sync, self.training, hostname, stop=self.stops.request)
-        self.stops.moment_for((StopReason.PREEMPTION,), self.spot.moment)  # the notice's deadline
-
-        from supervisor.gpu.healthwatch import HealthWatch
-        # GPU health: preflight at start and before every training start (Training's hook), faults live
-        self.health = HealthWatch(self.ctx, cfg.health, cfg.training, self.gpu.probe, self.training, rate=self._run_rate,
-                                  stop_machine=self.stops.request, gpu_every=cfg.gpu.poll_interval)
-        from supervisor.gpu.wastewatch import WasteWatch
-
-        self.waste = WasteWatch(cfg.gpu, self.gpu, self.training, self.alerts, self.clock, stop=self.stops.request,
-                                withdraw=self.stops.withdraw, stop_after=cfg.idle.stop_after_warning)
-
-        from supervisor.money.guard import MoneyConfig, MoneyGuard
-
-        self.money = MoneyGuard(self.ctx, MoneyConfig.of(cfg), self.progress, self.sync, self.training, stop=self.stops.request,
-                                run=self.ledger, withdraw=self.stops.withdraw)
-        self.stops.moment_for((StopReason.COST, StopReason.RUNTIME, StopReason.DEADLINE), self.money.moment)
-
-        self.cluster = None
-        if cfg.cluster.nodes > 1 and self.run_target:
-            from supervisor.cluster.watch import ClusterWatch
-
-            self.cluster = ClusterWatch.of(cfg, self.run_target, self.training, self.alerts, self.clock, hostname,
-                                           self.stops, holds=self.sync.answers.held_parts, target_at=self.sync.sibling_target,
-                                           since_step=lambda: self.progress.snapshot(self.clock.time()).get("since_step_s"),
-                                           ranks=lambda: self.sync.walker.ranks)
-        from supervisor.resume.gate import GateConfig, ResumeGate
-
-        self.resume = ResumeGate(GateConfig.of(cfg), self.clock, self.alerts, self.sync, hostname, run_target=self.run_target,
-                                 busy=lambda: self.training.state in TRAINING_ALIVE)
-
+            cfg, hostname=self.hostname, facts=lambda kind: facts_for(kind, self.fresh_status()))
+        # the alerts are the core's: every wing's Context carries them (the list's "alerts" line shows them)
+        alerts = Alerts(cfg.alerts, self.clock, cfg.state_dir, hostname=self.hostname, channels=channels,
+                        on_alert=self.on_alert)
+        self.alerts = alerts
+        self.ctx = Context(self.clock, self.store, alerts)
+        self.wing_list = wings
+        self.built = build(self, wings)   # every wing, set on self by name, in build order
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
@@ -197,21 +101,19 @@ class Daemon:
         """The metrics duty also keeps the snapshot a webhook body is built from."""
         return bool(c.metrics.textfile or c.metrics.listen or c.notify.webhook_url)
 
+    def burn_first(self) -> bool:
+        """With a burn-in, autostart waits for it: the run must not share the GPUs with the load test."""
+        return bool(self.cfg.health.burn_in and self.cfg.training.autostart)
+
     def wings(self) -> list[object]:
-        """Every wing, in the order of their status blocks (and of their duties within one instant)."""
-        return [w for w in (self.training, self.follower, self.gpu, self.sync, self.guard, self.alerts, self.progress,
-                            self.metrics, self.orchestrator, self.spot, self.health, self.money, self.hooks,
-                            self.disk, self.floor, self.hostcheck, self.stall, self.resume, self.cluster,
-                            self.ledger, self.waste, self.stops) if w is not None]
+        """Every wing on this machine, in the order of their status blocks (the list's order)."""
+        return [w for w in (getattr(self, s.name) for s in self.wing_list) if w is not None]
 
     def duties(self) -> list[Duty]:
-        """The wings' duties, then the daemon's own two. Duties due at one instant run in this order:
-        what senses (training, GPUs, log, progress) before what judges (stall, caps, idle, health), and
-        the alerts last, so an alert raised this instant goes out this instant."""
-        order = (self.training, self.gpu, self.follower, self.progress, self.stall, self.money, self.guard,
-                 self.health, self.waste, self.disk, self.floor, self.hostcheck, self.alerts, self.orchestrator,
-                 self.spot, self.metrics, self.cluster, self.ledger)
-        return [*(d for w in order if isinstance(w, HasDuties) for d in w.duties()),
+        """The wings' duties, by phase (what senses before what judges, the alerts after, so an
+        alert raised this instant goes out this instant), then the daemon's own two."""
+        return [*(d for s in duty_order(self.wing_list) if isinstance(w := getattr(self, s.name), HasDuties)
+                  for d in w.duties()),
                 Duty("reserve", 60.0, self.reserve.arm),  # armed again once space was freed
                 Duty("watchdog", watchdog_interval(), lambda: notify("WATCHDOG=1", f"STATUS={self._status_line()}"))]
 
@@ -239,7 +141,7 @@ class Daemon:
         self.scheduler.add_job(run, "interval", seconds=max(duty.every, 0.2), id=duty.name, name=duty.name,
                                next_run_time=self._first_run)
 
-    def _on_training_start(self, info: TrainingInfo) -> None:
+    def on_training_start(self, info: TrainingInfo) -> None:
         self.follower.switch(info.log_path, start_at_end=True, since=run_banner(info.run_id))
         self.oom.reset(info.started_at or self.clock.time())
         self.progress.reset(self.clock.time())
@@ -247,7 +149,7 @@ class Daemon:
         self.progress.start_run(info.run_id, info.started_at or self.clock.time(), found[1] if found else None)
         self.guard.poll_soon()
 
-    def _on_training_end(self, info: TrainingInfo) -> None:
+    def on_training_end(self, info: TrainingInfo) -> None:
         # read what the job printed last (an OOM traceback) before judging how it ended
         self.follower.poll(self.clock.time())
         self.progress.end_run(info.run_id, info.ended_at or self.clock.time(), self.cfg.save_dirs)
@@ -258,16 +160,14 @@ class Daemon:
         self.guard.on_training_ended(info)
         self.guard.poll_soon()
 
-    def _hook_facts(self, hostname: str) -> dict[str, object]:
+    def hook_facts(self) -> dict[str, object]:
         """What every hook is told besides its event's own facts: the host, the target, and the newest
         checkpoint the target holds."""
-        from supervisor.spot.decide import newest_unit
-
         newest = newest_unit([h for h in self.sync.holdings() if h.on_target])
-        return {"host": hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
+        return {"host": self.hostname, "target": getattr(self.sync, "display", "") or self.cfg.sync.target,
                 "checkpoint": newest.unit if newest else ""}
 
-    def _on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
+    def on_alert(self, key: str, kind: str, severity: str, subject: str) -> None:
         hooks = getattr(self, "hooks", None)
         if hooks is None:
             return  # an alert raised while the daemon is still being built: no hook is wired yet
@@ -276,12 +176,11 @@ class Daemon:
         if not kind.startswith("hook"):
             hooks.fire("alert", {"reason": subject, "alert_key": key, "alert_kind": kind, "severity": severity})
 
-    def _fresh_status(self, wait: float = 2.0) -> dict | None:
-        from supervisor.daemon.channels import status_aside
+    def fresh_status(self, wait: float = 2.0) -> dict | None:
+        metrics = getattr(self, "metrics", None)  # an alert raised while the wings are still being built
+        return status_aside(self.status, wait) or (metrics.last_status if metrics else None)
 
-        return status_aside(self.status, wait) or self.metrics.last_status
-
-    def _run_rate(self) -> tuple[int | None, float | None]:
+    def run_rate(self) -> tuple[int | None, float | None]:
         """The current run and its step rate (the progress tracker's window): the health watch compares
         it with the rate at the run's start."""
         p = self.progress.snapshot(self.clock.time())
@@ -299,22 +198,17 @@ class Daemon:
         self.follower.switch(self.training.log_path(), start_at_end=True, since=run_banner(info.run_id))
         if info.state in (TrainingState.STARTING, TrainingState.RUNNING):
             self.progress.start_run(info.run_id, info.started_at or self.clock.time())
-        self.sync.start()
-        self.disk.start()
-        self.spot.boot()
-        # with a burn-in, autostart waits for it: the run must not share the GPUs with the load test
-        burn_first = bool(self.cfg.health.burn_in and self.cfg.training.autostart)
-        self.health.boot(then=self.training.maybe_autostart if burn_first else None)
+        for spec in self.built:  # the wings' threads, in build order (a wing starts after what it needs)
+            if spec.start and (w := getattr(self, spec.name)) is not None:
+                spec.start(self, w)
         self.control.start()
         c = self.cfg
-        if self.metrics.every:
-            self.metrics.start()
         if schedule:
             self._first_run = _soon()
             for duty in self.duties():
                 self._every(duty)
             self.scheduler.start()
-        if not burn_first:
+        if not self.burn_first():
             self.training.maybe_autostart()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("daemon_ready", version=__version__, pid=os.getpid(), config=c.source,
@@ -344,16 +238,10 @@ class Daemon:
         except Exception:  # noqa: BLE001
             pass
         self.control.close()
-        self.spot.close()
-        self.resume.close()
-        self.metrics.close()
-        self.disk.close()
-        for wing in (self.cluster, self.ledger):
-            if wing:
-                wing.close()
-        self.sync.close()
-        self.gpu.close()
-        self.alerts.tick()
+        for spec in reversed(self.built):  # a wing closes before the wings it was built from
+            if spec.close and (w := getattr(self, spec.name)) is not None:
+                spec.close(w)
+        self.ctx.alerts.tick()  # the core's, last: what closing the wings raised still goes out
 
     # --- status -------------------------------------------------------------------------------
     def _status_line(self) -> str:
