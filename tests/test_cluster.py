@@ -26,8 +26,8 @@ from supervisor.config.cluster import Identity, identity, part_target
 from supervisor.interfaces import TrainingInfo
 from supervisor.resume.wholerun import RunParts
 from supervisor.states import TrainingState
+from supervisor.store.local import LocalTarget
 from supervisor.sync.parts import Held
-from supervisor.sync.targets.local import LocalTarget
 from tests.fixtures.ports import free_port
 from tests.waiting import wait_until
 
@@ -303,8 +303,8 @@ def test_a_node_whose_run_finished_and_whose_machine_stopped_is_not_lost(tmp_pat
 def test_heartbeats_go_through_s3_and_rsync_too(kind, request, tmp_path):
     """The same duty over a real SeaweedFS and a real sshd: no server of our own on any target."""
     from supervisor.config import SyncConfig
-    from supervisor.sync.targets import make_target
-    from supervisor.syncurl import parse_target
+    from supervisor.config.target import parse_target
+    from supervisor.store import make_target
 
     if kind == "s3":
         server = request.getfixturevalue("s3_server")

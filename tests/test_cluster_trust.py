@@ -20,7 +20,7 @@ from supervisor.cluster import nodes as cn
 from supervisor.cluster.watch import ClusterWatch
 from supervisor.config import ClusterConfig
 from supervisor.config.cluster import Identity
-from supervisor.sync.targets.local import LocalTarget
+from supervisor.store.local import LocalTarget
 from supervisor.untrusted import signed
 from tests.test_cluster import Recorder, Training
 
@@ -52,7 +52,7 @@ def test_a_signed_heartbeat_counts_and_every_other_is_forged():
 
 
 def test_a_key_file_shorter_than_16_bytes_is_refused(tmp_path):
-    from supervisor.sync.credentials import run_key
+    from supervisor.store.credentials import run_key
 
     (tmp_path / "k").write_text("short\n")
     assert run_key(str(tmp_path / "k"))[1].endswith("at least 16 are needed (e.g. `openssl rand -hex 32`)")
@@ -217,9 +217,9 @@ def test_a_record_that_is_json_but_no_object_is_written_over_once_the_unit_is_wh
 # --- the run ledger reads only what changed ----------------------------------------------------------------
 
 def ledger(target_url: str, clock: FakeClock, host: str = "me"):
+    from supervisor.config.target import parse_target
     from supervisor.money.runledger import RunLedger
-    from supervisor.sync.targets import make_target
-    from supervisor.syncurl import parse_target
+    from supervisor.store import make_target
 
     return RunLedger(ClusterConfig(nodes=2, rank=0, run_id="run-a"), 2.0, "USD", target_url, clock, host,
                      lambda url: make_target(parse_target(url), _sync(target_url), "/tmp"))
@@ -267,9 +267,9 @@ def test_the_ledger_over_s3_asks_by_etag(s3_server, s3_prefix):
     for i in range(40):
         c.put_object(Bucket=s3_server.bucket, Key=f"{s3_prefix}/_run/ledger/old-{i}.json", Body=boot_doc(i))
     from supervisor.config import SyncConfig
+    from supervisor.config.target import parse_target
     from supervisor.money.runledger import RunLedger
-    from supervisor.sync.targets import make_target
-    from supervisor.syncurl import parse_target
+    from supervisor.store import make_target
 
     sc = SyncConfig(**s3_server.sync_config(s3_prefix))
     led = RunLedger(ClusterConfig(nodes=2, rank=0, run_id="run-a"), 2.0, "USD", sc.target, FakeClock(), "me",
@@ -291,9 +291,9 @@ def test_the_ledger_over_rsync_asks_by_size_and_time(sshd_server, tmp_path):
     import os
 
     from supervisor.config import SyncConfig
+    from supervisor.config.target import parse_target
     from supervisor.money.runledger import RunLedger
-    from supervisor.sync.targets import make_target
-    from supervisor.syncurl import parse_target
+    from supervisor.store import make_target
 
     remote = tmp_path / "remote"
     d = (remote / "_run" / "ledger")

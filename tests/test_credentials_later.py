@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from supervisor.sync.credentials import CredentialWatch, parse_env_file, read_env_file
+from supervisor.store.credentials import CredentialWatch, parse_env_file, read_env_file
 from tests.fixtures.hf_writer import HFWriter
 from tests.fixtures.inproc import wait_mail
 from tests.fixtures.s3 import ACCESS_KEY, SECRET_KEY

@@ -17,8 +17,8 @@ import pytest
 
 from supervisor import statefile
 from supervisor.statefile import RESERVE_NAME, Reserve, StateStore, StateWriteError, atomic_write, write_all
+from supervisor.store.base import TargetError
 from supervisor.sync.ledger import Entry, Ledger, LedgerWriteError
-from supervisor.sync.targets.base import TargetError
 from tests.fixtures.tmpfs import small_tmpfs
 
 FS_BYTES = 16 * 1024 * 1024

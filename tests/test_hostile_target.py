@@ -21,14 +21,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.config import from_dict
+from supervisor.config.target import parse_target
 from supervisor.resume.choose import REFUSED, judge
 from supervisor.resume.place import Staging
 from supervisor.resume.restore import NothingToRestore, Restorer
+from supervisor.store import make_target
 from supervisor.sync.manifest import ManifestFile, build, parse_doc
 from supervisor.sync.names import BadName, check_tree, problem, remote_path
 from supervisor.sync.scan import watch_roots
-from supervisor.sync.targets import make_target
-from supervisor.syncurl import parse_target
 from tests.fixtures.verbatim_s3 import BUCKET, VerbatimS3
 
 PREFIX = "run1"
@@ -217,7 +217,7 @@ def test_staging_does_not_follow_a_link_planted_inside(tmp_path):
 
 
 def test_the_hub_reader_writes_only_through_staging(tmp_path):
-    from supervisor.sync.targets.hf_read import HfReader
+    from supervisor.store.hf_read import HfReader
 
     class Resp:
         status_code = 200

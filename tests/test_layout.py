@@ -23,14 +23,15 @@ MAY_IMPORT = {
     "idle": {"notify", "training", "progress", "hooks", "stop"},
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
-    "sync": {"notify", "training"},
-    "resume": {"notify", "training", "sync"},
+    "store": {"notify", "sync"},
+    "sync": {"notify", "training", "store"},
+    "resume": {"notify", "training", "sync", "store"},
     "fleet": set(),
     "hooks": {"notify"},
-    "money": {"notify", "training", "progress", "sync"},
-    "disk": {"notify", "training", "sync"},
+    "money": {"notify", "training", "progress", "sync", "store"},
+    "disk": {"notify", "training", "sync", "store"},
     "stop": {"notify"},
-    "cluster": {"notify", "training", "sync"},
+    "cluster": {"notify", "training", "sync", "store"},
 }
 # The stop wing's rule table: pure data that imports nothing of the product, re-exported by the core's
 # states.py so that every wing reads the one table (no wing but stop may import the stop wing).

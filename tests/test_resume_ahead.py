@@ -12,13 +12,13 @@ import time
 import pytest
 
 from supervisor.config import from_dict
+from supervisor.config.target import parse_target
 from supervisor.resume import ahead as ahead_mod
 from supervisor.resume.restore import Restorer
+from supervisor.store import make_target, target_identity
 from supervisor.sync.ledger import Ledger
 from supervisor.sync.manifest import ManifestFile, build
 from supervisor.sync.scan import watch_roots
-from supervisor.sync.targets import make_target, target_identity
-from supervisor.syncurl import parse_target
 
 WAIT = 10.0
 
@@ -165,7 +165,7 @@ def test_a_guess_that_is_not_the_choice_leaves_nothing(tmp_path, monkeypatch, wh
 def test_a_restore_stopped_during_the_survey_stops_its_guess(tmp_path, monkeypatch):
     """The target fails after the newest unit's download began: the restore raises as before, and
     the download begun ahead is stopped and its staging folder removed before restore() returns."""
-    from supervisor.sync.targets.base import TargetError
+    from supervisor.store.base import TargetError
 
     target, _, rs, out = setup(tmp_path, [s * 10 for s in range(1, 21)])
     real_read, real_download = target.read_file, target.download

@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.resume.local import newest_local
 from supervisor.resume.restore import Restorer
-from supervisor.sync.targets import make_target
+from supervisor.store import make_target
 from supervisor.training.safeopen import UnsafeLog
 from tests.fixtures.hf_writer import HFWriter
 from tests.test_security import member, open_dir  # noqa: F401 - fixtures

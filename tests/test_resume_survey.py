@@ -9,12 +9,12 @@ import threading
 import time
 
 from supervisor.config import from_dict
+from supervisor.config.target import parse_target
 from supervisor.resume import restore as rmod
 from supervisor.resume.restore import Restorer
+from supervisor.store import make_target
 from supervisor.sync.manifest import ManifestFile, build
 from supervisor.sync.scan import watch_roots
-from supervisor.sync.targets import make_target
-from supervisor.syncurl import parse_target
 
 
 def unit(remote, step: int) -> dict[str, bytes]:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.resume.restore import NothingToRestore, Restorer
-from supervisor.sync.targets import make_target
-from supervisor.sync.targets.base import TargetError
+from supervisor.store import make_target
+from supervisor.store.base import TargetError
 from tests.fixtures.hf_writer import HFWriter
 from tests.test_sync_hf import TOKEN, hf_sync
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import SyncConfig
-from supervisor.sync.targets import rsync_ssh
-from supervisor.sync.targets.rsync import RsyncTarget
-from supervisor.syncurl import parse_target
+from supervisor.config.target import parse_target
+from supervisor.store import rsync_ssh
+from supervisor.store.rsync import RsyncTarget
 
 STRANGER = 4242   # a uid that is not ours
 

@@ -1,4 +1,4 @@
-"""The boto3-less S3 read client (supervisor/sync/targets/s3_light.py): its signature against
+"""The boto3-less S3 read client (supervisor/store/s3_light.py): its signature against
 botocore's own signer, its GETs and listings against the real SeaweedFS (which checks every
 signature), the setups it leaves to boto3, and the switch to boto3 on an answer it does not know."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sync.targets.base import TargetError
-from supervisor.sync.targets.s3_light import LightS3, Unsupported, parse_listing, sign, static_keys
-from supervisor.sync.targets.s3_wire import NotFound, Refused
+from supervisor.store.base import TargetError
+from supervisor.store.s3_light import LightS3, Unsupported, parse_listing, sign, static_keys
+from supervisor.store.s3_wire import NotFound, Refused
 from tests.fixtures.s3 import ACCESS_KEY, SECRET_KEY
 
 KEYS = (ACCESS_KEY, SECRET_KEY, "")
@@ -51,7 +51,7 @@ def test_the_signature_is_the_one_botocore_computes(path, query, token):
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    from supervisor.sync.targets.s3_light import EMPTY_SHA256
+    from supervisor.store.s3_light import EMPTY_SHA256
 
     keys = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
     url = "http://127.0.0.1:8333" + quote(path) + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query.items())
@@ -176,8 +176,8 @@ class _Redirecting(http.server.BaseHTTPRequestHandler):
 
 def test_an_answer_it_does_not_know_hands_the_restore_to_boto3(s3_server, s3_prefix, tmp_path):
     from supervisor.config import load
-    from supervisor.sync.targets import make_target
-    from supervisor.syncurl import parse_target
+    from supervisor.config.target import parse_target
+    from supervisor.store import make_target
     from tests.fixtures.toml_writer import to_toml
 
     c = s3_server.client()

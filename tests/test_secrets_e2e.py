@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import redact
-from supervisor.sync.targets.hf_rules import find_token
+from supervisor.store.hf_rules import find_token
 from tests.fixtures.nvml import gpu
 from tests.waiting import wait_until
 

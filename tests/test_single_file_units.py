@@ -15,9 +15,9 @@ import pytest
 
 from supervisor.resume.choose import REFUSED, file_units, judge, kind_of
 from supervisor.resume.restore import Restorer
+from supervisor.store import make_target
 from supervisor.sync.manifest_doc import ManifestFile, build
 from supervisor.sync.policy import is_manifest_name, manifest_key
-from supervisor.sync.targets import make_target
 from tests.fixtures.hf_writer import torch_zip_bytes
 from tests.test_sync_hf import TOKEN, hf_sync
 

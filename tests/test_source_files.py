@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from supervisor.store.base import LocalFile, SourceProblem, open_source
 from supervisor.sync.complete import SPARSE_MIN, sparse
-from supervisor.sync.targets.base import LocalFile, SourceProblem, open_source
 from supervisor.sync.walk import read_whole
 from supervisor.untrusted.fileopen import NotRegular, open_regular
 from tests.fixtures.hf_writer import HFWriter
@@ -72,8 +72,8 @@ def test_a_file_swapped_for_a_fifo_after_the_scan_is_a_source_problem(tmp_path):
 
 
 def test_the_local_target_skips_the_fifo_and_goes_on(tmp_path, make_engine):
-    from supervisor.sync.targets import make_target
-    from supervisor.syncurl import parse_target
+    from supervisor.config.target import parse_target
+    from supervisor.store import make_target
 
     e = make_engine({"target": str(tmp_path / "remote"), "watch": [str(tmp_path / "out")]}, start=False)
     target = make_target(parse_target(str(tmp_path / "remote")), e.cfg, e.state_dir)

@@ -212,7 +212,7 @@ def test_a_final_sync_checks_by_content_only_what_came_since_the_last_one(make_e
 
 
 def test_sha256sum_output_is_read_with_escaped_names():
-    from supervisor.sync.targets.rsync import _parse_sums
+    from supervisor.store.rsync import _parse_sums
 
     a, b = "a" * 64, "B" * 64
     out = (f"{a}  checkpoint-1/model.safetensors\n\\{b}  odd\\nname\\\\x\n{a} *bin mode\nshort  x\n").encode()

@@ -20,14 +20,14 @@ import pytest
 
 from supervisor.clock import FakeClock
 from supervisor.config import ConfigError, from_dict
+from supervisor.config.target import parse_target
+from supervisor.store import base
+from supervisor.store.base import LocalFile, UnitPut, Uploaded
+from supervisor.store.hf import HfTarget
+from supervisor.store.hf_rules import choose_upload_path, find_token, unit_of, unit_summary
+from supervisor.store.local import LocalTarget
 from supervisor.sync import manifest as mf
 from supervisor.sync.policy import MANIFEST_NAME
-from supervisor.sync.targets import base
-from supervisor.sync.targets.base import LocalFile, UnitPut, Uploaded
-from supervisor.sync.targets.hf import HfTarget
-from supervisor.sync.targets.hf_rules import choose_upload_path, find_token, unit_of, unit_summary
-from supervisor.sync.targets.local import LocalTarget
-from supervisor.syncurl import parse_target
 from tests.fixtures.fake_hub import FakeHub, git_blob_id
 from tests.fixtures.hf_writer import HFWriter, safetensors_bytes, torch_zip_bytes
 from tests.waiting import wait_until

@@ -150,9 +150,9 @@ def test_folders_in_one_put_files_take_one_rsync_run_and_manifests_one_shell(ssh
     as its last file is verified): one rsync run for the files, every manifest through the one
     shell kept open on the host, and the shared connection's socket gone after close."""
     from supervisor.config import SyncConfig
-    from supervisor.sync.targets import base
-    from supervisor.sync.targets.rsync import RsyncTarget
-    from supervisor.syncurl import parse_target
+    from supervisor.config.target import parse_target
+    from supervisor.store import base
+    from supervisor.store.rsync import RsyncTarget
 
     remote = tmp_path / "remote"
     for step in (1, 2, 3):
@@ -201,8 +201,8 @@ def test_folders_in_one_put_files_take_one_rsync_run_and_manifests_one_shell(ssh
 
 def test_manifest_shell_survives_a_dropped_connection_and_ends_when_idle(sshd_server, tmp_path, monkeypatch):
     from supervisor.config import SyncConfig
-    from supervisor.sync.targets import rsync as rs
-    from supervisor.syncurl import parse_target
+    from supervisor.config.target import parse_target
+    from supervisor.store import rsync as rs
 
     monkeypatch.setattr(rs, "SHELL_IDLE_S", 0.5)
     remote = tmp_path / "remote"

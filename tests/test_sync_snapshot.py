@@ -18,6 +18,8 @@ from supervisor.clock import FakeClock
 from supervisor.config import from_dict
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails.sync import behind_line, target_behind
+from supervisor.store.base import LocalFile, SourceProblem, Uploaded
+from supervisor.store.local import LocalTarget
 from supervisor.sync.complete import FileObs, Verdict
 from supervisor.sync.policy import Policy, is_cache_dir
 from supervisor.sync.saves import Track
@@ -26,8 +28,6 @@ from supervisor.sync.snapdir import MOUNT_DIR, room
 from supervisor.sync.snapshot import Snapshots, SnapshotTarget, slot, snapshot_mode
 from supervisor.sync.status import Board
 from supervisor.sync.targethealth import BEHIND_KEY, BEHIND_SAVES, Behind, Lag, behind_alerting
-from supervisor.sync.targets.base import LocalFile, SourceProblem, Uploaded
-from supervisor.sync.targets.local import LocalTarget
 from tests.fixtures.hf_writer import sha256, torch_zip_bytes
 from tests.fixtures.sync_engine import ListMailer
 from tests.fixtures.tmpfs import small_tmpfs

@@ -169,7 +169,7 @@ def test_a_folder_no_include_reaches_is_listed_bounded_and_cached(tmp_path: Path
     (root / "skip" / "a.pt").write_bytes(b"x")
     os.symlink(root / "out", root / "link")
     policy = Policy(["./checkpoint-*/**"], ["skip/**"])
-    from supervisor.sync._log import Once, get_logger
+    from supervisor.store._log import Once, get_logger
     from supervisor.sync.walk import Walker
 
     w = Walker(policy, SyncConfig(), Once(get_logger("test")))

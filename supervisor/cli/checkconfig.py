@@ -65,8 +65,8 @@ def hub_public_warning(cfg: Config) -> str:
     """Asks the Hub (when it can be reached) whether the hf:// repo is public: the daemon would refuse it."""
     import tempfile
 
-    from supervisor.sync.targets.hf_repo import HubRepo
-    from supervisor.syncurl import parse_target
+    from supervisor.config.target import parse_target
+    from supervisor.store.hf_repo import HubRepo
 
     try:
         url = parse_target(cfg.sync.target)

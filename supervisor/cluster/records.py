@@ -57,8 +57,8 @@ class RunRecords:
               lost: frozenset[int] = frozenset()) -> None:
         """The newest RECORDS_PENDING unrecorded units of this part, each recorded once whole.
         now: this node's monotonic time; wall: its wall time (the record's created_at)."""
+        from supervisor.store.base import reader
         from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
-        from supervisor.sync.targets.base import reader
         from supervisor.training.checkpoints import unit_order
 
         tail = "/" + MANIFEST_NAME

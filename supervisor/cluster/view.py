@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) -> dict:
     """{"run_id", "target", "nodes": [...], "whole": [...]}. ValueError when the config names no
     run of several nodes; TargetError when the target cannot be read."""
-    from supervisor.sync.credentials import run_key
+    from supervisor.config.target import parse_target
+    from supervisor.store import make_target
+    from supervisor.store.base import reader
+    from supervisor.store.credentials import run_key
     from supervisor.sync.parts import RECORDS, record_names_all
-    from supervisor.sync.targets import make_target
-    from supervisor.sync.targets.base import reader
-    from supervisor.syncurl import parse_target
 
     cfg, run_target = for_node(cfg, env)
     c = cfg.cluster

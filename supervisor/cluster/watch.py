@@ -26,7 +26,7 @@ from supervisor.cluster.records import RunRecords
 from supervisor.config.cluster import Identity
 from supervisor.interfaces import Duty
 from supervisor.states import TRAINING_ALIVE
-from supervisor.sync.credentials import run_key
+from supervisor.store.credentials import run_key
 from supervisor.sync.parts import Held
 from supervisor.training.checkpoints import unit_order
 from supervisor.training.ranks import Ranks, spans
@@ -108,7 +108,7 @@ class ClusterWatch:
            ranks: Callable[[], Ranks | None] | None = None) -> ClusterWatch:
         """The watch for the run's own prefix (the heartbeats sit beside the nodes' parts);
         `target_at` builds a target for a place on the store (the sync engine's sibling_target)."""
-        from supervisor.syncurl import parse_target
+        from supervisor.config.target import parse_target
 
         c = cfg.cluster
         ident = Identity(c.nodes, c.rank or 0, c.run_id)
@@ -234,7 +234,7 @@ class ClusterWatch:
             return None
 
     def _read_all(self) -> tuple[dict[int, cn.Beat | None], bool]:
-        from supervisor.sync.targets.base import reader
+        from supervisor.store.base import reader
 
         others = [r for r in range(self.ident.nodes) if r != self.ident.rank]
         read = reader(self.target)

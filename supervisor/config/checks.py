@@ -16,7 +16,7 @@ from supervisor.config.schema import (
     keyname,
     show_value,
 )
-from supervisor.syncurl import parse_target
+from supervisor.config.target import parse_target
 from supervisor.timefmt import parse_moment
 
 _OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")

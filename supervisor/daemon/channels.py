@@ -99,7 +99,7 @@ def register_secrets(cfg: Config, env: dict[str, str] | None = None) -> int:
     read(cfg.sync.hf_token_file)
     read(cfg.stop.api_key_file)   # a provider's account key (Lambda)
     read(cfg.cluster.key_file)    # the run's shared secret (heartbeats and records are signed with it)
-    from supervisor.sync.targets.hf_rules import stored_token_path
+    from supervisor.store.hf_rules import stored_token_path
 
     read(stored_token_path(env))
     values += [env.get(k, "") for k in ("TRAIN_SUPERVISOR_SMTP_PASSWORD", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",

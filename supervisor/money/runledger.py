@@ -59,7 +59,7 @@ class RunLedger:
                        now)
 
     def poll(self) -> None:
-        from supervisor.sync.targets.base import reader
+        from supervisor.store.base import reader
 
         me = self.me()
         try:

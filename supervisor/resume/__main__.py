@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.sync.target or not cfg.sync.watch:
         sys.stderr.write("resume: needs sync.target and sync.watch in the config\n")
         return 2
-    from supervisor.sync import _log
+    from supervisor.store import _log
 
     def setup_logging() -> None:
         import structlog
@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
     _log.on_first_use = setup_logging
     _log.min_level = _log.LEVELS.get(str(cfg.log_level).lower(), 0)
+    from supervisor.config.target import parse_target
     from supervisor.resume.restore import NothingToRestore, Restorer
     from supervisor.resume.wholerun import run_parts
+    from supervisor.store import make_target, target_identity
+    from supervisor.store.base import TargetError
     from supervisor.sync.ledger import Ledger, LedgerBusy
     from supervisor.sync.scan import watch_roots
-    from supervisor.sync.targets import make_target, target_identity
-    from supervisor.sync.targets.base import TargetError
-    from supervisor.syncurl import parse_target
 
     url = parse_target(cfg.sync.target)
     target = make_target(url, cfg.sync, cfg.state_dir)

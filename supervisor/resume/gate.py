@@ -17,15 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from supervisor.config.target import parse_target
 from supervisor.interfaces import RequestError, Verb
 from supervisor.notify.mails import resume as words
 from supervisor.resume.local import newest_local
 from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Restorer, saved_epoch
 from supervisor.resume.wholerun import run_parts
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets import make_target
-from supervisor.sync.targets.base import TargetError
-from supervisor.syncurl import parse_target
+from supervisor.store import make_target
+from supervisor.store._log import get_logger
+from supervisor.store.base import TargetError
 from supervisor.training.runner import RESUME_ENV
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 from supervisor.config.cluster import PART_PREFIX
 from supervisor.resume.choose import PARTIAL, UnitInfo
+from supervisor.store.base import TargetError, reader
 from supervisor.sync import parts
-from supervisor.sync.targets.base import TargetError, reader
 from supervisor.training.checkpoints import unit_order
 
 WHOLE_RUN_CHECKED = 16  # units checked on every node's part, newest first (a resume needs one)
@@ -41,7 +41,7 @@ def run_parts(run_target: str, nodes: int, rank: int, key_file: str, make: Calla
     """The run a node restores within (None on one machine): `make(url)` builds a target."""
     if nodes <= 1 or not run_target:
         return None
-    from supervisor.sync.credentials import run_key
+    from supervisor.store.credentials import run_key
 
     key, problem = run_key(key_file)
     if problem:

@@ -22,7 +22,8 @@ import threading
 from supervisor.clock import SystemClock
 from supervisor.config import ConfigError, load, nothing_watched
 from supervisor.config.cluster import for_node
-from supervisor.sync import _log, stamp
+from supervisor.store import _log
+from supervisor.sync import stamp
 from supervisor.sync.policy import excluded_roots
 
 

@@ -33,12 +33,15 @@ from typing import TYPE_CHECKING
 
 from supervisor.clock import SystemClock
 from supervisor.config import SyncConfig
+from supervisor.config.target import parse_target
 from supervisor.interfaces import FinalSyncResult, Holding, Verb
 from supervisor.states import SyncState
+from supervisor.store import make_target, target_identity
+from supervisor.store._log import Once, get_logger
+from supervisor.store.base import Target, TargetError, describe
+from supervisor.store.credentials import CredentialWatch
 from supervisor.sync import scan as sc
-from supervisor.sync._log import Once, get_logger
 from supervisor.sync.answers import Answers, on_sync_request
-from supervisor.sync.credentials import CredentialWatch
 from supervisor.sync.ledger import Ledger, open_ledger
 from supervisor.sync.lost import LostWatch
 from supervisor.sync.policy import Policy, excluded_roots, hf_cache_roots
@@ -46,11 +49,8 @@ from supervisor.sync.probe import Access
 from supervisor.sync.proof import Prover
 from supervisor.sync.status import Board
 from supervisor.sync.targethealth import AlertSink, Health
-from supervisor.sync.targets import make_target, target_identity
-from supervisor.sync.targets.base import Target, TargetError, describe
 from supervisor.sync.upload import Uploader
 from supervisor.sync.walk import Walker
-from supervisor.syncurl import parse_target
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -219,8 +219,8 @@ class SyncEngine:
         """Another place on the same store (the run's prefix, its ledger) for a wing that keeps a
         client open: built from this engine's credential sources, so keys written down after the
         daemon started (the environment file the engine watches) reach it too."""
-        from supervisor.sync.targets import make_target
-        from supervisor.syncurl import parse_target
+        from supervisor.config.target import parse_target
+        from supervisor.store import make_target
 
         return make_target(parse_target(where), self.cfg, self.state_dir, self.access.creds)
 

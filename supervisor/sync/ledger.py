@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.statefile import FULL, atomic_write, release_reserve, set_aside, write_all
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import TargetError
+from supervisor.store._log import get_logger
+from supervisor.store.base import TargetError
 
 log = get_logger("sync.ledger")
 

@@ -20,13 +20,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.sync._log import get_logger
+from supervisor.store._log import get_logger
+from supervisor.store.base import AccessDenied, TargetError, join_key, reader
 from supervisor.sync.policy import MANIFEST_NAME, PROBE_FOLDER
-from supervisor.sync.targets.base import AccessDenied, TargetError, join_key, reader
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
-    from supervisor.sync.credentials import CredentialWatch
+    from supervisor.store.credentials import CredentialWatch
     from supervisor.sync.targethealth import Health
 
 log = get_logger("sync")

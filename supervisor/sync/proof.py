@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.clock import Clock
+from supervisor.store._log import get_logger
+from supervisor.store.base import Target, TargetError
 from supervisor.sync import final
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import Target, TargetError
 
 if TYPE_CHECKING:
     from supervisor.sync import scan as sc

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from supervisor.durations import format_bytes, format_duration
+from supervisor.store.base import join_key
 from supervisor.sync.complete import (
     FileObs,
     Verdict,
@@ -24,7 +25,6 @@ from supervisor.sync.complete import (
     temp_files,
 )
 from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy
-from supervisor.sync.targets.base import join_key
 from supervisor.sync.wholes import NEMO2_WEIGHTS, downloaded, inside, nemo2_dirs, saved_models
 
 # current(key, size, mtime_ns, ctime_ns=...): truthy when the target holds exactly that version

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Callable
 from contextlib import suppress as _suppress
 
-from supervisor.sync.targets.base import write_all
+from supervisor.store.base import write_all
 
 STATE_SUBDIR = "snapshots"                 # under state_dir/sync, when on the source's file system
 MOUNT_DIR = ".train-supervisor-snapshots"  # else at the top of the source's file system

@@ -37,7 +37,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from supervisor.durations import format_bytes
-from supervisor.sync._log import Once, get_logger
+from supervisor.store._log import Once, get_logger
+from supervisor.store.base import (
+    LocalFile,
+    SourceProblem,
+    Target,
+    Uploaded,
+    UploadSink,
+    open_source,
+)
 from supervisor.sync.complete import checkable
 from supervisor.sync.saves import Saves, whole_fd
 from supervisor.sync.scan import Unit
@@ -56,14 +64,6 @@ from supervisor.sync.snapdir import (
 )
 from supervisor.sync.status import Board
 from supervisor.sync.targethealth import AlertSink, Behind
-from supervisor.sync.targets.base import (
-    LocalFile,
-    SourceProblem,
-    Target,
-    Uploaded,
-    UploadSink,
-    open_source,
-)
 
 log = get_logger("sync")
 

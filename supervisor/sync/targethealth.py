@@ -26,10 +26,10 @@ from supervisor.notify.mails.sync import (
     target_behind,
 )
 from supervisor.states import SyncState
-from supervisor.sync._log import get_logger
+from supervisor.store._log import get_logger
+from supervisor.store.base import AccessDenied, NoCredentials, PublicRepoRefused, RateLimited
 from supervisor.sync.backoff import Backoff
 from supervisor.sync.status import Board
-from supervisor.sync.targets.base import AccessDenied, NoCredentials, PublicRepoRefused, RateLimited
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock

@@ -16,16 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from supervisor.clock import Clock
-from supervisor.sync import follow, retention
-from supervisor.sync import manifest as mf
-from supervisor.sync._log import get_logger
-from supervisor.sync.ledger import Entry, Ledger
-from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest, wants_manifest
-from supervisor.sync.scan import together as together_
-from supervisor.sync.snapshot import Snapshots, SnapshotTarget
-from supervisor.sync.status import Board
-from supervisor.sync.targethealth import AlertSink
-from supervisor.sync.targets.base import (
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     SourceProblem,
     Target,
@@ -38,6 +30,14 @@ from supervisor.sync.targets.base import (
     put_units,
     read_manifest,
 )
+from supervisor.sync import follow, retention
+from supervisor.sync import manifest as mf
+from supervisor.sync.ledger import Entry, Ledger
+from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest, wants_manifest
+from supervisor.sync.scan import together as together_
+from supervisor.sync.snapshot import Snapshots, SnapshotTarget
+from supervisor.sync.status import Board
+from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step, named_step
 
 if TYPE_CHECKING:

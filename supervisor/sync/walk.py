@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from supervisor.config import SyncConfig
 from supervisor.durations import format_bytes
+from supervisor.store._log import Once
 from supervisor.sync import formats, retention
 from supervisor.sync import scan as sc
-from supervisor.sync._log import Once
 from supervisor.sync.complete import (
     MAX_JSON_CHECK,
     Verdict,
@@ -441,7 +441,7 @@ def read_text(path: str, limit: int = formats.TEXT_MAX) -> tuple[str, float] | N
 def tell_sparse(found: dict[str, tuple[int, int]], told: set[tuple[str, int]], alerts: AlertSink | None) -> None:
     """One warning and one alert per sparse file left out (by path and size), naming both sizes."""
     from supervisor.notify.mails.sync import sparse_left_out
-    from supervisor.sync._log import get_logger
+    from supervisor.store._log import get_logger
 
     for path, (size, on_disk) in found.items():
         if (path, size) in told:

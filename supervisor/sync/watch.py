@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from supervisor.sync._log import get_logger
+from supervisor.store._log import get_logger
 
 log = get_logger("sync.watch")
 

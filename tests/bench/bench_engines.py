@@ -1,7 +1,7 @@
 """Benchmark: the S3 transfer engines that exist, on the same local SeaweedFS and the same data, in one
 run (issue 41: measure them rather than tune ours by hand).
 
-- `light`: our SigV4 client over http.client (supervisor/sync/targets/s3_light.py), threads for
+- `light`: our SigV4 client over http.client (supervisor/store/s3_light.py), threads for
   parallelism, hashing each GET's bytes as they stream (as the restore does);
 - `boto3`: the client our S3 target falls back to, with the same threads;
 - `obstore`: Rust object_store bindings (its own async runtime; one call per object here);
@@ -54,7 +54,7 @@ files = sorted(p for p in os.listdir(src))
 
 if engine == "light":
     sys.path.insert(0, os.environ["REPO"])
-    from supervisor.sync.targets.s3_light import LightS3
+    from supervisor.store.s3_light import LightS3
     c = LightS3(endpoint, bucket, "us-east-1", (AK, SK, ""))
     local = __import__("threading").local()
     def cl():

@@ -62,8 +62,8 @@ def drop_caches() -> None:
 
 def judge_once(out: Path) -> tuple[float, str, int]:
     from supervisor.config import from_dict
+    from supervisor.store._log import Once, get_logger
     from supervisor.sync import scan as sc
-    from supervisor.sync._log import Once, get_logger
     from supervisor.sync.policy import Policy
     from supervisor.sync.walk import Walker
 

@@ -113,9 +113,9 @@ from supervisor.config import load
 from supervisor.resume.restore import Restorer
 from supervisor.sync.ledger import Ledger
 from supervisor.sync.scan import watch_roots
-from supervisor.sync.targets import make_target, target_identity
-from supervisor.sync import _log
-from supervisor.syncurl import parse_target
+from supervisor.store import make_target, target_identity
+from supervisor.store import _log
+from supervisor.config.target import parse_target
 for line in sys.stdin:
     t = time.perf_counter()
     cfg = load(line.strip())

@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 sys.path.insert(0, os.environ["REPO"])
 from supervisor.config import load
 from supervisor.resume.place import Staging
-from supervisor.sync.targets import make_target
-from supervisor.sync.targets.base import reader
-from supervisor.sync.targets.s3_read import RANGE_MIN, _OrderedHash
-from supervisor.syncurl import parse_target
+from supervisor.store import make_target
+from supervisor.store.base import reader
+from supervisor.store.s3_read import RANGE_MIN, _OrderedHash
+from supervisor.config.target import parse_target
 cfg_path, unit, work, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 cfg = load(cfg_path)
 target = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir)

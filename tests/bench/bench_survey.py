@@ -32,11 +32,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from supervisor.config import from_dict  # noqa: E402
+from supervisor.config.target import parse_target  # noqa: E402
 from supervisor.resume.restore import Restorer  # noqa: E402
+from supervisor.store import make_target  # noqa: E402
 from supervisor.sync.manifest import ManifestFile, build  # noqa: E402
 from supervisor.sync.scan import watch_roots  # noqa: E402
-from supervisor.sync.targets import make_target  # noqa: E402
-from supervisor.syncurl import parse_target  # noqa: E402
 from tests.bench.bench_sync import tool  # noqa: E402
 from tests.fixtures.s3 import ACCESS_KEY, SECRET_KEY, SeaweedS3  # noqa: E402
 

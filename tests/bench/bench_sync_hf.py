@@ -183,10 +183,10 @@ def drive_put_units(target_url: str, out: Path, endpoint: str, token_file: str, 
     import socket
 
     from supervisor.config import from_dict
+    from supervisor.config.target import parse_target
+    from supervisor.store import base
+    from supervisor.store.hf import HfTarget
     from supervisor.sync import manifest as mf
-    from supervisor.sync.targets import base
-    from supervisor.sync.targets.hf import HfTarget
-    from supervisor.syncurl import parse_target
 
     state.mkdir(parents=True, exist_ok=True)
     done_path = state / "done.json"

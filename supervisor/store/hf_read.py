@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from supervisor import __version__
-from supervisor.sync.targets.base import TargetError, join_key, write_all
+from supervisor.store.base import TargetError, join_key, write_all
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
-    from supervisor.sync.targets.hf_repo import HubRepo
+    from supervisor.store.hf_repo import HubRepo
 
 SMALL_MAX = 64 << 20
 CHUNK = 256 << 10

@@ -29,9 +29,9 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import TargetError
-from supervisor.sync.targets.s3_wire import AUTH_CODES, NotFound, Refused
+from supervisor.store._log import get_logger
+from supervisor.store.base import TargetError
+from supervisor.store.s3_wire import AUTH_CODES, NotFound, Refused
 
 log = get_logger("sync.s3")
 

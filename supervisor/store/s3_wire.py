@@ -11,7 +11,7 @@ import struct
 import zlib
 from typing import Any
 
-from supervisor.sync.targets.base import (
+from supervisor.store.base import (
     AccessDenied,
     LocalFile,
     TargetError,

@@ -31,10 +31,9 @@ from collections.abc import Collection
 from pathlib import Path
 
 from supervisor.config import SyncConfig
-from supervisor.sync._log import get_logger
-from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.policy import MANIFEST_NAME, manifest_key
-from supervisor.sync.targets.base import (
+from supervisor.config.target import TargetURL
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     TargetError,
     UnitPut,
@@ -42,12 +41,13 @@ from supervisor.sync.targets.base import (
     Uploaded,
     UploadSink,
 )
-from supervisor.sync.targets.hf_commit import Committer, NoSink, Plan, remote_etag
-from supervisor.sync.targets.hf_read import HfReader
-from supervisor.sync.targets.hf_repo import HubRepo
-from supervisor.sync.targets.hf_rules import parse_trainer_state, unit_of, unit_summary
-from supervisor.sync.targets.hf_stage import Stager
-from supervisor.syncurl import TargetURL
+from supervisor.store.credentials import CredentialWatch
+from supervisor.store.hf_commit import Committer, NoSink, Plan, remote_etag
+from supervisor.store.hf_read import HfReader
+from supervisor.store.hf_repo import HubRepo
+from supervisor.store.hf_rules import parse_trainer_state, unit_of, unit_summary
+from supervisor.store.hf_stage import Stager
+from supervisor.sync.policy import MANIFEST_NAME, manifest_key
 from supervisor.untrusted import Unreadable, json_object
 from supervisor.untrusted.fileopen import open_regular
 

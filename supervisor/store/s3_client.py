@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from supervisor.config import SyncConfig
-from supervisor.sync._log import get_logger
-from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.policy import manifest_key
-from supervisor.sync.targets.base import (
+from supervisor.config.target import TargetURL
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     NoCredentials,
     RemoteObject,
     TargetError,
     TokenBucket,
     join_key,
 )
-from supervisor.sync.targets.s3_wire import (
+from supervisor.store.credentials import CredentialWatch
+from supervisor.store.s3_wire import (
     AUTH_CODES,
     LOOPBACK,
     NotFound,
@@ -33,10 +33,10 @@ from supervisor.sync.targets.s3_wire import (
     md5_b64,
     no_expect_for_small_bodies,
 )
-from supervisor.syncurl import TargetURL
+from supervisor.sync.policy import manifest_key
 
 if TYPE_CHECKING:
-    from supervisor.sync.targets.s3_light import LightS3
+    from supervisor.store.s3_light import LightS3
 
 log = get_logger("sync.s3")
 
@@ -72,7 +72,7 @@ class S3Connection:
         """The boto3-less client when this setup allows it (s3_light.py says when)."""
         if self._light_client is None:
             # imported here: a pass with nothing to send needs no client of either kind
-            from supervisor.sync.targets.s3_light import LightS3
+            from supervisor.store.s3_light import LightS3
 
             self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
                                                     self.cfg.credentials_file, self.creds.env()) or False
@@ -191,7 +191,7 @@ class S3Connection:
     def _call(self, op: str, **kw: Any) -> Any:
         light = self._light() if op in LIGHT_OPS else None
         if light:
-            from supervisor.sync.targets.s3_light import Unsupported
+            from supervisor.store.s3_light import Unsupported
 
             try:
                 return self._light_call(light, op, kw)
@@ -239,7 +239,7 @@ class S3Connection:
         if op == "copy_object":
             src = kw["CopySource"]
             if src["Bucket"] != self.bucket:
-                from supervisor.sync.targets.s3_light import Unsupported
+                from supervisor.store.s3_light import Unsupported
 
                 raise Unsupported("a copy from another bucket")
             return light.copy_object(kw["Key"], src["Key"], self.bucket, kw.get("ChecksumAlgorithm") == "CRC32")

@@ -17,9 +17,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.sync._log import get_logger
-from supervisor.sync.policy import manifest_key
-from supervisor.sync.targets.base import (
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -30,6 +29,7 @@ from supervisor.sync.targets.base import (
     open_source,
     write_all,
 )
+from supervisor.sync.policy import manifest_key
 from supervisor.untrusted.fileopen import open_regular
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from supervisor.redact import register as register_secret
-from supervisor.sync.targets.base import AccessDenied
+from supervisor.store.base import AccessDenied
 from supervisor.untrusted import Unreadable, json_object
 
 

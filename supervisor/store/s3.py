@@ -31,8 +31,8 @@ import zlib
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING
 
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import (
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -43,10 +43,10 @@ from supervisor.sync.targets.base import (
     pread_exact,
     sha256_fd,
 )
-from supervisor.sync.targets.s3_client import S3Connection
-from supervisor.sync.targets.s3_multipart import MultipartPut
-from supervisor.sync.targets.s3_read import S3Reader
-from supervisor.sync.targets.s3_wire import (
+from supervisor.store.s3_client import S3Connection
+from supervisor.store.s3_multipart import MultipartPut
+from supervisor.store.s3_read import S3Reader
+from supervisor.store.s3_wire import (
     BUFFER_MAX,
     COPY_MIN,
     HASH_CHUNK,
@@ -62,8 +62,8 @@ from supervisor.sync.targets.s3_wire import (
 
 if TYPE_CHECKING:
     from supervisor.config import SyncConfig
-    from supervisor.sync.credentials import CredentialWatch
-    from supervisor.syncurl import TargetURL
+    from supervisor.config.target import TargetURL
+    from supervisor.store.credentials import CredentialWatch
 
 log = get_logger("sync.s3")
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from supervisor import __version__
 from supervisor.config import SyncConfig
-from supervisor.sync._log import get_logger
-from supervisor.sync.credentials import env_file_path
-from supervisor.sync.targets.base import (
+from supervisor.config.target import TargetURL
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     AccessDenied,
     NoCredentials,
     PublicRepoRefused,
@@ -27,8 +27,8 @@ from supervisor.sync.targets.base import (
     TargetError,
     join_key,
 )
-from supervisor.sync.targets.hf_rules import choose_upload_path, find_token, retry_after_s
-from supervisor.syncurl import TargetURL
+from supervisor.store.credentials import env_file_path
+from supervisor.store.hf_rules import choose_upload_path, find_token, retry_after_s
 
 log = get_logger("sync.hf")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from supervisor.redact import register
-from supervisor.sync._log import get_logger
+from supervisor.store._log import get_logger
 from supervisor.untrusted.fileopen import open_regular
 
 log = get_logger("sync.credentials")
@@ -96,7 +96,7 @@ def aws_files(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def hf_token_path(env: Mapping[str, str]) -> str:
-    from supervisor.sync.targets.hf_rules import stored_token_path
+    from supervisor.store.hf_rules import stored_token_path
 
     return stored_token_path(dict(env))
 

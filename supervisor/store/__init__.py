@@ -1,5 +1,15 @@
-"""Targets by the kind of `sync.target`: S3 (boto3), a Hugging Face Hub repo, rsync over SSH, a
-local folder."""
+"""The store wing: bytes on the target, for sync (which puts them) and resume (which gets them).
+
+One interface (`base.Target`: put verified, put manifest, list, get into, delete) with one adapter per
+kind of `sync.target`: S3 (`s3`, its client `s3_client`, `s3_multipart`, `s3_read`), a Hugging Face Hub
+repo (`hf*`), rsync over SSH (`rsync*`), a local folder (`local`). `credentials` watches where the
+keys come from; `_log` is the lazy logger the one-shot CLIs share. `make_target` builds the adapter from
+the parsed `sync.target` (`config.target`, core: the config checks parse it too); `target_identity`
+names "the same remote place".
+
+Pure: none. Shell: everything else (each adapter talks to its target).
+May import: the core, notify. Imported by: sync, resume, cluster, money, disk, the daemon.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +17,32 @@ import os
 from pathlib import Path
 
 from supervisor.config import SyncConfig
-from supervisor.sync.credentials import CredentialWatch
-from supervisor.sync.targets.base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
-from supervisor.syncurl import TargetURL
+from supervisor.config.target import TargetURL
+from supervisor.store.base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
+from supervisor.store.credentials import CredentialWatch
 
 __all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "UploadSink", "make_target",
            "target_identity"]
+
+PURE = ()
 
 
 def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path,
                 creds: CredentialWatch | None = None) -> Target:
     """creds: where its keys come from (the engine watches it; built here when not given)."""
     if url.kind == "s3":
-        from supervisor.sync.targets.s3 import S3Target
+        from supervisor.store.s3 import S3Target
 
         return S3Target(url, cfg, creds)
     if url.kind == "hf":
-        from supervisor.sync.targets.hf import HfTarget
+        from supervisor.store.hf import HfTarget
 
         return HfTarget(url, cfg, Path(state_dir) / "sync" / "tmp", creds=creds)
     if url.kind == "rsync":
-        from supervisor.sync.targets.rsync import RsyncTarget
+        from supervisor.store.rsync import RsyncTarget
 
         return RsyncTarget(url, cfg, Path(state_dir) / "sync" / "tmp")
-    from supervisor.sync.targets.local import LocalTarget
+    from supervisor.store.local import LocalTarget
 
     return LocalTarget(url.path, cfg.bandwidth_limit)
 

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any
 
-from supervisor.sync.targets.base import TargetError, write_all
-from supervisor.sync.targets.s3_wire import NotFound
+from supervisor.store.base import TargetError, write_all
+from supervisor.store.s3_wire import NotFound
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
-    from supervisor.sync.targets.s3_client import S3Connection
-    from supervisor.sync.targets.s3_light import LightS3
+    from supervisor.store.s3_client import S3Connection
+    from supervisor.store.s3_light import LightS3
 
 RANGE_MIN = 16 << 20
 READ_BUF = 256 << 10
@@ -56,7 +56,7 @@ class S3Reader:
     def read_file(self, key: str) -> bytes | None:
         light = self.c._light()
         if light:
-            from supervisor.sync.targets.s3_light import Unsupported
+            from supervisor.store.s3_light import Unsupported
 
             try:
                 data = light.read(self.c._key(key), SMALL_MAX)
@@ -157,7 +157,7 @@ class S3Reader:
         """The body of a GET of key (the range start..end, inclusive, when end >= 0)."""
         light = self.c._light()
         if light:
-            from supervisor.sync.targets.s3_light import Unsupported
+            from supervisor.store.s3_light import Unsupported
 
             try:
                 return light.get(key, start, end), light

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.sync._log import get_logger
+from supervisor.store._log import get_logger
+from supervisor.store.base import LocalFile, SourceProblem, TargetError, Uploaded, UploadSink, join_key
+from supervisor.store.hf_repo import HubRepo
+from supervisor.store.hf_rules import git_blob_id
+from supervisor.store.hf_stage import Staged
 from supervisor.sync.policy import MANIFEST_NAME
-from supervisor.sync.targets.base import LocalFile, SourceProblem, TargetError, Uploaded, UploadSink, join_key
-from supervisor.sync.targets.hf_repo import HubRepo
-from supervisor.sync.targets.hf_rules import git_blob_id
-from supervisor.sync.targets.hf_stage import Staged
 from supervisor.untrusted import Unreadable, json_object
 
 log = get_logger("sync.hf")

@@ -32,9 +32,9 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from supervisor.config import SyncConfig
-from supervisor.sync._log import get_logger
-from supervisor.sync.policy import MANIFEST_NAME, manifest_key
-from supervisor.sync.targets.base import (
+from supervisor.config.target import TargetURL
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -46,9 +46,9 @@ from supervisor.sync.targets.base import (
     join_key,
     open_source,
 )
-from supervisor.sync.targets.rsync_read import RsyncReader
-from supervisor.sync.targets.rsync_ssh import AES_FIRST, AES_IN_CPU, control_dir, private_dir
-from supervisor.syncurl import TargetURL
+from supervisor.store.rsync_read import RsyncReader
+from supervisor.store.rsync_ssh import AES_FIRST, AES_IN_CPU, control_dir, private_dir
+from supervisor.sync.policy import MANIFEST_NAME, manifest_key
 
 log = get_logger("sync.rsync")
 

@@ -12,11 +12,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from supervisor.sync.targets.base import TargetError, join_key
+from supervisor.store.base import TargetError, join_key
 
 if TYPE_CHECKING:
     from supervisor.resume.place import Staging
-    from supervisor.sync.targets.rsync import RsyncTarget
+    from supervisor.store.rsync import RsyncTarget
 
 PARTIAL_DIR = ".rsync-partial"
 RSYNC_PARTIAL = 23  # rsync's exit for a partial transfer (rsync.PARTIAL; a missing folder lists so)

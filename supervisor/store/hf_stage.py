@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import (
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -25,8 +25,8 @@ from supervisor.sync.targets.base import (
     pread_exact,
     sha256_fd,
 )
-from supervisor.sync.targets.hf_repo import HubRepo
-from supervisor.sync.targets.hf_rules import git_blob_id
+from supervisor.store.hf_repo import HubRepo
+from supervisor.store.hf_rules import git_blob_id
 
 log = get_logger("sync.hf")
 

@@ -10,8 +10,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from supervisor.sync._log import get_logger
-from supervisor.sync.targets.base import (
+from supervisor.store._log import get_logger
+from supervisor.store.base import (
     LocalFile,
     SourceProblem,
     TargetError,
@@ -21,7 +21,7 @@ from supervisor.sync.targets.base import (
     open_source,
     pread_exact,
 )
-from supervisor.sync.targets.s3_wire import (
+from supervisor.store.s3_wire import (
     HASH_CHUNK,
     Abandoned,
     NotFound,
@@ -34,7 +34,7 @@ from supervisor.sync.targets.s3_wire import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.sync.targets.s3_client import S3Connection
+    from supervisor.store.s3_client import S3Connection
 
 
 log = get_logger("sync.s3")
