@@ -12,9 +12,9 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "supervisor"
 WINGS: list[str] = []  # filled below from MAY_IMPORT: a folder not named there is part of the core
-# folders of the core's lower half, open to every wing: the config, and the readers of bytes the
-# daemon does not own (every wing reads some)
-CORE_PACKAGES = {"config", "untrusted"}
+# folders of the core's lower half, open to every wing: the config, the readers of bytes the
+# daemon does not own (every wing reads some), and the typed status blocks (each wing returns its own)
+CORE_PACKAGES = {"config", "untrusted", "status"}
 # The one-way flow between wings; the core's lower half is open to every wing.
 MAY_IMPORT = {
     "notify": set(),
@@ -141,7 +141,8 @@ def test_no_import_circle():
 CORE_PURE = {"supervisor.states", "supervisor.requests", "supervisor.errors", "supervisor.durations", "supervisor.interfaces", "supervisor.records",
              "supervisor.timefmt", "supervisor.config.schema", "supervisor.config.cluster",
              "supervisor.untrusted", *(f"supervisor.untrusted.{p.stem}" for p in (PKG / "untrusted").glob("[!_]*.py")
-                                    if p.stem != "fileopen")}  # fileopen opens files: the readers' one shell
+                                    if p.stem != "fileopen"),  # fileopen opens files: the readers' one shell
+             "supervisor.status", *(f"supervisor.status.{p.stem}" for p in (PKG / "status").glob("[!_]*.py"))}
 # A pure module's standard-library imports beyond PURE_STDLIB, each with why no I/O comes of it.
 ALLOWED = {
     "supervisor.timefmt": {"datetime"},                    # formats a time it is handed; never reads the clock
@@ -149,6 +150,7 @@ ALLOWED = {
     "supervisor.sync.policy": {"os"},                      # os.path's string functions (and ~ for the HF cache)
     "supervisor.requests": {"os"},                         # os.path.isabs on the folder a request names
     "supervisor.records": {"types"},                       # the annotations' union types
+    "supervisor.status": {"types"},                        # the annotations' union types
     "supervisor.untrusted.signed": {"hashlib", "hmac"},    # a run's documents signed with its shared key
 }
 

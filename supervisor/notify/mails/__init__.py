@@ -19,27 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervisor.status.words import EXIT_MEANING as EXIT_MEANING  # one wording with the status text
+from supervisor.status.words import describe_exit as describe_exit
+
 
 @dataclass(frozen=True)
 class Mail:
     subject: str
     body: str
-
-
-def describe_exit(exit_code: int | None, signal: str | None) -> str:
-    """How a process ended, in the words every mail and status line uses."""
-    if signal:
-        return f"killed by {signal}"
-    if exit_code is None:
-        return "exit status unknown"
-    return f"exit code {exit_code}{EXIT_MEANING.get(exit_code, '')}"
-
-
-# What the shell's own exit codes mean (the job runs under `bash -c`): the first thing to check.
-EXIT_MEANING = {
-    126: ": found but not executable (permission denied, or not a program)",
-    127: ": command not found (not on the PATH the job ran with)",
-}
 
 
 def n_files(n: int) -> str:

@@ -3,15 +3,14 @@ early estimate mail. Also the money and step-rate formats the status line shares
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.notify.mails import Mail
+from supervisor.status.words import money as money  # the status line says money alike
+from supervisor.status.words import steps_rate as steps_rate
 from supervisor.timefmt import when
 
-_CURRENCY = {"EUR": "€", "USD": "$", "GBP": "£", "JPY": "¥", "INR": "₹"}
 TSUP_HINT = ("The supervisor cannot see the run's progress well enough to estimate. Print a "
              'line like: TSUP {"step": 120, "max_steps": 3750, "tokens": 1966080}')
 
@@ -120,19 +119,4 @@ def estimate(run: RunFacts, cost: CostFacts, peak_bytes: int | None, total_bytes
         lines.append("")
         lines.append(TSUP_HINT)
     return Mail(subject, "\n".join(lines))
-
-
-def money(x: float | None, currency: str) -> str:
-    """Cents rounded half up, as on an invoice (8.125 -> 8.13; binary floats would say 8.12)."""
-    if x is None or not math.isfinite(x):
-        return "unknown"
-    cents = Decimal(repr(round(x, 6))).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-    sym = _CURRENCY.get(currency)
-    return f"{sym}{cents:,}" if sym else f"{currency} {cents:,}"
-
-
-def steps_rate(sps: float) -> str:
-    if sps >= 1 or sps == 0:
-        return f"{sps:.2f} steps/s"
-    return f"{1 / sps:.1f} s/step"
 

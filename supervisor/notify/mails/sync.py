@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from supervisor.durations import format_bytes, format_duration
 from supervisor.notify.mails import Mail
+from supervisor.status.words import UNSELECTED_FIX as UNSELECTED_FIX  # one wording with the status text
+from supervisor.status.words import behind_line as behind_line
+from supervisor.status.words import unselected_line as unselected_line
 from supervisor.timefmt import when
 
 
@@ -94,12 +97,6 @@ def checkpoint_stuck(unit: str, target: str, waiting_for: str, quiet_for_s: floa
 
 # --- a target behind the saves (sync/targethealth.py Behind) ------------------------------------------------
 
-def behind_line(path: str, saves: int) -> str:
-    """`target 45 saves behind for /w/out/ckpt.pt: the file is rewritten faster than it uploads`:
-    status and the alert's mail say it alike."""
-    return f"target {saves} saves behind for {path}: the file is rewritten faster than it uploads"
-
-
 def target_behind(target: str, path: str, saves: int, since: float | None, note: str = "") -> Mail:
     """A unit here was saved more than a save or two since the version `target` holds."""
     first = f" (the first of them at {when(since)})" if since else ""
@@ -115,17 +112,6 @@ def target_behind(target: str, path: str, saves: int, since: float | None, note:
 
 # --- training output no include selects (sync/unselected.py): one wording on every surface ----------------
 
-UNSELECTED_FIX = "add a sync.include glob; see docs/sync.md"
-
-
-def unselected_line(files: int, nbytes: int, names: list[str] | tuple[str, ...], items: int = 0, shown: int = 3) -> str:
-    """`3 files, 48.0 MiB in the watched folders are NOT selected: /w/out/ckpt.pt, ... (add a
-    sync.include glob; see docs/sync.md)`: status, `sync --wait` and the mails' subject lines."""
-    more = max(items, len(names)) - min(shown, len(names))
-    listed = ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
-    verb = "is" if files == 1 else "are"
-    return (f"{files} file{'' if files == 1 else 's'}, {format_bytes(nbytes)} in the watched folders {verb} "
-            f"NOT selected: {listed} ({UNSELECTED_FIX})")
 
 
 @dataclass(frozen=True)
