@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "idle": {"notify", "training", "progress", "hooks", "stop"},
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
-    "store": {"notify", "sync"},
+    "store": set(),  # bytes on the target: sync and resume use it, it knows neither
     "sync": {"notify", "training", "store"},
     "resume": {"notify", "training", "sync", "store"},
     "fleet": set(),

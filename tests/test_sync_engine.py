@@ -408,7 +408,7 @@ def test_disk_read_error_does_not_crash_and_is_retried(make_engine, hf_writer, t
     wait_until(lambda: (remote / "checkpoint-2" / MANIFEST_NAME).exists(), 20, what="the healthy checkpoint")
     wait_until(lambda: "Input/output error" in e.status()["last_error"], 20, what="the error reported")
     assert not (remote / "checkpoint-1" / MANIFEST_NAME).exists()
-    assert e._thread is not None and e._thread.is_alive()
+    assert e.thread is not None and e.thread.is_alive()
     failing["on"] = False
     wait_until(lambda: (e.request_sync(), (remote / "checkpoint-1" / MANIFEST_NAME).exists())[1], 20,
                what="retried once readable")

@@ -292,7 +292,7 @@ def test_bad_token_then_read_only_token_fail_clearly_and_recover(make_engine, hf
     r = e.wait_idle(30)
     assert not r.ok and "has no write access to model repo alice/run1" in r.error, r
     assert "user alice, read token" in r.error and "hf_readonly" not in r.error
-    assert e._thread is not None and e._thread.is_alive(), "the worker must survive"
+    assert e.thread is not None and e.thread.is_alive(), "the worker must survive"
     token_file.write_text(TOKEN + "\n")
     e.request_sync()
     r = e.wait_idle(60)

@@ -97,7 +97,7 @@ def test_refused_token_alerts_once_at_once_and_the_worker_lives(make_engine, hf_
         clock.advance(400)  # past the backoff: it tries again, and is refused again
         wait_until(lambda i=i: e.health.backoff.failures == 2 + i, 20, what="another refused try")
         e.alerts.tick()
-    assert e._thread is not None and e._thread.is_alive(), "the worker must survive"
+    assert e.thread is not None and e.thread.is_alive(), "the worker must survive"
     wait_until(lambda: "has no write access" in e.status()["last_error"], 10, what="403 named")
     assert [a["subject"] for a in e.alerts.active()] == ["sync refused: hf://alice/run1 rejects the credentials"]
     assert len(mails.subjects()) == 1, mails.subjects()

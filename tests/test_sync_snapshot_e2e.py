@@ -51,7 +51,7 @@ def behind(e) -> list[dict]:
 def counted(e, key: str) -> int:
     """The saves of `key` the engine has seen whole (a writer that saves again within a few
     milliseconds, before the hint is read, is one save for the engine: real evals are seconds apart)."""
-    t = e._up.snaps.saves.track(key)
+    t = e.up.snaps.saves.track(key)
     return t.count if t is not None else 0
 
 
@@ -116,7 +116,7 @@ def test_a_file_rewritten_in_place_faster_than_it_uploads_goes_up_whole_and_the_
     # what went up: v0, then v1 whole although rewritten three times under its upload, then the newest
     assert led.shas[:2] == shas[:2] and led.shas[-1] == shas[4] and set(led.shas) <= set(shas), led.shas
     assert e.wait_idle(30).ok and snapshots(tmp_path, "ckpt.pt") == []  # each copy removed once sent
-    snaps = e._up.snaps.taken
+    snaps = e.up.snaps.taken
     assert snaps["copy"] >= 2 and snaps["discarded"] == 0 and snaps["link"] == 0, snaps
 
 
@@ -137,7 +137,7 @@ def test_a_file_replaced_by_rename_goes_up_from_a_hard_link(make_engine, tmp_pat
     (link,) = snapshots(tmp_path, "last.ckpt")
     st = os.stat(ckpt)
     assert os.stat(link).st_ino == st.st_ino and st.st_nlink == 2  # the same inode: nothing copied
-    taken = dict(e._up.snaps.taken)
+    taken = dict(e.up.snaps.taken)
     assert taken["link"] == 1 and taken["copy"] == 0
     # the link moved the inode's ctime; what the ledger holds is that version: no second upload
     sent = e.stats["files_uploaded"]

@@ -3,9 +3,9 @@ actions `supervisor.stop.actions`. Kept for the imports that name this module.""
 
 from supervisor.stop.actions import (  # noqa: F401
     COMMAND_TIMEOUT_S,
-    _proc_ctime,
     describe_action,
     poweroff,
+    proc_ctime,
     read_exit,
     start_command,
     stop_how,

@@ -19,7 +19,7 @@ bills. `choose` decides what stop.action means here; `confirm` is the one-call-p
 machine that reads the provider's state back until it says not billed; `carry` runs it.
 
 Pure: `rules`, `sequence`, `machine`, `choose`, `confirm`, `providers.base`. Shell: `runner`, `driver`,
-`announce`, `record`, `actions`, `finalwatch`, `worker`, `carry`, `resolve`, `providers`.
+`announce`, `views` (the types both read), `record`, `actions`, `finalwatch`, `worker`, `carry`, `resolve`, `providers`.
 May import: the core, notify. Imported by: idle, the daemon, check-config.
 """
 

@@ -31,7 +31,7 @@ def poweroff(timeout: float = 60.0) -> str:
     return "systemctl poweroff accepted"
 
 
-def _proc_ctime(pid: int | None) -> float | None:
+def proc_ctime(pid: int | None) -> float | None:
     # the wrapper is our child: exited but not yet reaped is exited
     return start_time(pid, zombie_is_gone=True)
 

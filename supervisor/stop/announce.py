@@ -20,7 +20,7 @@ from supervisor.stop.record import StopRecord
 from supervisor.stop.rules import StopReason, is_cap, stop_reason, stop_rule
 
 if TYPE_CHECKING:
-    from supervisor.stop.driver import At, Settings, Shared
+    from supervisor.stop.views import At, Settings, Shared
 
 log = structlog.get_logger("idle")
 

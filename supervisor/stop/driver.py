@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 
-from supervisor.clock import Clock
-from supervisor.config import StopConfig
 from supervisor.durations import format_duration
 from supervisor.interfaces import FinalSyncResult, SyncView, TrainingInfo, TrainingView
 from supervisor.notify.alerts import Alerts
@@ -38,6 +36,7 @@ from supervisor.stop.machine import AbortStop, BeginStop
 from supervisor.stop.providers.base import StopActionError
 from supervisor.stop.record import StopRecord, StopSequence, may_act_without_sync
 from supervisor.stop.rules import HUNG_GRACE_S, is_cap, stop_rule
+from supervisor.stop.views import At, Settings, Shared
 from supervisor.stop.worker import Jobs
 
 if TYPE_CHECKING:
@@ -49,44 +48,6 @@ I = IdleState  # noqa: E741
 P = StopPhase
 CUT_FLOOR_S = 1.0         # a final sync is always given at least this long
 STILL_UP_AFTER_S = 600.0  # a real stop action "succeeded" but the machine is still here: say so
-
-
-class At(Protocol):
-    """A moment as the guard hands it in (idle.machine.Now)."""
-
-    wall: float
-    mono: float
-    boot_id: str
-
-
-class Shared(Protocol):
-    """The record of the two machines, under one lock (idle.shared.GuardState)."""
-
-    lock: threading.RLock
-    m: Any        # idle.machine.IdleMachine: its stop fields are stop.machine's
-    clock: Clock
-
-    def save(self) -> None: ...
-
-    def now(self) -> At: ...
-
-
-class Settings(Protocol):
-    """What the stop reads of the config (idle.facts.GuardConfig)."""
-
-    stop: StopConfig
-    stop_plan: Any
-    final_paths: tuple[str, ...]
-    sync_target: str
-    price_per_hour: float | None
-    currency: str
-    max_idle_cost: float | None
-    stop_grace: float
-
-    @property
-    def interrupt_patience(self) -> float: ...
-
-    def patience(self, grace: float) -> float: ...
 
 
 class StopDriver:

@@ -40,7 +40,7 @@ from supervisor.clock import Clock
 from supervisor.config import StopConfig
 from supervisor.interfaces import FinalSyncResult
 from supervisor.states import StopPhase, check_stop_move
-from supervisor.stop.actions import COMMAND_TIMEOUT_S, _proc_ctime, poweroff, read_exit, start_command
+from supervisor.stop.actions import COMMAND_TIMEOUT_S, poweroff, proc_ctime, read_exit, start_command
 from supervisor.stop.choose import PROVIDER_ACTIONS, Plan
 from supervisor.stop.providers.base import StopActionError
 from supervisor.timefmt import when
@@ -317,7 +317,7 @@ class StopSequence:
     def _act_command(self, rec: StopRecord, wall: float, mono: float, resuming: bool) -> str:
         exit_file = Path(rec.exit_file) if rec.exit_file else None
         code = read_exit(exit_file) if (resuming and exit_file) else None
-        ctime = _proc_ctime(rec.action_pid) if resuming else None
+        ctime = proc_ctime(rec.action_pid) if resuming else None
         alive = ctime is not None and (rec.action_ctime is None or abs(ctime - rec.action_ctime) < 1.0)
         if code is None and not alive:
             if resuming:
@@ -332,7 +332,7 @@ class StopSequence:
             env = dict(self.env if self.env is not None else os.environ)
             env.update(self.command_env)
             pid = start_command(self.cfg.command, exit_file, self.dir / "stop-action.log", env)
-            rec.action_pid, rec.action_ctime = pid, _proc_ctime(pid)
+            rec.action_pid, rec.action_ctime = pid, proc_ctime(pid)
             rec.note(wall, f"stop command started (pid {pid})")
             self.save()
             log.warning("stop_command_started", pid=pid, command=self.cfg.command)
@@ -360,7 +360,7 @@ class StopSequence:
             code = read_exit(exit_file)
             if code is not None:
                 return code
-            if pid and _proc_ctime(pid) is None:
+            if pid and proc_ctime(pid) is None:
                 try:  # reap our own child; a previous daemon's is reaped by init
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:

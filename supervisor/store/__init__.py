@@ -7,24 +7,25 @@ keys come from; `_log` is the lazy logger the one-shot CLIs share. `make_target`
 the parsed `sync.target` (`config.target`, core: the config checks parse it too); `target_identity`
 names "the same remote place".
 
-Pure: none. Shell: everything else (each adapter talks to its target).
-May import: the core, notify. Imported by: sync, resume, cluster, money, disk, the daemon.
+Pure: `keys` (where a unit's manifest lives). Shell: everything else (each adapter talks to its target).
+May import: the core. Imported by: sync, resume, cluster, money, disk, the daemon.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from supervisor.config import SyncConfig
-from supervisor.config.target import TargetURL
-from supervisor.store.base import LocalFile, SourceProblem, Target, TargetError, Uploaded, UploadSink
-from supervisor.store.credentials import CredentialWatch
+# nothing of the store at the top: `python -m supervisor.sync --once` imports `_log` from here, and its
+# no-change pass (sync/stamp.py) must not pay for the adapters, the credentials or boto3
+if TYPE_CHECKING:
+    from supervisor.config import SyncConfig
+    from supervisor.config.target import TargetURL
+    from supervisor.store.base import Target
+    from supervisor.store.credentials import CredentialWatch
 
-__all__ = ["LocalFile", "SourceProblem", "Target", "TargetError", "Uploaded", "UploadSink", "make_target",
-           "target_identity"]
-
-PURE = ()
+PURE = ("keys",)
 
 
 def make_target(url: TargetURL, cfg: SyncConfig, state_dir: str | Path,

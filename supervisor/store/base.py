@@ -12,6 +12,11 @@ in one step (the Hub: one commit), and `describe` adds facts for status.
 
 The read side (resume): every target kind is also a `Reader` (`list_keys`, `read_file`, `download`);
 `read_manifest` builds on it; the restore's survey (resume/restore.py) reads manifests through it.
+
+The store's interface in five verbs, for sync and resume alike: put verified (`put_files`, each file
+reported once the target's own checksum proves it), put manifest (`write_manifest`), list (`missing`,
+`list_keys`), get into (`read_file`, `download` into an `Into`), delete (`delete_file`,
+`delete_manifest`, `delete_prefix`). The store imports neither wing: resume's Staging is an `Into`.
 """
 
 from __future__ import annotations
@@ -24,13 +29,10 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from supervisor.sync.policy import manifest_key
+from supervisor.store.keys import manifest_key
 from supervisor.untrusted.fileopen import NotRegular, open_regular
-
-if TYPE_CHECKING:
-    from supervisor.resume.place import Staging
 
 
 class TargetError(Exception):
@@ -345,6 +347,16 @@ class _Recording:
 
 # --- the read side (resume) ------------------------------------------------------------------
 
+class Into(Protocol):
+    """Where a download writes (resume's staging folder, which the store does not know by name):
+    `create` hands a descriptor on one file the unit lists, never a path joined from the target's
+    names; `path` names the folder for a tool that takes a path (rsync)."""
+
+    path: str
+
+    def create(self, rel: str, size: int = 0) -> int: ...
+
+
 class Reader(Protocol):
     """What a restore asks of a target: every key with its size, one small file's bytes, and a
     unit's files downloaded into a folder here. Every target kind implements it."""
@@ -358,7 +370,7 @@ class Reader(Protocol):
         """A small file's bytes (a manifest, trainer_state.json); None when it is not there."""
         ...
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Into,
                  progress: Callable[[int], None]) -> dict[str, str] | None:
         """`unit_key/rel` into the staging folder `into` for each (rel, size), every file created
         with `into.create` (never a path joined from the target's names), reporting bytes as they

@@ -47,7 +47,7 @@ from supervisor.store.hf_read import HfReader
 from supervisor.store.hf_repo import HubRepo
 from supervisor.store.hf_rules import parse_trainer_state, unit_of, unit_summary
 from supervisor.store.hf_stage import Stager
-from supervisor.sync.policy import MANIFEST_NAME, manifest_key
+from supervisor.store.keys import MANIFEST_NAME, manifest_key
 from supervisor.untrusted import Unreadable, json_object
 from supervisor.untrusted.fileopen import open_regular
 

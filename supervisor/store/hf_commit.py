@@ -13,7 +13,7 @@ from supervisor.store.base import LocalFile, SourceProblem, TargetError, Uploade
 from supervisor.store.hf_repo import HubRepo
 from supervisor.store.hf_rules import git_blob_id
 from supervisor.store.hf_stage import Staged
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.store.keys import MANIFEST_NAME
 from supervisor.untrusted import Unreadable, json_object
 
 log = get_logger("sync.hf")

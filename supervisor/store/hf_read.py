@@ -21,7 +21,7 @@ from supervisor import __version__
 from supervisor.store.base import TargetError, join_key, write_all
 
 if TYPE_CHECKING:
-    from supervisor.resume.place import Staging
+    from supervisor.store.base import Into
     from supervisor.store.hf_repo import HubRepo
 
 SMALL_MAX = 64 << 20
@@ -76,7 +76,7 @@ class HfReader:
                 return bytes(out[:SMALL_MAX])
         return self._retrying("download", fetch)
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Into,
                  progress: Callable[[int], None]) -> dict[str, str]:
         """rel -> sha256 of what was written, hashed as it arrived; each file created through
         `into` (no path is joined here), afresh on a retry."""

@@ -288,22 +288,17 @@ _timeouts_installed = False
 
 def _install_timeouts(hh: Any) -> None:
     """huggingface_hub's shared HTTP client has no timeouts at all: a stalled connection would hang
-    the sync worker for good. Same client, with timeouts (once per process)."""
+    the sync worker for good. A client of our own with timeouts, through the public
+    `set_client_factory` (once per process); the library's own factory is private, and what it adds
+    (a request id, the HF_HUB_OFFLINE check) a daemon that was told to upload does not need."""
     global _timeouts_installed
     if _timeouts_installed:
         return
     import httpx2
 
-    try:
-        from huggingface_hub.utils._http import default_client_factory as base
-    except ImportError:  # a later release may move it; a plain client then
-        def base() -> Any:
-            return httpx2.Client(follow_redirects=True)
-
     def factory() -> Any:
-        c = base()
-        c.timeout = httpx2.Timeout(connect=15.0, read=300.0, write=300.0, pool=60.0)
-        return c
+        return httpx2.Client(follow_redirects=True,
+                             timeout=httpx2.Timeout(connect=15.0, read=300.0, write=300.0, pool=60.0))
 
     hh.set_client_factory(factory)
     _timeouts_installed = True

@@ -29,11 +29,11 @@ from supervisor.store.base import (
     open_source,
     write_all,
 )
-from supervisor.sync.policy import manifest_key
+from supervisor.store.keys import manifest_key
 from supervisor.untrusted.fileopen import open_regular
 
 if TYPE_CHECKING:
-    from supervisor.resume.place import Staging
+    from supervisor.store.base import Into
 
 log = get_logger("sync.local")
 
@@ -248,7 +248,7 @@ class LocalTarget:
         except OSError as e:
             raise TargetError(f"{self.base / key}: {e.strerror or e}") from None
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging, progress) -> dict[str, str]:
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Into, progress) -> dict[str, str]:
         """Copies, hashing the bytes as they are written (rel -> sha256); each file created
         through `into`, each source opened as a regular file only (a FIFO planted in the target
         folder holds nothing up)."""

@@ -46,9 +46,9 @@ from supervisor.store.base import (
     join_key,
     open_source,
 )
+from supervisor.store.keys import MANIFEST_NAME, manifest_key
 from supervisor.store.rsync_read import RsyncReader
 from supervisor.store.rsync_ssh import AES_FIRST, AES_IN_CPU, control_dir, private_dir
-from supervisor.sync.policy import MANIFEST_NAME, manifest_key
 
 log = get_logger("sync.rsync")
 
@@ -112,7 +112,7 @@ class RsyncTarget:
                         why="not a folder of ours with mode 0700; each run opens its own SSH connection")
         return argv
 
-    def _rsync_base(self) -> list[str]:
+    def rsync_base(self) -> list[str]:
         argv = ["rsync", "-t", "--timeout=120", "--no-human-readable", "-e", shlex.join(self.ssh_argv())]
         if not self._ready:
             # the first run makes the base folder on the host itself: no ssh call of its own
@@ -121,13 +121,13 @@ class RsyncTarget:
             argv.append(f"--bwlimit={max(1, self.cfg.bandwidth_limit // 1024)}")
         return argv
 
-    def _remote(self, sub: str = "") -> str:
+    def remote_path(self, sub: str = "") -> str:
         p = join_key(self.base, sub) if sub else self.base
         if self.base.startswith("/") and not p.startswith("/"):
             p = "/" + p
         return p
 
-    def _run(self, argv: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    def run_cmd(self, argv: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
         try:
             return subprocess.run(argv, capture_output=True, timeout=timeout, preexec_fn=_pdeathsig,
                                   env={**os.environ, "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
@@ -137,7 +137,7 @@ class RsyncTarget:
             raise TargetError(f"{argv[0]} is not installed") from None
 
     def _ssh(self, command: str, timeout: float = 60) -> None:
-        r = self._run([*self.ssh_argv(), self.remote_host, command], timeout=timeout)
+        r = self.run_cmd([*self.ssh_argv(), self.remote_host, command], timeout=timeout)
         if r.returncode != 0:
             raise TargetError(f"{self.display}: ssh failed ({r.returncode}): {_tail(r.stderr)}")
 
@@ -195,9 +195,9 @@ class RsyncTarget:
         listing = self.work / f"files-{secrets.token_hex(4)}"
         listing.write_bytes(b"".join(os.fsencode(r) + b"\0" for r in rels))
         try:
-            argv = [*self._rsync_base(), *(["--checksum"] if checksum else []), "--omit-dir-times",
+            argv = [*self.rsync_base(), *(["--checksum"] if checksum else []), "--omit-dir-times",
                     f"--partial-dir={PARTIAL_DIR}", "--out-format=%n", "--from0", f"--files-from={listing}",
-                    src.rstrip("/") + "/", f"{self.remote_host}:{self._remote(sub)}/"]
+                    src.rstrip("/") + "/", f"{self.remote_host}:{self.remote_path(sub)}/"]
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     preexec_fn=_pdeathsig, env={**os.environ, "LC_ALL": "C"})
             worker = None
@@ -286,7 +286,7 @@ class RsyncTarget:
 
     def write_object(self, rel: str, data: bytes, unit_key: str | None = None) -> None:
         """A small object written whole (a manifest, a cluster heartbeat) through the kept shell."""
-        dest = self._remote(rel)
+        dest = self.remote_path(rel)
         folder = dest.rsplit("/", 1)[0] or "/"
         tmp = f"{folder}/.{MANIFEST_NAME}.{secrets.token_hex(4)}"
         try:
@@ -337,9 +337,9 @@ class RsyncTarget:
                 p.write_bytes(data)
             listing = tmp.with_name(tmp.name + ".list")
             listing.write_bytes(b"".join(os.fsencode(r) + b"\0" for r in rels))
-            argv = [*self._rsync_base(), "--omit-dir-times", "--from0", f"--files-from={listing}", f"{tmp}/",
-                    f"{self.remote_host}:{self._remote()}/"]
-            r = self._run(argv, timeout=120)
+            argv = [*self.rsync_base(), "--omit-dir-times", "--from0", f"--files-from={listing}", f"{tmp}/",
+                    f"{self.remote_host}:{self.remote_path()}/"]
+            r = self.run_cmd(argv, timeout=120)
             if r.returncode != 0:
                 raise TargetError(f"{self.display}: manifest upload failed ({r.returncode}): {_tail(r.stderr)}")
             self._ready = True
@@ -348,12 +348,12 @@ class RsyncTarget:
             tmp.with_name(tmp.name + ".list").unlink(missing_ok=True)
 
     def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
-        self._ssh(f"rm -f -- {shlex.quote(self._remote(manifest_key(unit_key, kind)))}")
+        self._ssh(f"rm -f -- {shlex.quote(self.remote_path(manifest_key(unit_key, kind)))}")
 
     def listing(self, sub: str) -> dict[str, int]:
         """Remote files under sub (relative keys -> size)."""
-        path = self._remote(sub)
-        r = self._run([*self._rsync_base(), "-r", "--list-only", f"{self.remote_host}:{path}/"], timeout=300)
+        path = self.remote_path(sub)
+        r = self.run_cmd([*self.rsync_base(), "-r", "--list-only", f"{self.remote_host}:{path}/"], timeout=300)
         if r.returncode == PARTIAL and b"No such file" in r.stderr:
             return {}
         if r.returncode != 0:
@@ -393,7 +393,7 @@ class RsyncTarget:
             return {}
         keys = list(expected)
         # no base folder: nothing is there (exit 0, no sums)
-        script = (f"cd -- {shlex.quote(self._remote())} 2>/dev/null || exit 0; if command -v sha256sum >/dev/null 2>&1; "
+        script = (f"cd -- {shlex.quote(self.remote_path())} 2>/dev/null || exit 0; if command -v sha256sum >/dev/null 2>&1; "
                   "then exec xargs -0 -r sha256sum --; else exec xargs -0 -r shasum -a 256 --; fi")
         timeout = 300 + sum(max(0, size) for size, _ in expected.values()) / (20 * 1024 * 1024)
         try:
@@ -408,13 +408,13 @@ class RsyncTarget:
         return {k: sha for k, sha in _parse_sums(r.stdout).items() if k in expected}
 
     def delete_file(self, key: str) -> None:
-        self._ssh(f"rm -f -- {shlex.quote(self._remote(key))}")
+        self._ssh(f"rm -f -- {shlex.quote(self.remote_path(key))}")
 
     def delete_prefix(self, unit_key: str) -> None:
         if not unit_key.strip("/"):
             raise TargetError("refusing to delete the whole target")
         # the manifest first: a folder half deleted must not look complete
-        m, d = self._remote(join_key(unit_key, MANIFEST_NAME)), self._remote(unit_key)
+        m, d = self.remote_path(join_key(unit_key, MANIFEST_NAME)), self.remote_path(unit_key)
         self._ssh(f"rm -f -- {shlex.quote(m)} && rm -rf -- {shlex.quote(d)}", timeout=300)
 
     def close(self) -> None:

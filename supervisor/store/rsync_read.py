@@ -7,20 +7,38 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor.store.base import TargetError, join_key
 
 if TYPE_CHECKING:
-    from supervisor.resume.place import Staging
-    from supervisor.store.rsync import RsyncTarget
+    from supervisor.store.base import Into
 
 PARTIAL_DIR = ".rsync-partial"
 RSYNC_PARTIAL = 23  # rsync's exit for a partial transfer (rsync.PARTIAL; a missing folder lists so)
 SMALL_MAX = 64 << 20
+
+
+class Link(Protocol):
+    """What the reader uses of its target (RsyncTarget): its names, its shared SSH connection and
+    rsync command line, and its listing. Named here, so the two modules do not import each other."""
+
+    display: str
+    remote_host: str
+
+    def ssh_argv(self) -> list[str]: ...
+
+    def rsync_base(self) -> list[str]: ...
+
+    def remote_path(self, sub: str = "") -> str: ...
+
+    def run_cmd(self, argv: list[str], timeout: float | None = None) -> subprocess.CompletedProcess: ...
+
+    def listing(self, sub: str) -> dict[str, int]: ...
 
 
 class RsyncReader:
@@ -31,7 +49,7 @@ class RsyncReader:
     # is downloaded here on a guess (resume/ahead.py).
     stops_midway = False
 
-    def __init__(self, c: RsyncTarget):
+    def __init__(self, c: Link):
         self.c = c  # the target: its ssh command, remote names and listings
 
     def list_keys(self) -> dict[str, int]:
@@ -39,7 +57,7 @@ class RsyncReader:
 
     def list_versions(self) -> dict[str, tuple[int, str]]:
         """key -> (size, modification time to the second, as rsync lists it)."""
-        r = self.c._run([*self.c._rsync_base(), "-r", "--list-only", f"{self.c.remote_host}:{self.c._remote('')}/"],
+        r = self.c.run_cmd([*self.c.rsync_base(), "-r", "--list-only", f"{self.c.remote_host}:{self.c.remote_path('')}/"],
                         timeout=300)
         if r.returncode == RSYNC_PARTIAL and b"No such file" in r.stderr:
             return {}
@@ -57,8 +75,8 @@ class RsyncReader:
         return out
 
     def read_file(self, key: str) -> bytes | None:
-        path = self.c._remote(key)
-        r = self.c._run([*self.c.ssh_argv(), self.c.remote_host,
+        path = self.c.remote_path(key)
+        r = self.c.run_cmd([*self.c.ssh_argv(), self.c.remote_host,
                        f"test -e {shlex.quote(path)} || exit 3; exec head -c {SMALL_MAX} -- {shlex.quote(path)}"],
                       timeout=120)
         if r.returncode == 3:
@@ -68,7 +86,7 @@ class RsyncReader:
                               f"{r.stderr.decode(errors='replace')[-300:]}")
         return r.stdout
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Into,
                  progress: Callable[[int], None]) -> None:
         """rsync writes into the staging folder by its /proc name, only the files named in the
         (checked) list, without links or devices (-t only: no -l, -D); whatever else it might
@@ -90,10 +108,10 @@ class RsyncReader:
             lst.write(b"".join(os.fsencode(rel) + b"\0" for rel, _ in files))
             lst.flush()
             timeout = 600 + sum(max(0, s) for _, s in files) / (5 * 1024 * 1024)
-            argv: list[Any] = [*self.c._rsync_base(), "--from0", f"--files-from={lst.name}",
-                               f"{self.c.remote_host}:{self.c._remote(join_key(unit_key))}/", dest_dir.rstrip("/") + "/"]
+            argv: list[Any] = [*self.c.rsync_base(), "--from0", f"--files-from={lst.name}",
+                               f"{self.c.remote_host}:{self.c.remote_path(join_key(unit_key))}/", dest_dir.rstrip("/") + "/"]
             try:
-                r = self.c._run(argv, timeout=timeout)
+                r = self.c.run_cmd(argv, timeout=timeout)
             finally:
                 done.set()
                 t.join()

@@ -86,7 +86,7 @@ class S3Target(S3Connection):
         that was finished. The window keeps the order: the caller's first folder completes
         first instead of all of them at the end."""
         self.pools()  # the boto3 client is built by the first request that needs it (s3_light.py)
-        assert self._pool is not None and self._files is not None
+        assert self.pool is not None and self._files is not None
         queue = list(reversed(files))
         running: set[Future] = set()
         window = max(2, 2 * self.cfg.concurrency)
@@ -97,7 +97,7 @@ class S3Target(S3Connection):
                 if f.size > self.single_put_max:
                     running.add(self._files.submit(self._report, self.multipart.put, f, sink))
                 else:
-                    running.add(self._pool.submit(self._report, self._put_small, f, sink))
+                    running.add(self.pool.submit(self._report, self._put_small, f, sink))
             if not running:
                 break
             finished, running = wait(running, return_when=FIRST_COMPLETED)
@@ -145,13 +145,13 @@ class S3Target(S3Connection):
         else:
             sha, cs = None, self._checksum_file(fd, f)
             body = FileBody(fd, f, self.limiter)
-        key = self._key(f.key)
+        key = self.full_key(f.key)
         prior = sink.in_flight(f.key)
         if prior and prior.get("size") == f.size and prior.get("mtime_ns") == f.mtime_ns:
             held = self._holds_single(key, f.size, cs)
             if held is not None:
                 log.info("s3_adopted", key=key, why="finished before a crash")
-                return Uploaded(sha or self._hash_only(fd, f, sink), held, 0)
+                return Uploaded(sha or self.hash_only(fd, f, sink), held, 0)
         if sha is not None and f.size >= COPY_MIN and self._copies:
             copied = self._copy_twin(f, key, sha, cs, sink)
             if copied is not None:
@@ -160,7 +160,7 @@ class S3Target(S3Connection):
         if self.limiter and isinstance(body, bytes):
             self.limiter.take(len(body))  # a FileBody takes its share as it is read
         extra = {"ChecksumCRC32": cs} if self.crc else {"ContentMD5": cs}
-        resp = self._call("put_object", Bucket=self.bucket, Key=key, Body=body, **extra)
+        resp = self.call("put_object", Bucket=self.bucket, Key=key, Body=body, **extra)
         etag = etag_of(resp.get("ETag"))
         if self.crc:
             echoed = resp.get("ChecksumCRC32")
@@ -198,8 +198,8 @@ class S3Target(S3Connection):
         sink.begin(f, {"mode": "copy"})
         extra = {"ChecksumAlgorithm": "CRC32"} if self.crc else {}
         try:
-            resp = self._call("copy_object", Bucket=self.bucket, Key=key,
-                              CopySource={"Bucket": self.bucket, "Key": self._key(src)}, **extra)
+            resp = self.call("copy_object", Bucket=self.bucket, Key=key,
+                              CopySource={"Bucket": self.bucket, "Key": self.full_key(src)}, **extra)
         except NotFound:
             return None  # keep_last (or someone) deleted the source meanwhile
         except Refused as e:
@@ -234,7 +234,7 @@ class S3Target(S3Connection):
 
     def _holds_single(self, key: str, size: int, cs: str) -> str | None:
         try:
-            h = self._call("head_object", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            h = self.call("head_object", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         except NotFound:
             return None
         if int(h.get("ContentLength", -1)) != size:
@@ -246,5 +246,5 @@ class S3Target(S3Connection):
             return etag
         return None
 
-    def _hash_only(self, fd: int, f: LocalFile, sink: UploadSink) -> str:
+    def hash_only(self, fd: int, f: LocalFile, sink: UploadSink) -> str:
         return sha256_fd(fd, f, HASH_CHUNK)

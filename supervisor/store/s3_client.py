@@ -23,6 +23,7 @@ from supervisor.store.base import (
     join_key,
 )
 from supervisor.store.credentials import CredentialWatch
+from supervisor.store.keys import manifest_key
 from supervisor.store.s3_wire import (
     AUTH_CODES,
     LOOPBACK,
@@ -33,7 +34,6 @@ from supervisor.store.s3_wire import (
     md5_b64,
     no_expect_for_small_bodies,
 )
-from supervisor.sync.policy import manifest_key
 
 if TYPE_CHECKING:
     from supervisor.store.s3_light import LightS3
@@ -58,7 +58,7 @@ class S3Connection:
         self.single_put_max = cfg.multipart_threshold
         self.limiter = TokenBucket(cfg.bandwidth_limit) if cfg.bandwidth_limit else None
         self._client: Any = None
-        self._pool: ThreadPoolExecutor | None = None
+        self.pool: ThreadPoolExecutor | None = None
         self._files: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._prep_lock = threading.Lock()
@@ -85,9 +85,9 @@ class S3Connection:
 
     def pools(self) -> None:
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="s3-put")
-                # large files: one thread each to create, hash and complete; parts go to _pool
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="s3-put")
+                # large files: one thread each to create, hash and complete; parts go to pool
                 self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
 
     def client(self) -> Any:
@@ -185,10 +185,10 @@ class S3Connection:
         client.meta.events.register("before-sign.s3.UploadPart", no_expect_for_small_bodies)
         return client
 
-    def _key(self, k: str) -> str:
+    def full_key(self, k: str) -> str:
         return join_key(self.prefix, k)
 
-    def _call(self, op: str, **kw: Any) -> Any:
+    def call(self, op: str, **kw: Any) -> Any:
         light = self._light() if op in LIGHT_OPS else None
         if light:
             from supervisor.store.s3_light import Unsupported
@@ -253,20 +253,20 @@ class S3Connection:
 
     def write_object(self, rel: str, data: bytes) -> None:
         """A small object in one PUT the store checks by its checksum (a manifest, a heartbeat)."""
-        key = self._key(rel)
+        key = self.full_key(rel)
         extra = {"ChecksumCRC32": crc32_b64(data)} if self.crc else {"ContentMD5": md5_b64(data)}
-        self._call("put_object", Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **extra)
+        self.call("put_object", Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **extra)
 
     def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
-        key = self._key(manifest_key(unit_key, kind))
+        key = self.full_key(manifest_key(unit_key, kind))
         try:
-            self._call("delete_object", Bucket=self.bucket, Key=key)
+            self.call("delete_object", Bucket=self.bucket, Key=key)
         except NotFound:
             pass
 
     def listing(self, prefix: str) -> dict[str, RemoteObject]:
         """Every object under prefix (relative keys; "" for the whole target)."""
-        full = self._key(prefix)
+        full = self.full_key(prefix)
         if not prefix and full:
             full += "/"  # the target's own folder, not every key that starts with its name
         out: dict[str, RemoteObject] = {}
@@ -277,7 +277,7 @@ class S3Connection:
             if token:
                 kw["ContinuationToken"] = token
             try:
-                resp = self._call("list_objects_v2", **kw)
+                resp = self.call("list_objects_v2", **kw)
             except NotFound as e:
                 raise TargetError(f"S3 list {full}: {e}") from None
             for o in resp.get("Contents") or []:
@@ -313,7 +313,7 @@ class S3Connection:
     def delete_file(self, key: str) -> None:
         """One object (a single-file unit the trainer deleted, sync.follow_deletions)."""
         try:
-            self._call("delete_object", Bucket=self.bucket, Key=self._key(key))
+            self.call("delete_object", Bucket=self.bucket, Key=self.full_key(key))
         except NotFound:
             pass
 
@@ -323,15 +323,15 @@ class S3Connection:
         self.delete_manifest(unit_key)
         keys = sorted(self.listing(unit_key.rstrip("/") + "/"))
         for i in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
-            self._call("delete_objects", Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            batch = [{"Key": self.full_key(k)} for k in keys[i:i + 1000]]
+            self.call("delete_objects", Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
 
     def close(self) -> None:
         with self._lock:
-            for pool in (self._pool, self._files):
+            for pool in (self.pool, self._files):
                 if pool is not None:
                     pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._files = None
+            self.pool = self._files = None
             if self._client is not None:
                 try:
                     self._client.close()  # its keep-alive connections

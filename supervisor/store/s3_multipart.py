@@ -47,7 +47,7 @@ class MultipartPut:
         self.c = c  # the connection: its client, pools, checksum and keys
 
     def put(self, f: LocalFile, sink: UploadSink) -> Uploaded:
-        key = self.c._key(f.key)
+        key = self.c.full_key(f.key)
         psize = part_size_for(f.size, self.c.cfg.part_size)
         nparts = math.ceil(f.size / psize)
         fd = open_source(f)
@@ -65,7 +65,7 @@ class MultipartPut:
                     upload_id, have, finished = self._resume(key, info["upload_id"], prior, nparts, f.size)
                     if finished is not None:
                         log.info("s3_adopted", key=key, why="completed before a crash")
-                        sha = self.c._hash_only(fd, f, sink)
+                        sha = self.c.hash_only(fd, f, sink)
                         return Uploaded(sha, finished, 0)
                 else:
                     self._abort(key, info.get("upload_id"))
@@ -74,14 +74,14 @@ class MultipartPut:
                 # found by its key and aborted, not left behind on the store
                 sink.begin(f, {"mode": "mp", "upload_id": "", "part_size": psize})
                 extra = {"ChecksumAlgorithm": "CRC32"} if self.c.crc else {}
-                resp = self.c._call("create_multipart_upload", Bucket=self.c.bucket, Key=key, **extra)
+                resp = self.c.call("create_multipart_upload", Bucket=self.c.bucket, Key=key, **extra)
                 upload_id = resp["UploadId"]
                 sink.begin(f, {"mode": "mp", "upload_id": upload_id, "part_size": psize})
             else:
                 log.info("s3_resume", key=key, parts_kept=len(have), parts=nparts)
-            assert self.c._pool is not None
+            assert self.c.pool is not None
             failed = threading.Event()
-            futs = {n: self.c._pool.submit(self._put_part, fd, f, key, upload_id, n, psize, sink, failed)
+            futs = {n: self.c.pool.submit(self._put_part, fd, f, key, upload_id, n, psize, sink, failed)
                     for n in range(1, nparts + 1) if n not in have}
             try:
                 h = hashlib.sha256()
@@ -110,7 +110,7 @@ class MultipartPut:
                 if self.c.crc:
                     p["ChecksumCRC32"] = cs
                 parts.append(p)
-            resp = self.c._call("complete_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
+            resp = self.c.call("complete_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
                               MultipartUpload={"Parts": parts})
             checks = [have[n][1] for n in range(1, nparts + 1)]
             etag = etag_of(resp.get("ETag"))
@@ -135,7 +135,7 @@ class MultipartPut:
             if etag != want:
                 raise TargetError(f"S3 complete {key}: ETag {etag}, expected {want}")
             return  # likewise: the multipart ETag is made of our parts' MD5s
-        h = self.c._call("head_object", Bucket=self.c.bucket, Key=key)
+        h = self.c.call("head_object", Bucket=self.c.bucket, Key=key)
         if int(h.get("ContentLength", -1)) != size:
             raise TargetError(f"S3 {key}: store holds {h.get('ContentLength')} bytes, expected {size}")
 
@@ -151,7 +151,7 @@ class MultipartPut:
             if len(journal) == nparts:
                 checks = [journal[n][1] for n in range(1, nparts + 1)]
                 try:
-                    h = self.c._call("head_object", Bucket=self.c.bucket, Key=key, ChecksumMode="ENABLED")
+                    h = self.c.call("head_object", Bucket=self.c.bucket, Key=key, ChecksumMode="ENABLED")
                 except NotFound:
                     return None, {}, None
                 if int(h.get("ContentLength", -1)) == size:
@@ -172,7 +172,7 @@ class MultipartPut:
         out: dict[int, tuple[str, int]] = {}
         marker = 0
         while True:
-            resp = self.c._call("list_parts", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
+            resp = self.c.call("list_parts", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
                               PartNumberMarker=marker, MaxParts=1000)
             for p in resp.get("Parts") or []:
                 out[int(p["PartNumber"])] = (etag_of(p.get("ETag")), int(p.get("Size", -1)))
@@ -185,7 +185,7 @@ class MultipartPut:
     def _abort_unrecorded(self, key: str) -> None:
         """Abort the multipart uploads of exactly `key` (one was created, its id never recorded)."""
         try:
-            resp = self.c._call("list_multipart_uploads", Bucket=self.c.bucket, Prefix=key)
+            resp = self.c.call("list_multipart_uploads", Bucket=self.c.bucket, Prefix=key)
         except (NotFound, TargetError) as e:
             log.debug("s3_list_uploads_failed", key=key, error=str(e))
             return
@@ -197,7 +197,7 @@ class MultipartPut:
         if not upload_id:
             return
         try:
-            self.c._call("abort_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id)
+            self.c.call("abort_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id)
         except (NotFound, TargetError) as e:
             log.debug("s3_abort_failed", key=key, error=str(e))
 
@@ -220,7 +220,7 @@ class MultipartPut:
         if self.c.limiter:
             self.c.limiter.take(ln)
         extra = {"ChecksumCRC32": cs} if self.c.crc else {"ContentMD5": cs}
-        resp = self.c._call("upload_part", Bucket=self.c.bucket, Key=key, UploadId=upload_id, PartNumber=n,
+        resp = self.c.call("upload_part", Bucket=self.c.bucket, Key=key, UploadId=upload_id, PartNumber=n,
                           Body=data, **extra)
         etag = etag_of(resp.get("ETag"))
         if self.c.crc:

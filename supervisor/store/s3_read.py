@@ -20,7 +20,7 @@ from supervisor.store.base import TargetError, write_all
 from supervisor.store.s3_wire import NotFound
 
 if TYPE_CHECKING:
-    from supervisor.resume.place import Staging
+    from supervisor.store.base import Into
     from supervisor.store.s3_client import S3Connection
     from supervisor.store.s3_light import LightS3
 
@@ -59,7 +59,7 @@ class S3Reader:
             from supervisor.store.s3_light import Unsupported
 
             try:
-                data = light.read(self.c._key(key), SMALL_MAX)
+                data = light.read(self.c.full_key(key), SMALL_MAX)
             except NotFound:
                 light.release()  # a 404's short body was read: the connection is fit for another
                 return None
@@ -69,7 +69,7 @@ class S3Reader:
                 light.release()
                 return data
         try:
-            resp = self.c._call("get_object", Bucket=self.c.bucket, Key=self.c._key(key))
+            resp = self.c.call("get_object", Bucket=self.c.bucket, Key=self.c.full_key(key))
         except NotFound:
             return None
         body = resp["Body"]
@@ -80,7 +80,7 @@ class S3Reader:
         finally:
             body.close()
 
-    def download(self, unit_key: str, files: list[tuple[str, int]], into: Staging,
+    def download(self, unit_key: str, files: list[tuple[str, int]], into: Into,
                  progress: Callable[[int], None]) -> dict[str, str]:
         """Returns rel -> sha256 of what was written, hashed while the download runs (each file's
         ranges in order as they complete), so the caller's check needs no second pass. Each file
@@ -94,7 +94,7 @@ class S3Reader:
             for rel, size in files:
                 fd = into.create(rel, size)
                 fds.append(fd)
-                key = self.c._key(f"{unit_key}/{rel}")
+                key = self.c.full_key(f"{unit_key}/{rel}")
                 oh = hashes[rel] = _OrderedHash(fd, rel)
                 if size <= part:
                     jobs.append((key, fd, 0, -1, oh))
@@ -166,7 +166,7 @@ class S3Reader:
         kw: dict[str, Any] = {"Bucket": self.c.bucket, "Key": key}
         if end >= 0:
             kw["Range"] = f"bytes={start}-{end}"
-        return self.c._call("get_object", **kw)["Body"], None
+        return self.c.call("get_object", **kw)["Body"], None
 
 
 _local = threading.local()

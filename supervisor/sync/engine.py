@@ -36,12 +36,14 @@ from supervisor.config import SyncConfig
 from supervisor.config.target import parse_target
 from supervisor.interfaces import FinalSyncResult, Holding, Verb
 from supervisor.states import SyncState
+from supervisor.status import Block
+from supervisor.status.sync import SyncBlock
 from supervisor.store import make_target, target_identity
 from supervisor.store._log import Once, get_logger
 from supervisor.store.base import Target, TargetError, describe
 from supervisor.store.credentials import CredentialWatch
 from supervisor.sync import scan as sc
-from supervisor.sync.answers import Answers, on_sync_request
+from supervisor.sync.answers import Answers
 from supervisor.sync.ledger import Ledger, open_ledger
 from supervisor.sync.lost import LostWatch
 from supervisor.sync.policy import Policy, excluded_roots, hf_cache_roots
@@ -86,15 +88,15 @@ class SyncEngine:
         self.clock = clock
         self.alerts = alerts
         self._realtime = realtime
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._wake = threading.Event()
         self._closing = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None
         self.enabled = bool(cfg.target.strip())
         self.url = parse_target(cfg.target) if self.enabled else None
         self.display = self.url.display() if self.url else ""
         self.roots = sc.watch_roots(cfg.watch)
-        self._extra_roots: list[sc.Root] = []
+        self.extra_roots: list[sc.Root] = []
         if excluded_roots is None:
             excluded_roots = hf_cache_roots([dict(os.environ)], [r.path for r in self.roots])
         self.policy = Policy(list(cfg.include), list(cfg.exclude), list(excluded_roots))
@@ -103,10 +105,10 @@ class SyncEngine:
         self.hostname = hostname or socket.gethostname()
         self._once = Once(log)
         self.walker = Walker(self.policy, cfg, self._once, alerts, world_size)
-        self.board = Board(self._lock, self.enabled)
+        self.board = Board(self.lock, self.enabled)
         self.stats = self.board.stats
-        self._up: Uploader | None = None
-        self._units: dict[sc.UnitKey, sc.Unit] = {}
+        self.up: Uploader | None = None
+        self.units: dict[sc.UnitKey, sc.Unit] = {}
         # scheduling (clock.monotonic unless noted)
         self._dirty = True
         self._dirty_at = 0.0          # realtime()
@@ -115,7 +117,7 @@ class SyncEngine:
         self._next_ready: float | None = None
         self.health = Health(self.board, clock, alerts, self.display, cfg.retry_max_backoff, cfg.fail_alert_after)
         self.lost = LostWatch(alerts, self.display, training_command, cfg.quiet_period)
-        self._pass = 0
+        self.passes = 0
         self._emergency = False       # a spot notice: no backoff waits, short quiet, newest re-judged per unit
         self._cut_short = False       # this pass stopped early to look for a newer checkpoint first
         self.answers = Answers(self)  # the callers who wait, and what the engine holds
@@ -138,26 +140,25 @@ class SyncEngine:
             self._once.warning(event, event, error=error)
             self._note_error(error)
             return False
-        self._up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg,
+        self.up = Uploader(self.target, self.ledger, self.board, self.clock, self.hostname, self.cfg,
                             self._closing, self.alerts, self.state_dir, lambda t: self.step_at and self.step_at(t))
         return True
 
     def all_roots(self) -> list[sc.Root]:
-        with self._lock:
-            return list(self.roots) + list(self._extra_roots)
+        with self.lock:
+            return list(self.roots) + list(self.extra_roots)
 
     def start(self, watch: bool = True) -> None:
         """Start the worker; `watch=False` (a one-shot run) skips inotify and the start log."""
-        if not self.enabled or self._thread is not None:
+        if not self.enabled or self.thread is not None:
             return
         if watch:
             from supervisor.sync.watch import FolderWatcher
 
             self._watcher = FolderWatcher(self._on_fs_event)
-        if watch:
             self.access.soon()  # the daemon probes at start; a one-shot pass is its own probe
-        self._thread = threading.Thread(target=self._run, name="sync-worker", daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._run, name="sync-worker", daemon=True)
+        self.thread.start()
         if watch:
             log.info("sync_started", target=self.display, watch=[r.path for r in self.roots])
             # the first checkpoint must not wait 0.25 s for boto3 (bench_daemon_sync.py); one-shot: only if needed
@@ -166,7 +167,7 @@ class SyncEngine:
     def close(self, timeout: float = 10.0) -> None:
         self._closing.set()
         self._wake.set()
-        t = self._thread
+        t = self.thread
         if t is not None:
             t.join(timeout)
         if self._watcher is not None:
@@ -180,10 +181,14 @@ class SyncEngine:
 
     # --- the SyncView API -------------------------------------------------------------------------
     def request_sync(self) -> None:
-        with self._lock:
+        with self.lock:
             self._requested = True
             self.health.backoff.retry_now()  # the user asked: retry now, whatever the backoff said
         self._wake.set()
+
+    def scan_again(self) -> None:
+        """The worker scans on its next turn (under the lock; it is the worker that asks: no wake)."""
+        self._requested = True
 
     def reload_credentials(self) -> None:
         """`supervisorctl sync`: the target builds its client again before the next request."""
@@ -200,7 +205,7 @@ class SyncEngine:
         (a checkpoint-N still needs its trainer_state.json, and every file its format check), so the
         checkpoint a training saves on the notice goes up seconds after it is whole; and the worker
         looks again after each unit, so a checkpoint finished meanwhile goes before the older ones."""
-        with self._lock:
+        with self.lock:
             self._emergency = True
             self.walker.quiet = min(self.cfg.quiet_period, EMERGENCY_QUIET_S)
         log.warning("sync_emergency", target=self.display)
@@ -219,9 +224,6 @@ class SyncEngine:
         """Another place on the same store (the run's prefix, its ledger) for a wing that keeps a
         client open: built from this engine's credential sources, so keys written down after the
         daemon started (the environment file the engine watches) reach it too."""
-        from supervisor.config.target import parse_target
-        from supervisor.store import make_target
-
         return make_target(parse_target(where), self.cfg, self.state_dir, self.access.creds)
 
     def fs_events(self, fn: Callable[[str], None]) -> bool:
@@ -238,7 +240,7 @@ class SyncEngine:
         return self.answers.final_sync(paths, timeout_s)
 
     def status(self) -> dict:
-        with self._lock:
+        with self.lock:
             totals = self.ledger.totals() if self.ledger else (0, 0)
             snap = self.board.snapshot(self.clock.monotonic(), self.health.backoff, self.display, totals,
                                        [r.path for r in self.roots])
@@ -250,13 +252,13 @@ class SyncEngine:
     def _on_fs_event(self, path: str) -> None:
         if self.policy.ignores_event(path):
             return
-        if self._up is not None:  # a save seen while the worker sends (snapshot.Saves)
-            self._up.snaps.hint(path)
+        if self.up is not None:  # a save seen while the worker sends (snapshot.Saves)
+            self.up.snaps.hint(path)
         self._mark_dirty()
         self._wake.set()
 
     def _mark_dirty(self) -> None:
-        with self._lock:
+        with self.lock:
             if not self._dirty:
                 self._dirty_at = self._realtime()
             self._dirty = True
@@ -295,7 +297,7 @@ class SyncEngine:
         is noticed, REAL_MAX_WAIT with the system clock. Distances on the injected clock are slept in real
         seconds: with the system clock that is exact, and a FakeClock is re-read every pass."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             if self._requested:
                 return 0.0
             cap = REAL_MAX_WAIT if isinstance(self.clock, SystemClock) else LOOP_MAX_WAIT
@@ -322,10 +324,10 @@ class SyncEngine:
             self._note_error("")
         assert self.ledger is not None
         if self.access.changed():
-            with self._lock:
+            with self.lock:
                 self._requested = True  # and the backoff is over: try the new keys at once
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             due = (self._requested or bool(self.answers.finals.tickets()) or now >= self._next_rescan
                    or (self._dirty and self._realtime() - self._dirty_at >= self._debounce)
                    or (self._next_ready is not None and now >= self._next_ready)
@@ -360,11 +362,11 @@ class SyncEngine:
 
     def _do_scan(self) -> int:
         assert self.ledger is not None
-        with self._lock:
+        with self.lock:
             self._requested = False
             self._dirty = False
-            self._pass += 1
-            pass_id = self._pass
+            self.passes += 1
+            pass_id = self.passes
             forced = [p for t in self.answers.finals.tickets() for p in t.spec.paths]
             self._move(SyncState.SCANNING)
         roots = self.all_roots()
@@ -375,12 +377,12 @@ class SyncEngine:
         units = self.walker.scan(roots, forced, self.clock.time(), began,
                                   self.ledger.manifests_under, self._held)
         self.board.look_unselected(self.walker, units.values(), began, bool(forced))
-        if self._up is not None:  # a checkpoint deleted before it left the machine: told at once
-            self.lost.look(self._units, units, self._up.synced, self.clock.time(), self.board.last_error)
-            self._up.snaps.look(units.values(), self._up.synced)  # saves the target lacks; old snapshots go
+        if self.up is not None:  # a checkpoint deleted before it left the machine: told at once
+            self.lost.look(self.units, units, self.up.synced, self.clock.time(), self.board.last_error)
+            self.up.snaps.look(units.values(), self.up.synced)  # saves the target lacks; old snapshots go
         now = self.clock.monotonic()
-        with self._lock:
-            self._units = units
+        with self.lock:
+            self.units = units
             self._next_rescan = now + self.cfg.rescan_interval
             ready = sc.next_ready(units.values())
             self._next_ready = began + ready + READY_MARGIN_S if ready is not None else None
@@ -392,7 +394,7 @@ class SyncEngine:
 
     def _held(self, u: sc.Unit) -> bool:
         """Uploader.held; a unit that is not makes the target get ready while the scan goes on."""
-        if self._up is not None and self._up.held(u):
+        if self.up is not None and self.up.held(u):
             return True
         prepare = getattr(self.target, "prepare", None)
         if callable(prepare):
@@ -401,7 +403,7 @@ class SyncEngine:
 
     def _refresh_pending(self) -> None:
         assert self.ledger is not None
-        p = sc.pending(self._units.values(), self.ledger.current, self.clock.time(), self.cfg.quiet_period,
+        p = sc.pending(self.units.values(), self.ledger.current, self.clock.time(), self.cfg.quiet_period,
                        self.cfg.complete_marker)
         for label, quiet_for in p.without_marker:
             self._once.warning(f"marker:{label}", "sync_checkpoint_without_marker", unit=label,
@@ -412,15 +414,15 @@ class SyncEngine:
     # --- uploading --------------------------------------------------------------------------------
     def _process_work(self) -> str | None:
         """Upload every unit that is ready. Returns the error that stopped the pass, or None."""
-        up = self._up
+        up = self.up
         assert up is not None
-        with self._lock:
-            units = list(self._units.values())
+        with self.lock:
+            units = list(self.units.values())
         work = sc.work(units, up.synced)
         if self._emergency:
             work = sc.hold_for_newer(units, work, up.synced, self.cfg.complete_marker, EMERGENCY_QUIET_S)
         if not work:
-            with self._lock:
+            with self.lock:
                 # nothing left that could fail, unless a final sync still has to ask the target
                 # whether it holds everything (that check fails while the target is down: issue
                 # 29), nor while the probe fails (it tells that the target refuses us)
@@ -434,7 +436,7 @@ class SyncEngine:
             if self._closing.is_set():
                 return "closing"
             if i and self._emergency:
-                with self._lock:
+                with self.lock:
                     self._requested = self._cut_short = True
                 self._wake.set()
                 break
@@ -442,34 +444,34 @@ class SyncEngine:
             try:
                 whole = up.send(batch)
             except TargetError as e:
-                self._failed(str(e), e)
+                self.failed(str(e), e)
                 return str(e)
             if not whole:
                 self._mark_dirty()  # a file vanished or changed under us: look again soon
-            with self._lock:
+            with self.lock:
                 self.health.recovered()
             self.access.sent()
-        with self._lock:
+        with self.lock:
             self.board.current = ""
             self._move(SyncState.IDLE)
             self._refresh_pending()
         return None
 
     # --- failure and recovery ---------------------------------------------------------------------
-    def _failed(self, error: str, cause: BaseException | None = None) -> None:
+    def failed(self, error: str, cause: BaseException | None = None) -> None:
         self.health.failed(error, cause)
-        with self._lock:
+        with self.lock:
             self._refresh_pending()
 
     def _note_error(self, error: str) -> None:
         self.board.error(error, self.clock.time())
 
     # --- what the daemon lists -------------------------------------------------------------------
-    def status_blocks(self) -> dict[str, object]:
-        return {"sync": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (SyncBlock.of(self.status()),)
 
     def verbs(self) -> dict[str, Verb]:
-        return {"sync": lambda a: on_sync_request(self, a)}
+        return {"sync": self.answers.on_request}
 
 
 def engine_for(config: Config, clock: Clock, alerts: AlertSink | None = None,

@@ -23,7 +23,7 @@ STAMP = "once-stamp.json"
 MAX_ENTRIES = 200_000   # a watched folder this large is walked by the engine, not twice
 
 
-def _feed(h: hashlib._Hash, path: str, st: os.stat_result) -> None:
+def _feed(h: hashlib.blake2b, path: str, st: os.stat_result) -> None:
     h.update(f"{path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode(
         "utf-8", "surrogateescape"))
 
