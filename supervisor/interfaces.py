@@ -14,6 +14,7 @@ from supervisor.states import TrainingState
 
 if TYPE_CHECKING:  # the progress wing sits above the core: a type only
     from supervisor.progress.stall import View as StallView
+    from supervisor.status import Block
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,9 @@ class HasDuties(Protocol):
 
 @runtime_checkable
 class HasStatus(Protocol):
-    def status_blocks(self) -> dict[str, object]:
-        """This wing's top-level blocks of `status --json` (the SPEC's names)."""
+    def status_blocks(self) -> tuple[Block, ...]:
+        """This wing's blocks of `status --json` (supervisor/status/: each block writes its SPEC keys,
+        says its status lines and its metrics)."""
         ...
 
 

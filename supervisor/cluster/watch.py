@@ -26,6 +26,8 @@ from supervisor.cluster.records import RunRecords
 from supervisor.config.cluster import Identity
 from supervisor.interfaces import Duty
 from supervisor.states import TRAINING_ALIVE
+from supervisor.status import Block
+from supervisor.status.cluster import ClusterBlock
 from supervisor.store.credentials import run_key
 from supervisor.sync.parts import Held
 from supervisor.training.checkpoints import unit_order
@@ -351,7 +353,7 @@ class ClusterWatch:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("cluster", read_every(self.cfg.heartbeat), self.poll),)  # a lost node stops us
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"cluster": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (ClusterBlock.of(self.status()),)
 
 

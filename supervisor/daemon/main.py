@@ -40,6 +40,9 @@ from supervisor.requests import run_context
 from supervisor.spot.decide import newest_unit
 from supervisor.statefile import Reserve, StateStore, StateWriteError, secure_state_dir
 from supervisor.states import TRAINING_ALIVE, TrainingState
+from supervisor.status import Block
+from supervisor.status.cluster import ClusterBlock
+from supervisor.status.training import DaemonBlock, TrainingBlock
 from supervisor.stop.resolve import choose, priced
 from supervisor.training.job import TrainingError, command_line
 from supervisor.training.runner import run_banner
@@ -253,7 +256,7 @@ class Daemon:
         now = self.clock.time()
         tr = self.training.status()
         tr["progress"] = self.progress.snapshot(now)
-        out: dict = {
+        blocks: list[Block] = [DaemonBlock.of({
             "version": __version__,
             "now": now,
             "daemon": {"pid": os.getpid(), "started_at": self.started_at, "uptime_s": now - self.started_at,
@@ -261,12 +264,13 @@ class Daemon:
                        "problems": [*self.store.problems, *self.alerts.problems, *self.store.unsaved.values(),
                                     *filter(None, [self.reserve.problem()]), *self.channel_problems,
                                     *([self.metrics.error] if self.metrics.error else [])]},
-            "training": tr,
-            "cluster": None,
-        }
+        }), TrainingBlock.of(tr), ClusterBlock.of(None)]  # one machine: null (the cluster wing's block follows)
         for w in self.wings():
             if isinstance(w, HasStatus):
-                out.update(w.status_blocks())
+                blocks.extend(w.status_blocks())
+        out: dict = {}
+        for b in blocks:  # the SPEC's JSON: each block writes its own keys (supervisor/status/)
+            out.update(b.to_json())
         return out
 
     # --- control handlers ----------------------------------------------------------------------

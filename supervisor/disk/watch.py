@@ -23,6 +23,8 @@ from supervisor.disk.prune import Local, Plan, Proof, plan, protected, to_check
 from supervisor.interfaces import Duty, Holding, Verb
 from supervisor.notify.mails import disk as words
 from supervisor.requests import checked_bool
+from supervisor.status import Block
+from supervisor.status.disk import DiskBlock
 
 if TYPE_CHECKING:
     from supervisor.config import DiskConfig
@@ -400,8 +402,8 @@ class DiskWatch:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("disk", 10.0, self.poll),)  # before the floor: it learns what the forecast covers
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"disk": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (DiskBlock.of(self.status()),)
 
     def verbs(self) -> dict[str, Verb]:
         return {"prune": lambda a: self.prune_now(dry_run=checked_bool(a, "dry_run"))}  # root only

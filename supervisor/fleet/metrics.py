@@ -32,7 +32,7 @@ from supervisor.status.idle import (
     IDLE_STATES as IDLE_STATES,  # the states' series, as tests and docs name them
 )
 from supervisor.status.idle import IdleBlock, StopBlock
-from supervisor.status.misc import OrchestratorBlock
+from supervisor.status.misc import MetricsBlock, OrchestratorBlock
 from supervisor.status.money import BudgetBlock
 from supervisor.status.resume import ResumeBlock
 from supervisor.status.sync import SyncBlock
@@ -84,8 +84,12 @@ class _Families:
 def _num(v: Any) -> float | None:
     if isinstance(v, bool):
         return 1.0 if v else 0.0
-    if isinstance(v, (int, float)) and math.isfinite(v):
-        return float(v)
+    if isinstance(v, (int, float)):
+        try:
+            f = float(v)
+        except OverflowError:  # an int past a float's range (JSON allows it): not a figure we can show
+            return None
+        return f if math.isfinite(f) else None
     return None
 
 
@@ -263,5 +267,5 @@ class MetricsDuty:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("metrics", self.every, self.poll),)
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"metrics": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (MetricsBlock.of(self.status()),)

@@ -37,6 +37,8 @@ from supervisor.gpu.nvml import NvmlProbe
 from supervisor.interfaces import Duty, TrainingView, Verb
 from supervisor.notify.mails import health as words
 from supervisor.states import TRAINING_ALIVE, TrainingState
+from supervisor.status import Block
+from supervisor.status.health import HealthBlock
 from supervisor.training.job import TrainingError, start_env
 from supervisor.training.runner import as_user
 from supervisor.training.safeopen import open_to_others, user_ids
@@ -356,8 +358,8 @@ class HealthWatch:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("health", self.every, self.poll),)
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"health": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (HealthBlock.of(self.status()),)
 
     def verbs(self) -> dict[str, Verb]:
         return {"health": self._on_request}

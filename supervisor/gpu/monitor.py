@@ -19,6 +19,8 @@ from supervisor.context import Context
 from supervisor.gpu.nvml import GpuSample, GpuSnapshot, NvmlProbe, XidEvent
 from supervisor.interfaces import Duty, TrainingView
 from supervisor.notify.mails import gpu as words
+from supervisor.status import Block
+from supervisor.status.gpu import GpusBlock
 
 log = structlog.get_logger("gpu")
 
@@ -207,9 +209,9 @@ class GpuMonitor:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("gpu", self.cfg.poll_interval, self.poll),)
 
-    def status_blocks(self) -> dict[str, object]:
+    def status_blocks(self) -> tuple[Block, ...]:
         g = self.status()
-        return {"gpus": g.get("gpus", []), "gpu_error": g.get("gpu_error")}
+        return (GpusBlock.of({"gpus": g.get("gpus", []), "gpu_error": g.get("gpu_error")}),)
 
 
 def gpu_dict(g: GpuSample, train_of: dict[int, bool]) -> dict:

@@ -23,6 +23,8 @@ from supervisor.durations import format_bytes, format_duration
 from supervisor.gpu import waste as w
 from supervisor.interfaces import Duty
 from supervisor.states import TRAINING_ALIVE
+from supervisor.status import Block
+from supervisor.status.gpu import WasteBlock
 
 if TYPE_CHECKING:
     from supervisor.clock import Clock
@@ -138,5 +140,5 @@ class WasteWatch:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("waste", max(5.0, self.cfg.poll_interval), self.poll),)  # GPU memory held for nothing
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"gpu_waste": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (WasteBlock.of({"gpu_waste": self.status()}),)

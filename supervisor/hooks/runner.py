@@ -17,6 +17,8 @@ import structlog
 from supervisor.config import HookConfig
 from supervisor.hooks.env import hook_env
 from supervisor.notify.mails import money as words
+from supervisor.status import Block
+from supervisor.status.misc import HooksBlock
 
 log = structlog.get_logger("hooks")
 
@@ -156,5 +158,5 @@ class Hooks:
             return [{"run": r.run, "event": r.event, "required": r.required, "ok": r.ok, "why": r.why,
                      "seconds": round(r.seconds, 2)} for r in self.results[-10:]]
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"hooks": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (HooksBlock.of({"hooks": self.status()}),)

@@ -37,6 +37,8 @@ from supervisor.progress import stall
 from supervisor.requests import keepalive_seconds
 from supervisor.statefile import StateStore
 from supervisor.states import IdleState, TrainingState
+from supervisor.status import Block
+from supervisor.status.idle import IdleBlock, StopBlock
 from supervisor.stop.announce import StopAnnouncer
 from supervisor.stop.driver import StopDriver
 from supervisor.stop.machine import AbortStop, BeginStop
@@ -285,9 +287,9 @@ class IdleGuard:
         # the early poll is cheap: it polls only when a threshold is reached or a run started/ended
         return (Duty("idle", self.conf.idle.poll_interval, self.poll), Duty("idle_due", 1.0, self.poll_if_due))
 
-    def status_blocks(self) -> dict[str, object]:
+    def status_blocks(self) -> tuple[Block, ...]:
         s = self.status()
-        return {"idle": s.get("idle", {}), "stop": s.get("stop", {})}
+        return IdleBlock.of(s.get("idle", {})), StopBlock.of(s.get("stop", {}))
 
     def verbs(self) -> dict[str, Verb]:
         return {"keepalive": lambda a: self.cancel_keepalive() if (s := keepalive_seconds(a)) is None

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 import structlog
 
 from supervisor.interfaces import Duty
+from supervisor.status import Block
+from supervisor.status.misc import OrchestratorBlock
 
 log = structlog.get_logger("idle")
 
@@ -87,5 +89,5 @@ class OrchestratorWatch:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("orchestrator", 600.0, self.poll),)
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"orchestrator": self.found}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (OrchestratorBlock.of(self.found),)

@@ -27,6 +27,8 @@ from supervisor.money.plan import Act, Caps, Lead, MoneyState, Run, Warn
 from supervisor.money.runmoney import as_one_machine
 from supervisor.notify.mails import money as words
 from supervisor.states import TRAINING_ALIVE
+from supervisor.status import Block
+from supervisor.status.money import BudgetBlock
 from supervisor.timefmt import parse_moment, when
 from supervisor.training.finder import find_checkpoints
 
@@ -328,8 +330,8 @@ class MoneyGuard:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("budget", 10.0, self.poll),)  # caps that save first
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"budget": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (BudgetBlock.of(self.status()),)
 
     def verbs(self) -> dict[str, Verb]:
         return {"budget": self.change}  # root only: not in MEMBER_COMMANDS

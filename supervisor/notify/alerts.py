@@ -71,6 +71,8 @@ from supervisor.notify.outbox import (
 from supervisor.redact import redact
 from supervisor.requests import bounded_int
 from supervisor.statefile import StateStore, set_aside
+from supervisor.status import Block
+from supervisor.status.alerts import AlertsBlock, NotifyBlock
 
 log = structlog.get_logger("alerts")
 
@@ -455,8 +457,8 @@ class Alerts:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("alerts", 5.0, self.tick),)
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"alerts": self.active(), "notify": {"channels": self.channel_status()}}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return AlertsBlock.of({"alerts": self.active()}), NotifyBlock.of({"channels": self.channel_status()})
 
     def verbs(self) -> dict[str, Verb]:
         return {"alerts": lambda a: {"active": self.active(), "recent": self.recent(bounded_int(a.get("n", 50), "n", 1, 1000))}}

@@ -29,6 +29,8 @@ from supervisor.progress import stall
 from supervisor.progress.parse import parse_trainer_state
 from supervisor.progress.trackers import TrackerFiles
 from supervisor.statefile import set_aside
+from supervisor.status import Block
+from supervisor.status.training import CostBlock
 from supervisor.training.finder import find_checkpoints
 from supervisor.untrusted.fileopen import open_regular
 
@@ -385,8 +387,8 @@ class ProgressTracker:
                 Duty("trackers", 10.0, lambda: self.poll_trackers(self.save_dirs)),  # TensorBoard, MLflow, ...
                 Duty("estimate", 60.0, lambda: self.maybe_early_estimate(now())))
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"cost": self.cost(self.ctx.clock.time())}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (CostBlock.of(self.cost(self.ctx.clock.time())),)
 
 
 def _newest_state(dirs: list[str], since: float) -> tuple[str, int, int] | None:

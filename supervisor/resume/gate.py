@@ -23,6 +23,8 @@ from supervisor.notify.mails import resume as words
 from supervisor.resume.local import newest_local
 from supervisor.resume.restore import AllDamaged, NothingToRestore, Progress, Restorer, saved_epoch
 from supervisor.resume.wholerun import run_parts
+from supervisor.status import Block
+from supervisor.status.resume import ResumeBlock
 from supervisor.store import make_target
 from supervisor.store._log import get_logger
 from supervisor.store.base import TargetError
@@ -261,8 +263,8 @@ class ResumeGate:
     def close(self) -> None:
         self._closing.set()
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"resume": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (ResumeBlock.of(self.status()),)
 
     def verbs(self) -> dict[str, Verb]:
         return {"resume": self.request}  # root only: restores files under the watch folders

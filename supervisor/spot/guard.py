@@ -38,6 +38,8 @@ from supervisor.spot.decide import (
 )
 from supervisor.spot.notices import TYPICAL_NOTICE_S, MetadataWatcher, Notice
 from supervisor.statefile import set_aside
+from supervisor.status import Block
+from supervisor.status.spot import PreemptionBlock
 from supervisor.timefmt import when
 
 if TYPE_CHECKING:
@@ -302,8 +304,8 @@ class SpotGuard:
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("preemption", None if self.cfg.watch == ["none"] else self.cfg.poll_interval, self.poll),)
 
-    def status_blocks(self) -> dict[str, object]:
-        return {"preemption": self.status()}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (PreemptionBlock.of(self.status()),)
 
 
 def systemd_stopping() -> bool:
