@@ -39,7 +39,7 @@ def test_a_checkpoint_rotated_away_before_it_went_up_is_alerted_at_once(tmp_path
 
 
 def test_only_units_not_on_the_target_and_not_retired_count_as_lost(tmp_path):
-    from supervisor.sync.complete import Verdict
+    from supervisor.saves.complete import Verdict
     from supervisor.sync.scan import Root, Unit
 
     root = Root(str(tmp_path), "")

@@ -25,9 +25,9 @@ from supervisor.config import ClusterConfig, ConfigError, from_dict
 from supervisor.config.cluster import Identity, identity, part_target
 from supervisor.interfaces import TrainingInfo
 from supervisor.resume.wholerun import RunParts
+from supervisor.saves.parts import Held
 from supervisor.states import TrainingState
 from supervisor.store.local import LocalTarget
-from supervisor.sync.parts import Held
 from tests.fixtures.ports import free_port
 from tests.waiting import wait_until
 
@@ -366,7 +366,7 @@ def test_status_cluster_shows_every_node_from_the_target_without_a_daemon(tmp_pa
                       stop=Recorder().stop, withdraw=Recorder().withdraw, holds=lambda: held) for k in range(2)]
     for x in w:
         x.poll()
-    from supervisor.sync.parts import record_doc
+    from supervisor.saves.parts import record_doc
 
     (remote / "_cluster" / "checkpoint-20.json").write_bytes(
         record_doc("checkpoint-20", "run-a", {0: "a" * 64, 1: "b" * 64, 2: "none"}, "2025-01-01T00:00:00Z"))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sync import parts
+from supervisor.saves import parts
 from tests.fixtures.ports import free_port
 from tests.waiting import wait_until
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import SyncConfig
+from supervisor.saves.formats import Facts, Rule, detect, judge
 from supervisor.store._log import Once, get_logger
-from supervisor.sync.formats import Facts, Rule, detect, judge
 from supervisor.sync.policy import Policy
 from supervisor.sync.scan import Root
 from supervisor.sync.walk import Walker

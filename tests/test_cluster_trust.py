@@ -154,7 +154,7 @@ def test_a_forged_heartbeat_cannot_keep_a_dead_node_finished_and_is_alerted_once
 
 def test_status_cluster_with_a_key_shows_forged_heartbeats_and_no_unsigned_record(tmp_path, capsys):
     from supervisor.cli.main import main
-    from supervisor.sync.parts import record_doc
+    from supervisor.saves.parts import record_doc
 
     remote = tmp_path / "run"
     clock = FakeClock(start=time.time())
@@ -183,8 +183,8 @@ def test_status_cluster_with_a_key_shows_forged_heartbeats_and_no_unsigned_recor
 def test_a_record_that_is_json_but_no_object_is_written_over_once_the_unit_is_whole(tmp_path):
     """`_cluster/checkpoint-20.json` planted as `[]`: the run-wide check goes on (it once died on it)
     and writes the real record when both parts are on the target."""
+    from supervisor.saves.parts import Held, part_digest
     from supervisor.sync.manifest import ManifestFile, build
-    from supervisor.sync.parts import Held, part_digest
 
     remote = tmp_path / "run"
     digests = {}

@@ -22,9 +22,9 @@ from supervisor.config import ClusterConfig
 from supervisor.config.cluster import Identity
 from supervisor.resume.restore import NothingToRestore, Restorer
 from supervisor.resume.wholerun import RunParts
+from supervisor.saves import parts
+from supervisor.saves.parts import Held
 from supervisor.store.local import LocalTarget
-from supervisor.sync import parts
-from supervisor.sync.parts import Held
 from supervisor.sync.scan import watch_roots
 from supervisor.training.ranks import Ranks, settle
 from tests.fixtures.hf_writer import torch_zip_bytes

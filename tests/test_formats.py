@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sync.formats import Facts, detect, judge, waiting_for
+from supervisor.saves.formats import Facts, detect, judge, waiting_for
 from supervisor.training.ranks import world_size
 from tests.fixtures.hf_writer import HFWriter, torch_zip_bytes
 from tests.waiting import wait_until

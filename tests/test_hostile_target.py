@@ -27,8 +27,8 @@ from supervisor.resume.place import Staging
 from supervisor.resume.restore import NothingToRestore, Restorer
 from supervisor.store import make_target
 from supervisor.sync.manifest import ManifestFile, build, parse_doc
-from supervisor.sync.names import BadName, check_tree, problem, remote_path
 from supervisor.sync.scan import watch_roots
+from supervisor.untrusted.names import BadName, check_tree, problem, remote_path
 from tests.fixtures.verbatim_s3 import BUCKET, VerbatimS3
 
 PREFIX = "run1"

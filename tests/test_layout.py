@@ -24,14 +24,15 @@ MAY_IMPORT = {
     "gpu": {"notify", "training"},
     "spot": {"notify", "training"},
     "store": set(),  # bytes on the target: sync and resume use it, it knows neither
-    "sync": {"notify", "training", "store"},
-    "resume": {"notify", "training", "sync", "store"},
+    "saves": {"store"},  # what a trainer's save is and when it is whole: read by sync, resume, cluster; knows no sync
+    "sync": {"notify", "training", "store", "saves"},
+    "resume": {"notify", "training", "sync", "store", "saves"},
     "fleet": set(),
     "hooks": {"notify"},
     "money": {"notify", "training", "progress", "sync", "store"},
     "disk": {"notify", "training", "sync", "store"},
     "stop": {"notify"},
-    "cluster": {"notify", "training", "sync", "store"},
+    "cluster": {"notify", "training", "sync", "store", "saves"},
 }
 # The stop wing's rule table: pure data that imports nothing of the product, re-exported by the core's
 # states.py so that every wing reads the one table (no wing but stop may import the stop wing).
@@ -42,8 +43,9 @@ TOP_PACKAGES = {"daemon", "cli"}
 
 
 def is_top(mod: str) -> bool:
+    """The daemon's and the CLI's side; a wing's `__main__` (`python -m supervisor.sync`) is an entry point too."""
     parts = mod.split(".")
-    return mod == "supervisor.__main__" or (len(parts) >= 2 and parts[1] in TOP_PACKAGES)
+    return parts[-1] == "__main__" or (len(parts) >= 2 and parts[1] in TOP_PACKAGES)
 # What a pure module may import from the standard library: data, text and arithmetic, no I/O.
 PURE_STDLIB = {"__future__", "dataclasses", "typing", "collections", "collections.abc", "enum", "math",
                "re", "json", "ast", "decimal", "functools", "struct", "itertools", "fnmatch"}
@@ -59,13 +61,14 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports(path: Path, known: dict[str, Path]) -> set[str]:
+def imports(path: Path, known: dict[str, Path], types: bool = False) -> set[str]:
     """Every supervisor module `path` imports, at the top or inside a function (an import in a
-    function is still an arrow); names under `if TYPE_CHECKING:` are types only and skipped."""
+    function is still an arrow); names under `if TYPE_CHECKING:` are types only and skipped, unless
+    `types` (a type-only import still ties the two modules: a circle through one is a class carved in two)."""
     tree = ast.parse(path.read_text())
     skip: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not types and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip.update(id(n) for b in node.body for n in ast.walk(b))
     found = set()
     for node in ast.walk(tree):
@@ -82,11 +85,12 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
 
 def wing_of(mod: str) -> str:
     parts = mod.split(".")
-    return parts[1] if len(parts) >= 2 and parts[1] in WINGS else "core"
+    return parts[1] if len(parts) >= 2 and parts[1] in WINGS and not is_top(mod) else "core"
 
 
 KNOWN = modules()
 GRAPH = {m: imports(p, KNOWN) - {m} for m, p in KNOWN.items()}
+TYPED_GRAPH = {m: imports(p, KNOWN, types=True) - {m} for m, p in KNOWN.items()}  # with the type-only imports
 
 
 def test_every_wing_says_what_it_owns_and_its_arrows():
@@ -112,19 +116,27 @@ def test_arrows_go_one_way(mod):
             assert dw in MAY_IMPORT[w], f"{mod} imports {dep}: {w} may import only {sorted(MAY_IMPORT[w])}"
 
 
+def test_at_most_14_modules_sit_directly_in_supervisor():
+    """The rest lives in a wing, the core's packages or the entry points (cli/, daemon/): a newcomer
+    reads the top level as a table of contents."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 14, f"{len(top)} modules directly in supervisor/: {top}"
+
+
 def test_the_tables_the_core_reads_import_nothing():
     for t in TABLES:
         assert not GRAPH[t], f"{t} is read by the core and may import nothing of the product"
 
 
-def test_no_import_circle():
+@pytest.mark.parametrize("graph", [GRAPH, TYPED_GRAPH], ids=["imports", "with_type_only_imports"])
+def test_no_import_circle(graph):
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def visit(m: str) -> None:
         state[m] = 1
         stack.append(m)
-        for d in sorted(GRAPH[m]):
+        for d in sorted(graph[m]):
             if state.get(d) == 1:
                 raise AssertionError("import circle: " + " -> ".join(stack[stack.index(d):] + [d]))
             if d not in state:
@@ -132,7 +144,7 @@ def test_no_import_circle():
         stack.pop()
         state[m] = 2
 
-    for m in sorted(GRAPH):
+    for m in sorted(graph):
         if m not in state:
             visit(m)
 
@@ -146,7 +158,7 @@ CORE_PURE = {"supervisor.states", "supervisor.requests", "supervisor.errors", "s
 # A pure module's standard-library imports beyond PURE_STDLIB, each with why no I/O comes of it.
 ALLOWED = {
     "supervisor.timefmt": {"datetime"},                    # formats a time it is handed; never reads the clock
-    "supervisor.sync.manifest_doc": {"datetime", "hashlib"},  # created_at formatted; the file list's sha256
+    "supervisor.saves.manifest_doc": {"datetime", "hashlib"},  # created_at formatted; the file list's sha256
     "supervisor.sync.policy": {"os"},                      # os.path's string functions (and ~ for the HF cache)
     "supervisor.requests": {"os"},                         # os.path.isabs on the folder a request names
     "supervisor.records": {"types"},                       # the annotations' union types
@@ -225,3 +237,77 @@ def test_each_wing_receives_its_own_config_section_not_the_whole_config():
                 ProgressTracker, MoneyGuard, IdleGuard, WasteWatch, ResumeGate, RunLedger, SyncEngine, ClusterWatch):
         for p in inspect.signature(cls.__init__).parameters.values():
             assert p.annotation not in ("Config", "Config | None"), f"{cls.__name__}({p.name}: Config)"
+
+
+# The standard library's (and one library's) underscore names that are documented API, each with why.
+PRIVATE_OK = {
+    "_exit": "os._exit: the documented exit without cleanup (a forked child, the daemon's last word)",
+    "_getframe": "sys._getframe: documented, CPython's frame for a log line's caller",
+    "_replace": "namedtuple's documented API (the underscore only keeps it out of the field names)",
+    "_asdict": "namedtuple's documented API",
+    "_fields": "namedtuple's documented API",
+    "_make": "namedtuple's documented API",
+    "_field_defaults": "namedtuple's documented API",
+}
+# Underscore names imported from a module that is not ours, each with why.
+PRIVATE_IMPORT_OK = {
+    ("socketserver", "_SocketWriter"): "the stdlib's sendall-as-a-file, what StreamRequestHandler itself uses "
+                                       "unbuffered; a hand copy would drift from it",
+}
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """What a module defines itself: its functions, classes, names, arguments, imports' aliases and
+    the attributes it sets on self or cls."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls") \
+                and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, ast.alias):
+            out.add(n.asname or n.name.split(".")[0])
+    return out
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def reach_ins(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    own = own_names(tree)
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and private(n.attr):
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
+            if n.attr not in own and n.attr not in PRIVATE_OK:
+                out.append(f"{n.lineno}: {ast.unparse(n)}")
+        elif isinstance(n, ast.ImportFrom) and n.module:
+            for a in n.names:
+                sub = f"{n.module}.{a.name}"
+                if private(a.name) and sub not in KNOWN and (n.module, a.name) not in PRIVATE_IMPORT_OK:
+                    out.append(f"{n.lineno}: from {n.module} import {a.name}")  # an _module: a file, not a name kept inside one
+    return out
+
+
+@pytest.mark.parametrize("mod", sorted(KNOWN))
+def test_no_reach_into_another_modules_private_names(mod):
+    """`x._name` reads what another module keeps to itself: a class carved in two, or a library's
+    inside that changes without notice. A module may use what it defines (self._x, cls._x, its own
+    _helpers on any object it made); anything else is asked for through a public name."""
+    assert not reach_ins(KNOWN[mod]), f"{mod} reaches into private names: {reach_ins(KNOWN[mod])}"
+
+
+SYNC_BUDGET = 5000  # lines: sync keeps policy, completeness's use, scan, ledger, manifest and one worker (issue 54)
+
+
+def test_the_sync_wing_stays_within_its_line_budget():
+    n = sum(p.read_text().count("\n") for p in (PKG / "sync").rglob("*.py"))
+    assert n < SYNC_BUDGET, f"supervisor/sync/ is {n} lines (budget {SYNC_BUDGET}): what is not sync's own goes to its wing"

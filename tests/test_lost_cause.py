@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 
-from supervisor.sync.complete import FileObs, Verdict
+from supervisor.saves.complete import FileObs, Verdict
 from supervisor.sync.lost import cause, rotation, vanished
 from supervisor.sync.scan import Root, Unit
 from tests.fixtures.sync_engine import ListMailer

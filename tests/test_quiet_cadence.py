@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.schema import SyncConfig
+from supervisor.saves.complete import LOOK_AGAIN_S, SETTLE_S, FileObs, adapted_quiet, judge, quiet_left
 from supervisor.store._log import Once, get_logger
-from supervisor.sync.complete import LOOK_AGAIN_S, SETTLE_S, FileObs, adapted_quiet, judge, quiet_left
 from supervisor.sync.policy import Policy
 from supervisor.sync.scan import Root
 from supervisor.sync.walk import Walker, save_kind

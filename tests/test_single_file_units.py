@@ -15,8 +15,8 @@ import pytest
 
 from supervisor.resume.choose import REFUSED, file_units, judge, kind_of
 from supervisor.resume.restore import Restorer
+from supervisor.saves.manifest_doc import ManifestFile, build
 from supervisor.store import make_target
-from supervisor.sync.manifest_doc import ManifestFile, build
 from supervisor.sync.policy import is_manifest_name, manifest_key
 from tests.fixtures.hf_writer import torch_zip_bytes
 from tests.test_sync_hf import TOKEN, hf_sync
@@ -218,7 +218,7 @@ def test_lightning_last_link_is_made_again(make_engine, tmp_path):
 
 
 def test_links_a_hostile_manifest_asks_for_are_plain_names_only():
-    from supervisor.sync.manifest_doc import links_of
+    from supervisor.saves.manifest_doc import links_of
 
     assert links_of({"kind": "file", "links": ["last.ckpt", "../x", "a/b", "", 5, "/etc/passwd", "ok"]}) == \
         ("last.ckpt", "ok")

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from supervisor.saves.complete import SPARSE_MIN, sparse
 from supervisor.store.base import LocalFile, SourceProblem, open_source
-from supervisor.sync.complete import SPARSE_MIN, sparse
 from supervisor.sync.walk import read_whole
 from supervisor.untrusted.fileopen import NotRegular, open_regular
 from tests.fixtures.hf_writer import HFWriter

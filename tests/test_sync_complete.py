@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.sync.complete import (
+from supervisor.saves.complete import (
     FileObs,
     checkable,
     json_whole,

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
+from supervisor.saves.complete import Verdict
 from supervisor.states import IllegalTransition, SyncState
 from supervisor.sync import backoff, final, retention
 from supervisor.sync import scan as sc
-from supervisor.sync.complete import Verdict
 from supervisor.sync.ledger import Entry
 from supervisor.sync.status import Board, rate
 from supervisor.sync.waiter import Waiters

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from supervisor.saves.complete import FileObs, Verdict
 from supervisor.sync import scan as sc
-from supervisor.sync.complete import FileObs, Verdict
 from supervisor.sync.policy import Policy
 
 INCLUDE = ["checkpoint-*/**", "**/adapter_model.safetensors", "**/adapter_config.json", "model.safetensors"]
@@ -211,7 +211,7 @@ def test_judge_unit_forced_by_a_final_sync_folder_above_or_below():
 
 def test_to_check_and_with_whole():
     u = _unit(files=("model.safetensors", "trainer_state.json", "README.md"))
-    from supervisor.sync.complete import checkable
+    from supervisor.saves.complete import checkable
 
     assert [s.rel for s in sc.to_check(u, checkable)] == ["model.safetensors", "trainer_state.json"]
     files = sc.with_whole(u, {"model.safetensors": False})

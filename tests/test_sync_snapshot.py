@@ -1,4 +1,4 @@
-"""Snapshots of single checkpoint files (sync/snapshot.py, snapdir.py, saves.py) and the "target
+"""Snapshots of single checkpoint files (saves/snapshot.py, snapdir.py, counts.py) and the "target
 behind" rule (targethealth.Behind), piece by piece on real files: the decisions exhaustively, a copy
 discarded when its source moves during it, a link for a writer that replaces by rename, the disk
 guard's fallback and the folder on another file system (a real small tmpfs), the alert and its words.
@@ -18,16 +18,16 @@ from supervisor.clock import FakeClock
 from supervisor.config import from_dict
 from supervisor.notify.alerts import Alerts
 from supervisor.notify.mails.sync import behind_line, target_behind
+from supervisor.saves.complete import FileObs, Verdict
+from supervisor.saves.counts import Lag, Track
+from supervisor.saves.snapdir import MOUNT_DIR, room
+from supervisor.saves.snapshot import Snapshots, SnapshotTarget, slot, snapshot_mode
 from supervisor.store.base import LocalFile, SourceProblem, Uploaded
 from supervisor.store.local import LocalTarget
-from supervisor.sync.complete import FileObs, Verdict
 from supervisor.sync.policy import Policy, is_cache_dir
-from supervisor.sync.saves import Track
 from supervisor.sync.scan import Root, Selected, Unit
-from supervisor.sync.snapdir import MOUNT_DIR, room
-from supervisor.sync.snapshot import Snapshots, SnapshotTarget, slot, snapshot_mode
 from supervisor.sync.status import Board
-from supervisor.sync.targethealth import BEHIND_KEY, BEHIND_SAVES, Behind, Lag, behind_alerting
+from supervisor.sync.targethealth import BEHIND_KEY, BEHIND_SAVES, Behind, behind_alerting
 from tests.fixtures.hf_writer import sha256, torch_zip_bytes
 from tests.fixtures.sync_engine import ListMailer
 from tests.fixtures.tmpfs import small_tmpfs
@@ -132,7 +132,7 @@ def board() -> Board:
 
 
 def snaps_for(tmp: Path, **kw) -> Snapshots:
-    return Snapshots(str(tmp / "state"), board(), None, "test-target", **kw)
+    return Snapshots(str(tmp / "state"), Behind(board(), None, "test-target"), **kw)
 
 
 def no(*_a, **_k):

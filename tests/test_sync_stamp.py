@@ -1,4 +1,4 @@
-"""The one-shot no-change pass answered from its stamp (supervisor/sync/stamp.py): the same answer
+"""The one-shot no-change pass answered from its stamp (supervisor/cli/sync_stamp.py): the same answer
 without the engine when nothing changed; the engine whenever anything did (a file, a new file, the
 ledger, the config), when the last pass left something waiting, or when a daemon holds the ledger."""
 

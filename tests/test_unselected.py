@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.schema import SyncConfig
+from supervisor.saves import unselected as un
 from supervisor.sync import scan as sc
 from supervisor.sync import unreached
-from supervisor.sync import unselected as un
 from supervisor.sync.policy import Policy
 
 ROOT = "/w/out"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sync.manifest_doc import FORMAT, ManifestFile, build
+from supervisor.saves.manifest_doc import FORMAT, ManifestFile, build
 from tests.fixtures.hf_writer import HFWriter, safetensors_bytes
 from tests.fixtures.inproc import wait_mail
 from tests.fixtures.nvml import gpu

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from supervisor.cluster.nodes import Beat, beat_doc, parse_beat
 from supervisor.money.runmoney import parse_record
-from supervisor.sync import formats
-from supervisor.sync.complete import json_whole, safetensors_whole, zip_whole
-from supervisor.sync.manifest_doc import ManifestFile, build, parse_doc, state_facts, trainer_facts
-from supervisor.sync.parts import record_doc, record_names_all
+from supervisor.saves import formats
+from supervisor.saves.complete import json_whole, safetensors_whole, zip_whole
+from supervisor.saves.manifest_doc import ManifestFile, build, parse_doc, state_facts, trainer_facts
+from supervisor.saves.parts import record_doc, record_names_all
 from supervisor.untrusted import (
     Unreadable,
     finite_float,

@@ -19,11 +19,11 @@ import signal
 import sys
 import threading
 
+from supervisor.cli import sync_stamp as stamp
 from supervisor.clock import SystemClock
 from supervisor.config import ConfigError, load, nothing_watched
 from supervisor.config.cluster import for_node
 from supervisor.store import _log
-from supervisor.sync import stamp
 from supervisor.sync.policy import excluded_roots
 
 

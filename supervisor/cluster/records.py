@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from supervisor.cluster import nodes as cn
-from supervisor.sync import parts
+from supervisor.saves import parts
 from supervisor.timefmt import utc_stamp
 
 if TYPE_CHECKING:

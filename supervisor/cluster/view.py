@@ -23,10 +23,10 @@ def read_cluster(cfg: Config, env: Mapping[str, str], now: float | None = None) 
     """{"run_id", "target", "nodes": [...], "whole": [...]}. ValueError when the config names no
     run of several nodes; TargetError when the target cannot be read."""
     from supervisor.config.target import parse_target
+    from supervisor.saves.parts import RECORDS, record_names_all
     from supervisor.store import make_target
     from supervisor.store.base import reader
     from supervisor.store.credentials import run_key
-    from supervisor.sync.parts import RECORDS, record_names_all
 
     cfg, run_target = for_node(cfg, env)
     c = cfg.cluster

@@ -25,11 +25,11 @@ from supervisor.cluster.nodes import read_every
 from supervisor.cluster.records import RunRecords
 from supervisor.config.cluster import Identity
 from supervisor.interfaces import Duty
+from supervisor.saves.parts import Held
 from supervisor.states import TRAINING_ALIVE
 from supervisor.status import Block
 from supervisor.status.cluster import ClusterBlock
 from supervisor.store.credentials import run_key
-from supervisor.sync.parts import Held
 from supervisor.training.checkpoints import unit_order
 from supervisor.training.ranks import Ranks, spans
 

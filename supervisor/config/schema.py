@@ -66,7 +66,7 @@ FINAL_MODEL_FILES = ["*.safetensors", "*.safetensors.index.json", "pytorch_model
                      "vocab.*", "merges.txt", "*.tiktoken", "training_args.bin", "trainer_state.json",
                      "*results.json"]
 
-# What the other trainers save (sync/formats.py judges each): Megatron's iter_NNNNNNN/ and its
+# What the other trainers save (saves/formats.py judges each): Megatron's iter_NNNNNNN/ and its
 # tracker, DeepSpeed's global_stepN/ and `latest` outside the HF Trainer, torch.distributed.checkpoint
 # shards (their folder goes up whole, .metadata included), Lightning's and NeMo's .ckpt.
 TRAINER_LAYOUTS = ["iter_[0-9]*/**", "**/latest_checkpointed_iteration.txt", "global_step[0-9]*/**",

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 
 from supervisor.resume.choose import COMPLETE, UnitInfo
-from supervisor.sync.manifest_doc import ManifestFile
-from supervisor.sync.names import problem
+from supervisor.saves.manifest_doc import ManifestFile
 from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.untrusted.names import problem
 
 LISTED = "listed"  # a unit known from the listing alone: its manifest not read yet
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from supervisor.sync.manifest_doc import (
+from supervisor.saves.manifest_doc import (
     ManifestFile,
     digest,
     links_of,
@@ -24,9 +24,9 @@ from supervisor.sync.manifest_doc import (
     state_facts,
     trainer_facts,
 )
-from supervisor.sync.names import problem, shown
 from supervisor.sync.policy import FILE_MANIFEST_SUFFIX, MANIFEST_NAME, PROBE_FOLDER, manifest_key
 from supervisor.training.checkpoints import checkpoint_step, name_order, named_step
+from supervisor.untrusted.names import problem, shown
 
 COMPLETE, PARTIAL, DAMAGED, NO_MANIFEST = "complete", "partial", "damaged", "no manifest"
 REFUSED = "refused"   # a name in it would lead outside its folder: never restored, and named

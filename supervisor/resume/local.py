@@ -9,7 +9,7 @@ import os
 import re
 import stat
 
-from supervisor.sync.manifest_doc import STATE_MAX
+from supervisor.saves.manifest_doc import STATE_MAX
 from supervisor.sync.policy import is_cache_dir
 from supervisor.training.checkpoints import checkpoint_step, named_step
 from supervisor.training.finder import find_checkpoints

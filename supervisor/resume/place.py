@@ -14,9 +14,9 @@ import os
 import pwd
 import stat
 
-from supervisor.sync.names import problem, remote_path
 from supervisor.training.safeopen import guarded
 from supervisor.untrusted.fileopen import open_regular
+from supervisor.untrusted.names import problem, remote_path
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

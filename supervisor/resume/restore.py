@@ -41,15 +41,15 @@ from supervisor.resume.choose import (
 from supervisor.resume.place import Staging, open_inside, owner_of
 from supervisor.resume.place import hand_over as _hand_over
 from supervisor.resume.wholerun import RunParts, whole_run
+from supervisor.saves.manifest_doc import STATE_NAME
 from supervisor.store._log import get_logger
 from supervisor.store.base import Reader, TargetError, join_key, reader
 from supervisor.sync.ledger import Entry, Ledger
-from supervisor.sync.manifest_doc import STATE_NAME
-from supervisor.sync.names import problem
 from supervisor.sync.policy import manifest_key
 from supervisor.sync.scan import Root
 from supervisor.training.checkpoints import checkpoint_step
 from supervisor.training.safeopen import UnsafeLog, open_folder
+from supervisor.untrusted.names import problem
 
 log = get_logger("resume")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 from supervisor.config.cluster import PART_PREFIX
 from supervisor.resume.choose import PARTIAL, UnitInfo
+from supervisor.saves import parts
 from supervisor.store.base import TargetError, reader
-from supervisor.sync import parts
 from supervisor.training.checkpoints import unit_order
 
 WHOLE_RUN_CHECKED = 16  # units checked on every node's part, newest first (a resume needs one)

@@ -9,8 +9,8 @@ and a save of a run on several machines, whole only when every node's part is (`
 checkpoint file its trainer rewrites in place (nanoGPT's ckpt.pt) or replaces by rename (Lightning's
 last.ckpt) is held still while it goes up (`snapshot`, its folders `snapdir`: a Target wrapper the sync
 worker sends through), and its saves here are counted against the target's (`counts`, told to sync's
-targethealth through a Protocol). It knows nothing of what is selected or when it is sent: sync decides what goes and sends it, resume reads the manifests back,
-the cluster and disk wings ask whether a save is whole.
+targethealth through a Protocol). It knows nothing of what is selected or when it is sent: sync decides that,
+resume reads the manifests back, the cluster wing asks whether a run's save is whole.
 
 Pure: `formats`, `complete`, `unselected`, `manifest_doc`, `parts`. Shell: `wholes` (`downloaded`
 looks at the disk), `snapshot`, `snapdir`, `counts`.

@@ -33,7 +33,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from supervisor.sync.policy import is_temp_name
 from supervisor.untrusted import (
     SAFETENSORS_PARSE_MAX,
     Unreadable,
@@ -42,6 +41,23 @@ from supervisor.untrusted import (
     safetensors_header_len,
     zip_ends_whole,
 )
+
+# Names whose presence means "someone is still writing" and that are never uploaded as final.
+_TEMP_RE = re.compile(
+    r"""(?ix)
+    ^tmp-checkpoint-.*$            # transformers' temporary checkpoint folder (some releases)
+    | .*\.(tmp|temp|part|partial|incomplete|crdownload|lock|swp|swx)$
+    | ^\.\#.*$ | .*~$ | ^\.~.*$     # editor backups and locks
+    | ^\.nfs[0-9a-f]+.*$           # NFS silly-renamed files
+    | ^\..+\.[A-Za-z0-9]{6}$       # rsync's in-progress name .NAME.XXXXXX
+    | ^\..*\.tsync-[0-9a-f]+$      # our own in-progress name on a local target
+    """
+)
+
+
+def is_temp_name(name: str) -> bool:
+    return bool(_TEMP_RE.match(name))
+
 
 FUTURE_SKEW_S = 5.0  # mtimes further ahead than this are a clock problem, not activity
 # A unit complete by its format's own rule still waits this long after its last change: a file

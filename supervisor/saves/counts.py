@@ -16,12 +16,39 @@ import stat
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from supervisor.sync.complete import checkable, safetensors_whole, zip_whole
-from supervisor.sync.scan import Unit
-from supervisor.sync.targethealth import Behind, Lag
+from supervisor.saves.complete import Verdict, checkable, safetensors_whole, zip_whole
 from supervisor.untrusted import SAFETENSORS_PARSE_MAX, ZIP_LOCAL_MAGIC, ZIP_TAIL, safetensors_header_len
 from supervisor.untrusted.fileopen import open_regular
+
+
+@dataclass(frozen=True)
+class Lag:
+    """One unit's saves here against its version on the target (saves.counts.Saves counts them)."""
+
+    unit: str             # its key (status's `unit`, the alert's key)
+    path: str             # where it is here
+    saves: int            # saves seen since the version the target holds
+    since: float | None   # wall time of the first of them (its mtime)
+    note: str = ""        # why it goes up without a snapshot, when it does
+
+class Unit(Protocol):
+    """A unit as the scan hands it in (sync.scan.Unit): a folder or a single file and what it holds."""
+
+    key: str
+    kind: str                  # "dir" or "file"
+    label: str
+    selected: list             # sync.scan.Selected: path, size, mtime_ns, ino, ctime_ns ...
+    files: list                # saves.complete.FileObs
+    verdict: Verdict
+
+
+class Teller(Protocol):
+    """Who is told the counts (sync.targethealth.Behind: status and the "target behind" alerts)."""
+
+    def update(self, lags: list[Lag], alive: set[str]) -> None: ...
+
 
 KEEP_VERSIONS = 64         # versions remembered per unit (their save numbers)
 WHOLE_KINDS = ("zip", "safetensors")       # formats whose own header or end record says "whole"
@@ -117,7 +144,7 @@ class Saves:
     """Each unit's saves here against the one on the target; fed by the scans (look), the inotify
     hints (hint: the watcher's thread) and the snapshot uploads (SnapshotTarget)."""
 
-    def __init__(self, behind: Behind):
+    def __init__(self, behind: Teller):
         self.behind = behind
         self.tracks: dict[str, Track] = {}
         self._paths: dict[str, str] = {}  # a single file's path -> its unit key (what hint() looks at)

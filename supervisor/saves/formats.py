@@ -18,7 +18,7 @@ these rules add what the format itself promises:
   `__{rank}_0.distcp` is. `.metadata` is a pickle: it is never opened.
 - the files only global rank 0 writes (model states, `.metadata`, Megatron's tracker, NeMo's
   marker, trainer_state.json) are not awaited on a node that does not run it: the run-wide check
-  (sync/parts.py) asks the union of the nodes' parts for them. Ranks not known: not complete.
+  (saves/parts.py) asks the union of the nodes' parts for them. Ranks not known: not complete.
 - megatron: `iter_NNNNNNN/` is complete once `latest_checkpointed_iteration.txt` beside it names
   that iteration or a later one.
 - nemo: a `<name>-unfinished` marker beside `<name>.ckpt` while the save runs.
@@ -129,7 +129,7 @@ def _elsewhere(facts: Facts) -> bool:
     """Global rank 0 runs on another node: the files only it writes (DeepSpeed's model states,
     DCP's .metadata, Megatron's tracker, NeMo's marker, the Trainer's trainer_state.json) are not
     this node's to wait for (a node-local disk never gets them; the run-wide check asks the
-    union of the nodes' parts for them, sync/parts.py)."""
+    union of the nodes' parts for them, saves/parts.py)."""
     mine = _mine(facts)
     return mine is not None and 0 not in mine
 
@@ -311,7 +311,7 @@ def _dcp(names: list[str], facts: Facts | None = None) -> Rule:
     """Every folder of .distcp files has its .metadata, written last by the coordinator (global
     rank 0). A node without rank 0 (a node-local disk) never gets it: there each of this node's
     ranks' `__{rank}_0.distcp` must be there, and the quiet period covers a rank's later files;
-    the run-wide check asks the union of the parts for the .metadata (sync/parts.py)."""
+    the run-wide check asks the union of the parts for the .metadata (saves/parts.py)."""
     facts = facts or Facts()
     positive = True
     for d, files in sorted(_folders(names).items()):

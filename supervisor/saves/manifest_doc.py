@@ -10,10 +10,10 @@ import json
 import re
 from dataclasses import dataclass
 
-from supervisor.sync.complete import HF_LAST_FILE
-from supervisor.sync.names import BadName, check_tree, problem, remote_path, shown
+from supervisor.saves.complete import HF_LAST_FILE
 from supervisor.timefmt import utc_stamp
 from supervisor.untrusted import Unreadable, finite_int, int_or_none, json_doc, json_object
+from supervisor.untrusted.names import BadName, check_tree, problem, remote_path, shown
 
 FORMAT = "train-supervisor-manifest/1"
 STATE_NAME = HF_LAST_FILE           # the HF Trainer's trainer_state.json; its step ranks a unit

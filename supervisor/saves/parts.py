@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from supervisor.config.cluster import PART_PREFIX
-from supervisor.sync import formats as fm
-from supervisor.sync.manifest_doc import digest, parse_doc
-from supervisor.sync.policy import MANIFEST_NAME
+from supervisor.saves import formats as fm
+from supervisor.saves.manifest_doc import digest, parse_doc
+from supervisor.store.keys import MANIFEST_NAME
 from supervisor.untrusted import Unreadable, json_object, signed
 
 RECORD_MAX = 1 << 20  # a run-wide record names one digest per node

@@ -25,7 +25,7 @@ version as they were when it was taken (SnapshotTarget hands the sink the source
 Snapshots live in a folder of the daemon's on the source's file system (snapdir.py), one slot per
 source path: at most one snapshot per file. A copy needs the file's size plus a margin free (the
 training's next save must not find the disk full); without it there is no snapshot, said once and
-in status, and the file goes up as before. The saves the target lacks are counted in saves.py.
+in status, and the file goes up as before. The saves the target lacks are counted in counts.py.
 """
 
 from __future__ import annotations
@@ -37,19 +37,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from supervisor.durations import format_bytes
-from supervisor.store._log import Once, get_logger
-from supervisor.store.base import (
-    LocalFile,
-    SourceProblem,
-    Target,
-    Uploaded,
-    UploadSink,
-    open_source,
-)
-from supervisor.sync.complete import checkable
-from supervisor.sync.saves import Saves, whole_fd
-from supervisor.sync.scan import Unit
-from supervisor.sync.snapdir import (
+from supervisor.saves.complete import checkable
+from supervisor.saves.counts import Saves, Teller, Unit, whole_fd
+from supervisor.saves.snapdir import (
     DIR_FLAGS,
     MARGIN_MIN,
     MARGIN_SHARE,
@@ -62,8 +52,15 @@ from supervisor.sync.snapdir import (
     open_state_dir,
     room,
 )
-from supervisor.sync.status import Board
-from supervisor.sync.targethealth import AlertSink, Behind
+from supervisor.store._log import Once, get_logger
+from supervisor.store.base import (
+    LocalFile,
+    SourceProblem,
+    Target,
+    Uploaded,
+    UploadSink,
+    open_source,
+)
 
 log = get_logger("sync")
 
@@ -103,11 +100,10 @@ class Snapshots:
     """Owned by the Uploader; the sync worker takes (send) and releases them; SnapshotTarget reads
     them; the scan's look sweeps what is no longer needed."""
 
-    def __init__(self, state_dir: str, board: Board, alerts: AlertSink | None, target: str,
-                 margin_min: int = MARGIN_MIN,
+    def __init__(self, state_dir: str, behind: Teller, margin_min: int = MARGIN_MIN,
                  on_piece: Callable[[LocalFile, int], None] | None = None):
         self.state_dir = state_dir
-        self.saves = Saves(Behind(board, alerts, target))
+        self.saves = Saves(behind)  # told to targethealth.Behind: status and the "target behind" alerts
         self.margin_min = margin_min
         self.on_piece = on_piece           # after each piece of a copy (tests change the source there)
         # st_dev -> where our folder on that file system is (None: none can be): opened for a

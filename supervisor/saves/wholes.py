@@ -8,10 +8,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from supervisor.sync.policy import Policy
+
+class Units(Protocol):
+    """What a folder is a unit of, by the include globs (sync.policy.Policy)."""
+
+    def folder_unit(self, rel: str) -> object: ...
+
 
 NEMO2_WEIGHTS, NEMO2_CONTEXT = "weights", "context"   # NeMo 2's checkpoint folder: <name>/weights/ (DCP), <name>/context/
 
@@ -31,7 +35,7 @@ MODEL_WEIGHTS = re.compile(r"^(?:model|pytorch_model)(?:-\d{5}-of-\d{5})?\.(?:sa
 MODEL_CONFIG = "config.json"
 
 
-def saved_models(raw: Iterable[str], policy: Policy) -> set[str]:
+def saved_models(raw: Iterable[str], policy: Units) -> set[str]:
     """Folders below the top holding what save_pretrained / `Trainer.save_model` writes: `config.json`
     and the model's weights (`model.safetensors`, `model-00001-of-00004.safetensors`,
     `pytorch_model.bin`). The top level is covered by the include's own globs; a folder a glob makes a

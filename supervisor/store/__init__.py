@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # nothing of the store at the top: `python -m supervisor.sync --once` imports `_log` from here, and its
-# no-change pass (sync/stamp.py) must not pay for the adapters, the credentials or boto3
+# no-change pass (cli/sync_stamp.py) must not pay for the adapters, the credentials or boto3
 if TYPE_CHECKING:
     from supervisor.config import SyncConfig
     from supervisor.config.target import TargetURL

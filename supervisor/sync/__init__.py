@@ -1,18 +1,18 @@
 """The sync wing: every selected checkpoint and adapter off the machine, verified by content.
 
-Owns the engine (`engine`: watch, scan, upload, final sync), what is selected and when a folder is
-complete (`policy`, `complete`, `scan`; `walk` reads the folders), the persisted record of what the target holds
-(`ledger`, `manifest`), retries and the target's health (`backoff`, `targethealth`), and one target per kind of
-`sync.target` behind one interface (`targets/`: S3, the Hugging Face Hub, rsync over SSH, local).
-A single checkpoint file rewritten as it goes up is sent from a snapshot (`snapshot`, its folders
-`snapdir`), and the saves the target lacks are counted (`saves`) and told (`targethealth`).
-`python -m supervisor.sync` is the one-shot CLI; `stamp` answers its no-change pass without the engine.
+Owns the engine (`engine`: one worker that watches, scans, uploads and runs the final sync; `answers`
+answers the callers who wait on it), what is selected (`policy`), the scan's decisions (`scan`; `walk`
+reads the folders; `unreached` lists the folders the walk skips), the persisted record of what the target
+holds (`ledger`, `manifest`), retries and the target's health (`backoff`, `targethealth`), and a checkpoint
+deleted or stuck before it left (`lost`). A single checkpoint file rewritten as it goes up is sent from a
+snapshot (`snapshot`, its folders `snapdir`), and the saves the target lacks are counted (`saves`) and told
+(`targethealth`). What a trainer's save is and when it is whole is the saves wing's (formats, complete,
+manifest_doc, parts); the bytes on the target are the store's. `python -m supervisor.sync` is the
+one-shot CLI (its body in cli/sync_once.py).
 
-Pure: `complete`, `formats` (each trainer's rule), `backoff`, `retention`, `names`, `parts`, `manifest_doc`,
-`policy`, `unselected` (what looks
-like training output and no include selects; `unreached` lists the folders the walk skips). Shell: everything
-else (`final` too: it reads the ledger and the target's answers while it decides).
-May import: the core, notify, training. Imported by: the daemon, resume, cluster.
+Pure: `backoff`, `retention`, `policy`. Shell: everything else (`final` too: it reads the ledger and the
+target's answers while it decides).
+May import: the core, notify, training, store, saves. Imported by: the daemon, resume, cluster, disk.
 """
 
-PURE = ("complete", "formats", "backoff", "retention", "names", "parts", "manifest_doc", "policy", "unselected")
+PURE = ("backoff", "retention", "policy")

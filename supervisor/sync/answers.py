@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Protocol
 from supervisor.durations import format_duration
 from supervisor.interfaces import FinalSyncResult, Holding
 from supervisor.requests import sync_wait
+from supervisor.saves.parts import Held
 from supervisor.store._log import get_logger
 from supervisor.store.base import TargetError
 from supervisor.sync import final
 from supervisor.sync import scan as sc
 from supervisor.sync.final import FinalJob
-from supervisor.sync.parts import Held
 from supervisor.sync.proof import EngineView
 from supervisor.sync.waiter import Ticket, Waiters
 from supervisor.training.checkpoints import unit_order

@@ -252,7 +252,7 @@ class SyncEngine:
     def _on_fs_event(self, path: str) -> None:
         if self.policy.ignores_event(path):
             return
-        if self.up is not None:  # a save seen while the worker sends (snapshot.Saves)
+        if self.up is not None:  # a save seen while the worker sends (saves.counts.Saves)
             self.up.snaps.hint(path)
         self._mark_dirty()
         self._wake.set()

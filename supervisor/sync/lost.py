@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from supervisor.config.hints import ROTATION
 from supervisor.durations import format_duration
 from supervisor.notify.mails.sync import checkpoint_lost, checkpoint_stuck
+from supervisor.saves.complete import checkable
 from supervisor.store._log import get_logger
-from supervisor.sync.complete import checkable
 
 if TYPE_CHECKING:
     from supervisor.sync.scan import Unit

@@ -22,7 +22,7 @@ import hashlib
 import os
 import sys
 
-from supervisor.sync.manifest_doc import (
+from supervisor.saves.manifest_doc import (
     FORMAT,
     LINKS_MAX,
     STATE_MAX,

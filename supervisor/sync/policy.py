@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from supervisor.saves.complete import is_temp_name as is_temp_name  # the trainers' in-flight names (saves)
 from supervisor.store.keys import FILE_MANIFEST_SUFFIX as FILE_MANIFEST_SUFFIX
 from supervisor.store.keys import MANIFEST_NAME as MANIFEST_NAME
 from supervisor.store.keys import manifest_key as manifest_key
@@ -39,20 +40,9 @@ def is_manifest_name(name: str) -> bool:
     return name == MANIFEST_NAME or (name.endswith(FILE_MANIFEST_SUFFIX) and len(name) > len(FILE_MANIFEST_SUFFIX))
 PROBE_FOLDER = ".train-supervisor-probe"  # the probe's tiny object (sync/probe.py): no unit, never restored
 
-# Names whose presence means "someone is still writing" and that are never uploaded as final.
-_TEMP_RE = re.compile(
-    r"""(?ix)
-    ^tmp-checkpoint-.*$            # transformers' temporary checkpoint folder (some releases)
-    | .*\.(tmp|temp|part|partial|incomplete|crdownload|lock|swp|swx)$
-    | ^\.\#.*$ | .*~$ | ^\.~.*$     # editor backups and locks
-    | ^\.nfs[0-9a-f]+.*$           # NFS silly-renamed files
-    | ^\..+\.[A-Za-z0-9]{6}$       # rsync's in-progress name .NAME.XXXXXX
-    | ^\..*\.tsync-[0-9a-f]+$      # our own in-progress name on a local target
-    """
-)
 
 # Folder names that are caches or tool state, never training output.
-# (.train-supervisor-snapshots: the daemon's own snapshots of files sent, sync/snapshot.py)
+# (.train-supervisor-snapshots: the daemon's own snapshots of files sent, saves/snapshot.py)
 _CACHE_DIR_RE = re.compile(r"^(models--|datasets--|spaces--).+$|^(\.cache|\.locks|\.git|__pycache__|"
                            r"\.ipynb_checkpoints|\.rsync-partial|\.Trash.*|\.huggingface|huggingface|"
                            r"\.train-supervisor-snapshots|"
@@ -67,10 +57,6 @@ HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORME
 
 ADAPTER_MARKER = "adapter_config.json"
 DCP_SHARD_SUFFIX = ".distcp"   # torch.distributed.checkpoint's shards: their folder is one unit
-
-
-def is_temp_name(name: str) -> bool:
-    return bool(_TEMP_RE.match(name))
 
 
 def is_cache_dir(name: str) -> bool:

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from supervisor.durations import format_bytes, format_duration
-from supervisor.store.base import join_key
-from supervisor.sync.complete import (
+from supervisor.saves.complete import (
     FileObs,
     Verdict,
     checkable,
@@ -24,8 +23,9 @@ from supervisor.sync.complete import (
     needs_marker,
     temp_files,
 )
+from supervisor.saves.wholes import NEMO2_WEIGHTS, downloaded, inside, nemo2_dirs, saved_models
+from supervisor.store.base import join_key
 from supervisor.sync.policy import ADAPTER_MARKER, DCP_SHARD_SUFFIX, Policy
-from supervisor.sync.wholes import NEMO2_WEIGHTS, downloaded, inside, nemo2_dirs, saved_models
 
 # current(key, size, mtime_ns, ctime_ns=...): truthy when the target holds exactly that version
 # (Ledger.current)

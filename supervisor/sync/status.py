@@ -8,11 +8,11 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
+from supervisor.saves.unselected import NONE, Report
 from supervisor.states import SyncState, check_sync_move
 from supervisor.sync import unreached
 from supervisor.sync.backoff import Backoff
 from supervisor.sync.scan import Pending, Unit
-from supervisor.sync.unselected import NONE, Report
 
 RATE_WINDOW_S = 10.0   # the upload rate is measured over this much recent progress
 RATE_STALE_S = 5.0     # no progress for this long: the rate is 0 (while uploading) or unknown
@@ -30,7 +30,7 @@ class Board:
         self.partial: list[str] = []
         self.behind: list[dict] = []    # units the target is saves behind on (targethealth.Behind)
         self.unselected: list[str] = []  # training output no include selects (never synced): its names
-        self.unselected_report: Report = NONE   # ... counted (sync/unselected.py)
+        self.unselected_report: Report = NONE   # ... counted (saves/unselected.py)
         self._outside = unreached.Outside()     # the folders the walk did not enter, listed at most every 30 s
         self.uploaded_session = 0       # files sent since the engine started
         self.sent = 0                   # bytes sent since the engine started

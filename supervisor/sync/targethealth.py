@@ -8,14 +8,13 @@ HTTP 401/403) alert at once under the same key, naming what is wrong: no retry f
 
 A target that answers can still be stale: `Behind` says when a unit here has been saved more than
 BEHIND_SAVES times since the version the target holds (a file rewritten faster than it uploads; the
-saves are counted in snapshot.Saves), in status (`target_behind`) and as an alert per unit, resolved
+saves are counted in saves.counts.Saves), in status (`target_behind`) and as an alert per unit, resolved
 once the target holds the newest save."""
 
 from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from supervisor.notify.mails.sync import (
@@ -24,6 +23,9 @@ from supervisor.notify.mails.sync import (
     sync_public_refused,
     sync_refused,
     target_behind,
+)
+from supervisor.saves.counts import (
+    Lag as Lag,  # one unit's saves here against the target's (counted in saves)
 )
 from supervisor.states import SyncState
 from supervisor.store._log import get_logger
@@ -145,17 +147,6 @@ def behind_alerting(saves: int, was: bool) -> bool:
     """More than BEHIND_SAVES saves behind raises it; once raised it holds until the target has the
     newest save (0 behind), so a writer that keeps pace by a save or two does not make it flap."""
     return saves > BEHIND_SAVES or (was and saves > 0)
-
-
-@dataclass(frozen=True)
-class Lag:
-    """One unit's saves here against its version on the target (snapshot.Saves counts them)."""
-
-    unit: str             # its key (status's `unit`, the alert's key)
-    path: str             # where it is here
-    saves: int            # saves seen since the version the target holds
-    since: float | None   # wall time of the first of them (its mtime)
-    note: str = ""        # why it goes up without a snapshot, when it does
 
 
 class Behind:

@@ -1,5 +1,5 @@
 """What the scan did not look at, for the report of training output no include selects
-(sync/unselected.py decides): the folders the walk never entered because no include glob can reach
+(saves/unselected.py decides): the folders the walk never entered because no include glob can reach
 them (`include = ["./checkpoint-*/**"]` and the trainer writes `out/ckpt.pt`) are listed here,
 bounded, and the report is put together from the walk's files and these.
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from supervisor.saves import wholes
+from supervisor.saves.unselected import NOT_OUTPUT_DIRS, VENV_MARKER, Report, Seen, find
 from supervisor.sync import scan as sc
-from supervisor.sync import wholes
 from supervisor.sync.policy import Policy, is_cache_dir
-from supervisor.sync.unselected import NOT_OUTPUT_DIRS, VENV_MARKER, Report, Seen, find
 
 ENTRIES_MAX = 20_000
 DEPTH_MAX = 32

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from supervisor.clock import Clock
+from supervisor.saves.snapshot import Snapshots, SnapshotTarget
 from supervisor.store._log import get_logger
 from supervisor.store.base import (
     LocalFile,
@@ -35,9 +36,8 @@ from supervisor.sync import manifest as mf
 from supervisor.sync.ledger import Entry, Ledger
 from supervisor.sync.scan import Selected, Unit, batches, files_synced, needs_manifest, wants_manifest
 from supervisor.sync.scan import together as together_
-from supervisor.sync.snapshot import Snapshots, SnapshotTarget
 from supervisor.sync.status import Board
-from supervisor.sync.targethealth import AlertSink
+from supervisor.sync.targethealth import AlertSink, Behind
 from supervisor.training.checkpoints import checkpoint_step, named_step
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Uploader:
                  step_at: Callable[[float], int | None] | None = None):
         self.step_at = step_at  # the training's step at a wall time (the progress wing), for step_seen
         # a single file rewritten as it goes up is sent from a snapshot taken when it was whole
-        self.snaps = Snapshots(state_dir, board, alerts, getattr(target, "display", ""))
+        self.snaps = Snapshots(state_dir, Behind(board, alerts, getattr(target, "display", "")))
         self.target = SnapshotTarget(target, self.snaps)
         self.ledger = ledger
         self.board = board

@@ -11,10 +11,8 @@ from collections.abc import Callable
 
 from supervisor.config import SyncConfig
 from supervisor.durations import format_bytes
-from supervisor.store._log import Once
-from supervisor.sync import formats, retention
-from supervisor.sync import scan as sc
-from supervisor.sync.complete import (
+from supervisor.saves import formats
+from supervisor.saves.complete import (
     MAX_JSON_CHECK,
     Verdict,
     adapted_quiet,
@@ -26,6 +24,9 @@ from supervisor.sync.complete import (
     sparse,
     zip_whole,
 )
+from supervisor.store._log import Once
+from supervisor.sync import retention
+from supervisor.sync import scan as sc
 from supervisor.sync.policy import Policy
 from supervisor.sync.targethealth import AlertSink
 from supervisor.training.checkpoints import checkpoint_step

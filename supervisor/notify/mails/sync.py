@@ -110,7 +110,7 @@ def target_behind(target: str, path: str, saves: int, since: float | None, note:
         "a faster link).\nThis resolves by itself once the target holds the newest save.")
 
 
-# --- training output no include selects (sync/unselected.py): one wording on every surface ----------------
+# --- training output no include selects (saves/unselected.py): one wording on every surface ----------------
 
 
 
