@@ -127,6 +127,35 @@ def _key_lookups(path: Path, skip: set[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path,skip", [("supervisor/cli/render.py", NOT_STATUS), ("supervisor/fleet/metrics.py", set())])
+# fleet/hosts.py reads a status from each machine (idle-check, status --host) through View; what is left
+# of it (parse the hosts file, run ssh, read its exit code and stdout) reads no dict at all, and
+# verdict_text reads idle-check's own answer back through its Verdict dataclass. notify/webhook.py's
+# only status reader is facts_for, which picks blocks by class; nothing else in it reads a dict by key.
+READERS = [("supervisor/cli/render.py", NOT_STATUS), ("supervisor/fleet/metrics.py", set()),
+           ("supervisor/fleet/hosts.py", set()), ("supervisor/notify/webhook.py", set())]
+
+
+@pytest.mark.parametrize("path,skip", READERS)
 def test_the_assemblers_look_up_no_status_key_by_name(path, skip):
     assert not _key_lookups(REPO / path, skip)
+
+
+def test_what_a_block_keeps_private_is_a_field_it_declares():
+    for cls in ALL_BLOCKS:
+        assert set(cls.PRIVATE) <= {f.name for f in dataclasses.fields(cls)}, cls.__name__
+
+
+def test_the_fleet_and_the_webhook_read_the_blocks_a_real_daemon_writes(real_status):
+    """A renamed key would show here: the one-line view and the webhook's facts say what the daemon wrote."""
+    from supervisor.fleet.hosts import HostResult, host_line, idle_verdict
+    from supervisor.notify.webhook import facts_for
+
+    st = real_status
+    line = host_line(HostResult("m", True, st))
+    assert f" {st['training']['state']:<10} " in line and f"idle {st['idle']['state']}" in line
+    assert idle_verdict(st)["state"] == st["idle"]["state"]
+    facts = facts_for("stopping", st)
+    assert [k for k in facts] == ["idle", "stop", "sync", "cost", "at"] and facts["sync"] == st["sync"]
+    shared = facts_for("training_failed", st)["training"]
+    assert "command" in st["training"] and "command" not in shared
+    assert shared == {k: v for k, v in st["training"].items() if k != "command"}

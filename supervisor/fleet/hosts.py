@@ -11,10 +11,18 @@ from __future__ import annotations
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from supervisor.durations import format_duration
+from supervisor.status import View
+from supervisor.status.alerts import AlertsBlock
+from supervisor.status.gpu import GpusBlock
+from supervisor.status.health import HealthBlock
+from supervisor.status.idle import IdleBlock
+from supervisor.status.misc import OrchestratorBlock
+from supervisor.status.sync import SyncBlock
+from supervisor.status.training import CostBlock, DaemonBlock, TrainingBlock
 from supervisor.timefmt import clock
 from supervisor.untrusted import Unreadable, json_doc
 
@@ -26,39 +34,58 @@ class VerdictError(Exception):
     """The status does not say whether the machine is idle; a caller treats that as active."""
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What `idle-check` answers; its fields are the keys of `idle-check --json` (a contract with
+    schedulers), so idle_verdict() hands it on as a dict and verdict_text() reads that dict back."""
+
+    idle: bool
+    state: str
+    idle_since: float | None
+    idle_for_s: float | None
+    warn_at: float | None
+    stop_at: float | None
+    keepalive_until: float | None
+    reasons: list[str]
+    training: str | None
+    orchestrator: dict | None  # the status's `orchestrator` block as it came (null when none)
+    now: float | None
+
+
 def idle_verdict(st: dict) -> dict:
     """{"idle", "state", "idle_since", "idle_for_s", "warn_at", "stop_at", "reasons", ...} by this
     daemon's definition: any idle state but ACTIVE is idle. Raises VerdictError when unsure."""
-    idle = st.get("idle") if isinstance(st.get("idle"), dict) else {}
-    state = idle.get("state")
+    v = View(st)
+    idle = v.block(IdleBlock)
+    state = idle.state
     if state not in IDLE_STATES + ACTIVE_STATES:
         raise VerdictError(f"the daemon reports no usable idle state ({state!r})")
-    now = st.get("now")
-    since = idle.get("idle_since")
+    now, since = v.block(DaemonBlock).now, idle.idle_since
     is_idle = state in IDLE_STATES
     idle_for = None
-    if is_idle and isinstance(now, (int, float)) and isinstance(since, (int, float)):
+    if is_idle and now is not None and since is not None:
         idle_for = max(float(now) - float(since), 0.0)
-    tr = st.get("training") if isinstance(st.get("training"), dict) else {}
-    return {"idle": is_idle, "state": state, "idle_since": since if is_idle else None, "idle_for_s": idle_for,
-            "warn_at": idle.get("warn_at"), "stop_at": idle.get("stop_at"),
-            "keepalive_until": idle.get("keepalive_until"),
-            "reasons": [str(r) for r in idle.get("reasons")] if isinstance(idle.get("reasons"), list) else [],
-            "training": tr.get("state"), "orchestrator": st.get("orchestrator"), "now": now}
+    orch = v.block(OrchestratorBlock)
+    return asdict(Verdict(idle=is_idle, state=state, idle_since=since if is_idle else None, idle_for_s=idle_for,
+                          warn_at=idle.warn_at, stop_at=idle.stop_at, keepalive_until=idle.keepalive_until,
+                          reasons=idle.reasons, training=v.block(TrainingBlock).state,
+                          orchestrator=orch.to_dict() if orch.reported else None, now=now))
 
 
-def verdict_text(v: dict) -> str:
-    now = v.get("now") or 0
-    if v["idle"]:
-        out = f"idle for {format_duration(v['idle_for_s'])} ({v['state']})"
-        if v.get("stop_at"):
-            out += f"; stop {clock(v['stop_at'], now)}"
-        elif v.get("warn_at"):
-            out += f"; warning {clock(v['warn_at'], now)}"
+def verdict_text(verdict: dict) -> str:
+    v = Verdict(**verdict)
+    now = v.now or 0
+    if v.idle:
+        out = f"idle for {format_duration(v.idle_for_s)} ({v.state})"
+        if v.stop_at:
+            out += f"; stop {clock(v.stop_at, now)}"
+        elif v.warn_at:
+            out += f"; warning {clock(v.warn_at, now)}"
     else:
-        out = "active: " + ("; ".join(v["reasons"]) or "(no reason given)")
-    if v.get("orchestrator"):
-        out += f"\nnote: {v['orchestrator'].get('note') or v['orchestrator'].get('name')}"
+        out = "active: " + ("; ".join(v.reasons) or "(no reason given)")
+    orch = OrchestratorBlock.of(v.orchestrator)
+    if orch.filled:
+        out += f"\nnote: {orch.note or orch.name}"
     return out
 
 
@@ -162,49 +189,49 @@ def host_line(r: HostResult, width: int = 16) -> str:
     name = r.host.ljust(width)
     if not r.ok or r.status is None:
         return f"{name} {'UNREACHABLE' if r.error.startswith('unreachable') else 'ERROR':<10} {r.error}"
-    st = r.status
-    now = st.get("now") or 0
-    tr = _d(st.get("training"))
-    pr = _d(tr.get("progress"))
+    v = View(r.status)
+    now = v.now
+    tr = v.block(TrainingBlock)
+    pr = tr.progress
     parts = []
-    step, mx = pr.get("step"), pr.get("max_steps")
-    if step is not None:
-        prog = f"step {step}" + (f"/{mx}" if mx else "")
-        if pr.get("percent") is not None:
-            prog += f" {pr['percent']:.0f}%"
-        if pr.get("eta_s") is not None and tr.get("state") == "RUNNING":
-            prog += f" ETA {format_duration(pr['eta_s'])}"
+    if pr.step is not None:
+        prog = f"step {pr.step}" + (f"/{pr.max_steps}" if pr.max_steps else "")
+        if pr.percent is not None:
+            prog += f" {pr.percent:.0f}%"
+        if pr.eta_s is not None and tr.state == "RUNNING":
+            prog += f" ETA {format_duration(pr.eta_s)}"
         parts.append(prog)
-    gpus = [g for g in _l(st.get("gpus")) if isinstance(g, dict)]
-    utils = [g["util_pct"] for g in gpus if isinstance(g.get("util_pct"), (int, float))]
-    if gpus:
-        parts.append(f"GPU {sum(utils) / len(utils):.0f}% x{len(gpus)}" if utils else f"GPU ? x{len(gpus)}")
-    elif st.get("gpu_error"):
+    gpu = v.block(GpusBlock)
+    utils = [g.util_pct for g in gpu.gpus if g.util_pct is not None]
+    if gpu.gpus:
+        n = len(gpu.gpus)
+        parts.append(f"GPU {sum(utils) / len(utils):.0f}% x{n}" if utils else f"GPU ? x{n}")
+    elif gpu.gpu_error:
         parts.append("no GPU")
-    idle = _d(st.get("idle"))
-    istate = idle.get("state") or "?"
-    if istate in IDLE_STATES and isinstance(idle.get("idle_since"), (int, float)):
-        idle_txt = f"idle {istate} {format_duration(now - idle['idle_since'])}"
-        if idle.get("stop_at"):
-            idle_txt += f", stop {clock(idle['stop_at'], now)}"
+    idle = v.block(IdleBlock)
+    istate = idle.state or "?"
+    if istate in IDLE_STATES and idle.idle_since is not None:
+        idle_txt = f"idle {istate} {format_duration(now - idle.idle_since)}"
+        if idle.stop_at:
+            idle_txt += f", stop {clock(idle.stop_at, now)}"
         parts.append(idle_txt)
     else:
         parts.append(f"idle {istate}")
-    cost = _d(st.get("cost"))
-    if isinstance(cost.get("spent"), (int, float)):
-        c = f"{cost['spent']:.2f} {cost.get('currency') or ''}".rstrip()
-        if isinstance(cost.get("eta_cost"), (int, float)) and tr.get("state") == "RUNNING":
-            c += f" (+{cost['eta_cost']:.2f} to finish)"
+    cost = v.block(CostBlock)
+    if cost.spent is not None:
+        c = f"{cost.spent:.2f} {cost.currency or ''}".rstrip()
+        if cost.eta_cost is not None and tr.state == "RUNNING":
+            c += f" (+{cost.eta_cost:.2f} to finish)"
         parts.append(c)
-    sync = _d(st.get("sync"))
-    if sync.get("state") == "failing":
+    if v.block(SyncBlock).state == "failing":
         parts.append("SYNC FAILING")
-    if _d(st.get("health")).get("verdict") in ("BAD", "DEGRADED"):
-        parts.append(f"health {st['health']['verdict']}")
-    n_alerts = len(_l(st.get("alerts")))
+    health = v.block(HealthBlock).verdict
+    if health in ("BAD", "DEGRADED"):
+        parts.append(f"health {health}")
+    n_alerts = len(v.block(AlertsBlock).alerts)
     if n_alerts:
         parts.append(f"{n_alerts} alert{'s' if n_alerts > 1 else ''}")
-    return f"{name} {str(tr.get('state') or '?'):<10} " + "  ".join(parts)
+    return f"{name} {str(tr.state or '?'):<10} " + "  ".join(parts)
 
 
 def render_hosts(results: list[HostResult]) -> str:
@@ -219,14 +246,6 @@ def _safe_line(r: HostResult, width: int) -> str:
         return host_line(r, width)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         return f"{r.host.ljust(width)} {'ERROR':<10} its status could not be read ({type(e).__name__})"
-
-
-def _d(v: Any) -> dict:
-    return v if isinstance(v, dict) else {}
-
-
-def _l(v: Any) -> list:
-    return v if isinstance(v, list) else []
 
 
 def quote_remote(argv: list[str]) -> str:

@@ -24,6 +24,12 @@ from supervisor import __version__
 from supervisor.config import redact_url
 from supervisor.notify.channels import Message, scrub, url_secret_parts
 from supervisor.redact import redact_obj
+from supervisor.status import Block, View
+from supervisor.status.gpu import GpusBlock
+from supervisor.status.health import HealthBlock
+from supervisor.status.idle import IdleBlock, StopBlock
+from supervisor.status.sync import SyncBlock
+from supervisor.status.training import CostBlock, TrainingBlock
 
 SECRET_PREFIX = "whsec_"
 
@@ -155,32 +161,36 @@ def _with_facts(msg: Message, facts: dict) -> Message:
     return replace(msg, facts=facts or {})
 
 
-# The status sections each kind of alert is about (the rest of status --json is one call away).
-_FACTS: dict[str, tuple[str, ...]] = {
-    "sync_failing": ("sync",),
-    "disk_full": ("sync",),
-    "host_mem_low": ("training",),
-    "gpu_mem_limit": ("gpus", "training"),
-    "gpu_failed": ("gpus", "gpu_error"),
-    "gpu_xid": ("gpus", "training"),
-    "gpu_health": ("health", "training"),
-    "training_stalled": ("training", "gpus", "cost"),
-    "idle_warning": ("idle", "stop", "cost", "sync"),
-    "stop_cancelled": ("idle", "stop"),
-    "stopping": ("idle", "stop", "sync", "cost"),
-    "stop_failed": ("idle", "stop", "sync"),
+# The status blocks each kind of alert is about (the rest of status --json is one call away). Named
+# by their block classes, not by key: a renamed key moves with its block instead of dropping a section.
+_FACTS: dict[str, tuple[type[Block], ...]] = {
+    "sync_failing": (SyncBlock,),
+    "disk_full": (SyncBlock,),
+    "host_mem_low": (TrainingBlock,),
+    "gpu_mem_limit": (GpusBlock, TrainingBlock),
+    "gpu_failed": (GpusBlock,),
+    "gpu_xid": (GpusBlock, TrainingBlock),
+    "gpu_health": (HealthBlock, TrainingBlock),
+    "training_stalled": (TrainingBlock, GpusBlock, CostBlock),
+    "idle_warning": (IdleBlock, StopBlock, CostBlock, SyncBlock),
+    "stop_cancelled": (IdleBlock, StopBlock),
+    "stopping": (IdleBlock, StopBlock, SyncBlock, CostBlock),
+    "stop_failed": (IdleBlock, StopBlock, SyncBlock),
 }
-_DEFAULT_FACTS = ("training", "cost")
+_DEFAULT_FACTS: tuple[type[Block], ...] = (TrainingBlock, CostBlock)
 
 
 def facts_for(kind: str, status: dict | None) -> dict:
-    """The sections of a `status --json` dict that an alert of `kind` is about."""
+    """The blocks of a `status --json` dict that an alert of `kind` is about, as each may leave the
+    machine (shared_json: the training's command line, which may carry a token, stays here)."""
     if not status:
         return {}
-    out = {k: status[k] for k in _FACTS.get(kind, _DEFAULT_FACTS) if k in status}
-    if isinstance(out.get("training"), dict) and "command" in out["training"]:
-        # A command line may carry a token (--hf_token ...); it does not leave the machine this way.
-        out["training"] = {k: v for k, v in out["training"].items() if k != "command"}
-    if "now" in status:
-        out["at"] = status["now"]
+    v = View(status)
+    out: dict = {}
+    for cls in _FACTS.get(kind, _DEFAULT_FACTS):
+        b = v.block(cls)
+        if b.given:
+            out.update(b.shared_json())
+    if v.now_known:
+        out.update(at=v.now)
     return out

@@ -173,6 +173,9 @@ class Block(Record):
     themselves (`gpus` and `gpu_error`)."""
 
     KEY: ClassVar[str | None] = None
+    # Declared fields that may not leave the machine in shared_json() (a webhook): a command line may
+    # carry a token. tests/test_status_blocks.py checks each is a declared field.
+    PRIVATE: ClassVar[tuple[str, ...]] = ()
     _present: bool = field(default=False, repr=False, compare=False)
     _null: bool = field(default=False, repr=False, compare=False)  # KEY's value was null (or absent)
     _given: bool = field(default=False, repr=False, compare=False)  # KEY was in the status at all
@@ -211,6 +214,15 @@ class Block(Record):
         if self.KEY is None:
             return self.to_dict()
         return {self.KEY: None if self._null else self.to_dict()}
+
+    def shared_json(self) -> dict:
+        """to_json() less the PRIVATE fields: what this block may say outside the machine."""
+        if not self.PRIVATE:
+            return self.to_json()
+        kept = {k: v for k, v in self.to_dict().items() if k not in self.PRIVATE}
+        if self.KEY is None:
+            return kept
+        return {self.KEY: None if self._null else kept}
 
     def lines(self, view: View) -> list[str]:
         """This block's lines of `supervisorctl status` (none by default)."""

@@ -70,6 +70,7 @@ class TrainingBlock(Block):
     """`training`: the job in tmux and, under `progress`, how far it got."""
 
     KEY = "training"
+    PRIVATE = ("command",)  # a command line may carry a token (--hf_token ...)
     state: str | None = None
     pid: int | None = None
     started_at: float | None = None
