@@ -248,6 +248,9 @@ PRIVATE_OK = {
     "_fields": "namedtuple's documented API",
     "_make": "namedtuple's documented API",
     "_field_defaults": "namedtuple's documented API",
+    "_nvmlGetFunctionPointer_cache": "pynvml caches function pointers per process with no public reset; "
+                                     "gpu.nvml_library puts another library in its public nvmlLib slot, and "
+                                     "pointers into the old one must go with it (gpu/nvml.py _install_lib)",
 }
 # Underscore names imported from a module that is not ours, each with why.
 PRIVATE_IMPORT_OK = {

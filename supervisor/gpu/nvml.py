@@ -125,7 +125,10 @@ class _ProcessInfoV1(ctypes.Structure):
 
 
 def _processes_v1(handle: Any) -> list[GpuProcess]:
-    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")
+    # the unversioned entry point, straight from the library pynvml loaded (its public `nvmlLib`)
+    fn = getattr(pynvml.nvmlLib, "nvmlDeviceGetComputeRunningProcesses", None)
+    if fn is None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
     count = ctypes.c_uint(0)
     ret = fn(handle, ctypes.byref(count), None)
     if ret == pynvml.NVML_SUCCESS:

@@ -96,7 +96,7 @@ def make_checkpoint(root: Path, size_mib: int, n_small: int) -> tuple[int, int]:
     write_safetensors(cp / "model-00001-of-00002.safetensors", shards[0], block)
     write_safetensors(cp / "model-00002-of-00002.safetensors", shards[1], block)
     # DeepSpeed ZeRO on two ranks, as the HF Trainer saves it: each rank's optimizer shard, the model
-    # states, and `latest` naming the tag (the format's rule: sync/formats.py)
+    # states, and `latest` naming the tag (the format's rule: saves/formats.py)
     write_torch_zip(cp / "global_step1000" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", shards[2] // 2, block)
     write_torch_zip(cp / "global_step1000" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
                     shards[2] - shards[2] // 2, block)
@@ -191,6 +191,8 @@ class Bench:
         cfg = {"state_dir": str(d / "state"), "log_level": "warning",
                "sync": {"target": f"s3://{self.s3.bucket}/{prefix}", "endpoint_url": self.s3.endpoint,
                         "region": "us-east-1", "watch": [str(self.src)], "quiet_period": "0"}}
+        if prefix == "checkpoint":  # its DeepSpeed layout has two ranks: the owner says so (FIELD-NOTES)
+            cfg["sync"]["world_size"] = 2
         (d / "sync.toml").write_text(to_toml(cfg))
         return [sys.executable, "-m", "supervisor.sync", "--config", str(d / "sync.toml"), "--once"]
 
