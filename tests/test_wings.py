@@ -168,3 +168,10 @@ def test_every_long_lived_thread_is_declared_by_its_wing():
     for x in WINGS:
         if x.threads:
             assert x.start and x.close, f"wing {x.name} declares threads but not how they start and stop"
+
+
+def test_the_architecture_page_shows_every_line_of_the_list():
+    page = (PKG.parent / "docs" / "architecture.md").read_text()
+    for x in WINGS:
+        row = f"| `{x.name}` | `[{x.section}]` | {', '.join(x.needs) or '—'} |"
+        assert row in page, f"docs/architecture.md: the list of wings lacks or misstates {x.name} ({row})"
