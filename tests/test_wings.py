@@ -8,6 +8,8 @@ import re
 import time
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import pytest
 
 from supervisor.clock import FakeClock
@@ -15,6 +17,7 @@ from supervisor.config import from_dict
 from supervisor.daemon.main import Daemon
 from supervisor.daemon.wings import WINGS, Phase, Wing, WiringError, build_order, duty_order
 from supervisor.interfaces import Duty
+from supervisor.status import Block
 
 PKG = Path(__file__).resolve().parent.parent / "supervisor"
 
@@ -79,14 +82,23 @@ def config(tmp_path: Path) -> dict:
     })
 
 
+@dataclass
+class DoorbellBlock(Block):
+    """Its block of status --json, typed like every other (supervisor/status/)."""
+
+    KEY = "doorbell"
+    rung: int = 0
+    training: str | None = None
+
+
 class Doorbell:
     """A wing as a newcomer writes it: a status block, a duty, a verb; built from the training."""
 
     def __init__(self, training):
         self.training, self.rung = training, 0
 
-    def status_blocks(self) -> dict:
-        return {"doorbell": {"rung": self.rung, "training": self.training.info().state.value}}
+    def status_blocks(self) -> tuple[Block, ...]:
+        return (DoorbellBlock(rung=self.rung, training=self.training.info().state.value),)
 
     def duties(self) -> tuple[Duty, ...]:
         return (Duty("doorbell", 5.0, self.ring),)
