@@ -6,9 +6,8 @@ from __future__ import annotations
 import ast
 import re
 import time
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
