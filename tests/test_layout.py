@@ -314,3 +314,61 @@ SYNC_BUDGET = 5000  # lines: sync keeps policy, completeness's use, scan, ledger
 def test_the_sync_wing_stays_within_its_line_budget():
     n = sum(p.read_text().count("\n") for p in (PKG / "sync").rglob("*.py"))
     assert n < SYNC_BUDGET, f"supervisor/sync/ is {n} lines (budget {SYNC_BUDGET}): what is not sync's own goes to its wing"
+
+
+def _imports_hub(tree: ast.AST) -> bool:
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "huggingface_hub" for a in n.names):
+            return True
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "huggingface_hub":
+            return True
+    return False
+
+
+def hub_private_uses(tree: ast.AST) -> list[str]:
+    """huggingface_hub's insides as a module may reach them: a private submodule or name imported,
+    `x._name` on anything but self/cls (the library's objects pass through these modules: an op's
+    `_upload_mode`, `_remote_oid`), getattr/setattr/hasattr with an underscore name, or a private
+    module named in a string. Stricter than reach_ins: a name the module defines itself is no excuse."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out += [f"{n.lineno}: import {a.name}" for a in n.names
+                    if a.name.split(".")[0] == "huggingface_hub" and any(map(private, a.name.split(".")))]
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "huggingface_hub":
+            if any(map(private, n.module.split("."))) or any(private(a.name) for a in n.names):
+                out.append(f"{n.lineno}: from {n.module} import {', '.join(a.name for a in n.names)}")
+        elif isinstance(n, ast.Attribute) and private(n.attr) \
+                and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+            out.append(f"{n.lineno}: {ast.unparse(n)}")
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
+                and n.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(n.args) >= 2 \
+                and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str) and private(n.args[1].value):
+            out.append(f"{n.lineno}: {ast.unparse(n)}")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("huggingface_hub.") \
+                and any(map(private, n.value.split("."))):
+            out.append(f"{n.lineno}: {n.value!r}")
+    return out
+
+
+HUB_MODULES = sorted(m for m, p in KNOWN.items()
+                     if m.startswith("supervisor.store.hf") or _imports_hub(ast.parse(p.read_text())))
+
+
+def test_the_hub_target_uses_only_huggingface_hubs_public_api():
+    """The Hub through huggingface_hub's public API only (issue 54): its private parts change
+    without notice between releases, and the target's guarantees (what `done` means) must not rest
+    on them. Every module that imports the library, and every hf*.py module of the store (they pass
+    its objects between them), is checked."""
+    assert {"supervisor.store.hf", "supervisor.store.hf_repo", "supervisor.store.hf_stage",
+            "supervisor.store.hf_commit"} <= set(HUB_MODULES), HUB_MODULES
+    bad = {m: hub_private_uses(ast.parse(KNOWN[m].read_text())) for m in HUB_MODULES}
+    assert not {m: v for m, v in bad.items() if v}, bad
+    # the check itself sees what the store used to do
+    old = ast.parse("def f(op, src, hh):\n"
+                    "    op._upload_mode, op._should_ignore = src._upload_mode, src._should_ignore\n"
+                    "    ok = getattr(src, '_is_uploaded', False)\n"
+                    "    from huggingface_hub._commit_api import _fetch_upload_modes\n"
+                    "    import huggingface_hub.utils._http\n"
+                    "    return hh.utils._http.default_client_factory\n")
+    assert len(hub_private_uses(old)) == 8, hub_private_uses(old)

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from supervisor.store import base
 from supervisor.store.base import LocalFile, UnitPut, Uploaded
 from supervisor.store.hf import HfTarget
 from supervisor.store.hf_rules import choose_upload_path, find_token, unit_of, unit_summary
+from supervisor.store.hf_stage import SMALL
 from supervisor.store.local import LocalTarget
 from supervisor.sync import manifest as mf
 from supervisor.sync.policy import MANIFEST_NAME
@@ -197,7 +199,7 @@ def test_kill9_mid_upload_and_after_a_commit_sends_nothing_finished_twice(sync_p
                                                                             token_file):
     cp = hf_writer.out / "checkpoint-9"
     cp.mkdir(parents=True)
-    files = {"model.safetensors": safetensors_bytes({"w": 5 * MiB}, 9)}  # above SMALL: hashed apart
+    files = {"model.safetensors": safetensors_bytes({"w": SMALL + MiB}, 9)}  # above SMALL: hashed apart
     for i in range(5):
         files[f"optimizer-{i}.pt"] = torch_zip_bytes(MiB + i, 10 + i)
     files["config.json"] = b'{"model_type": "tiny"}'
@@ -452,6 +454,40 @@ def test_put_units_lands_several_units_and_their_manifests_in_one_commit(hf_writ
     target.close()
 
 
+def test_put_units_asks_the_tree_only_where_the_hub_may_hold_something(hf_writer, fake_hub, token_file, tmp_path):
+    """The public API only: what the branch holds comes from get_paths_info, asked only about the
+    paths the repo's listing (or this process's own commits) says exist. A new checkpoint costs the
+    requests it always did; the same unit again from a new process (the ledger lost) is neither
+    preuploaded nor committed, only checked."""
+    cfg = from_dict({"sync": hf_sync(fake_hub, token_file)}).sync
+
+    def put(target: HfTarget, step: int) -> tuple[dict, base.UnitsPut]:
+        before = Counter(fake_hub.requests)
+        files, manifest = _unit(hf_writer.out, f"checkpoint-{step}", f"checkpoint-{step}")
+        res = base.put_units(target, [UnitPut(f"checkpoint-{step}", files, manifest)], RecordingSink())
+        return dict(Counter(fake_hub.requests) - before), res
+
+    hf_writer.checkpoint(3)
+    hf_writer.checkpoint(4)
+    a = HfTarget(parse_target("hf://alice/run1"), cfg, tmp_path / "tmp")
+    calls, _ = put(a, 3)  # a new repo: nothing to ask about
+    assert calls.pop("lfs_put") == 5  # model, optimizer, scheduler, rng_state, training_args: LFS files
+    assert calls == {"repo_info": 1, "create_repo": 1, "preupload": 2, "lfs_batch": 1, "commit": 1,
+                     "paths_info": 1}, calls  # the files' preupload, the manifest's (in create_commit), the check
+    calls, _ = put(a, 4)  # new paths in a repo this process knows
+    assert calls.pop("lfs_put") == 5 and calls == {"preupload": 2, "lfs_batch": 1, "commit": 1, "paths_info": 1}, calls
+    a.close()
+    # a new process, the ledger lost: the listing says checkpoint-4 is there; asked, found, checked
+    b = HfTarget(parse_target("hf://alice/run1"), cfg, tmp_path / "tmp2")
+    head = fake_hub.history("alice/run1")[-1]
+    calls, res = put(b, 4)
+    assert calls.pop("resolve", 0) <= 1  # its manifest, read back when our new one differs in created_at only
+    assert calls == {"repo_info": 2, "paths_info": 2}, calls  # the listing, the head; before, the check
+    assert fake_hub.history("alice/run1")[-1] == head and res.commits == {"checkpoint-4": head.oid}
+    assert res.manifests == ["checkpoint-4"]
+    b.close()
+
+
 def test_put_units_falls_back_to_put_files_and_write_manifest(hf_writer, tmp_path):
     HFWriter(hf_writer.out).adapter("lora")
     files, manifest = _unit(hf_writer.out, "lora", "lora")
@@ -477,12 +513,14 @@ def test_adapter_saved_in_the_watched_folder_goes_to_the_repo_root(make_engine, 
 def test_a_file_rewritten_while_it_goes_up_is_not_committed_stale(make_engine, hf_writer, fake_hub, token_file):
     cp = hf_writer.out / "checkpoint-8"
     cp.mkdir(parents=True)
-    files = {"optimizer.pt": torch_zip_bytes(5 * MiB, 1), "model.safetensors": safetensors_bytes({"w": 6 * MiB}, 2),
+    # both above SMALL: sent from their paths (a smaller file is read once, and sent as read)
+    files = {"optimizer.pt": torch_zip_bytes(SMALL + MiB, 1),
+             "model.safetensors": safetensors_bytes({"w": SMALL + 2 * MiB}, 2),
              "trainer_state.json": b'{"global_step": 8}'}
     for n, d in files.items():
         (cp / n).write_bytes(d)
     hf_writer.age(60)
-    newer = safetensors_bytes({"w": 6 * MiB}, 3)
+    newer = safetensors_bytes({"w": SMALL + 2 * MiB}, 3)
 
     def rewrite(oid: str) -> None:  # the first object is in: the trainer rewrites the other one now
         if oid == hashlib.sha256(files["optimizer.pt"]).hexdigest():

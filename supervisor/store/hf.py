@@ -1,7 +1,9 @@
 """A Hugging Face Hub repo as the target: `hf://NAMESPACE/REPO[/folder]`, `hf://datasets/...`.
 
-Built on huggingface_hub (HfApi.preupload_lfs_files, create_commit with CommitOperationAdd and
-CommitOperationDelete, get_paths_info); the Hub protocol is never written by hand here. The parts:
+Built on huggingface_hub's public API only (HfApi.get_paths_info, preupload_lfs_files,
+create_commit with CommitOperationAdd and CommitOperationDelete, repo_info); the Hub protocol is
+never written by hand here, and no private part of the library is read or set
+(tests/test_layout.py checks). The parts:
 hf_repo.py (token, client, repo and branch, errors, commit with the inline 429 wait, tree listing),
 hf_stage.py (content onto the Hub before any commit, never sending what it holds), hf_commit.py
 (landing units in commits and checking the tree at each), hf_rules.py (the pure rules).
@@ -14,9 +16,11 @@ sha256 (LFS) or git blob id (regular files). The sha256 of a large file is journ
 Commits: `put_units` (the optional capability in base.py, what the engine uses for folders) lands
 several units, files and manifests, in one commit, so a unit on the Hub is complete by
 construction. The plain interface costs two per unit: put_files commits the files, write_manifest
-the manifest (still last, so a folder without `_MANIFEST.json` is partial). A commit whose reply
-was lost is found on retry: unchanged files are no-ops for create_commit, and a manifest already on
-the Hub with the same digest is not committed again.
+the manifest (still last, so a folder without `_MANIFEST.json` is partial). Before staging, one
+get_paths_info asks what the branch holds at the batch's paths (only those the repo's listing or
+our own commits say exist: a new checkpoint costs no request), so a commit whose reply was lost is
+found on retry: files the branch holds with the same content are neither sent nor committed, only
+checked, and a manifest already on the Hub with the same digest is not committed again.
 
 Upload path: Xet when hf_xet is installed and HF_HUB_DISABLE_XET is not set (huggingface_hub's
 own default; the Hub stores new repos with Xet, and its chunk-level dedup makes a resumed or
@@ -42,10 +46,10 @@ from supervisor.store.base import (
     UploadSink,
 )
 from supervisor.store.credentials import CredentialWatch
-from supervisor.store.hf_commit import Committer, NoSink, Plan, remote_etag
+from supervisor.store.hf_commit import Committer, NoSink, Plan
 from supervisor.store.hf_read import HfReader
 from supervisor.store.hf_repo import HubRepo
-from supervisor.store.hf_rules import parse_trainer_state, unit_of, unit_summary
+from supervisor.store.hf_rules import parse_trainer_state, remote_etag, unit_of, unit_summary
 from supervisor.store.hf_stage import Stager
 from supervisor.store.keys import MANIFEST_NAME, manifest_key
 from supervisor.untrusted import Unreadable, json_object
@@ -83,7 +87,8 @@ class HfTarget:
     # --- the Target interface -----------------------------------------------------------------------
     def put_files(self, files: list[LocalFile], sink: UploadSink) -> None:
         """Upload and commit these files (one commit; more only past MAX_OPS_PER_COMMIT files)."""
-        staged = self.stager.stage(files, sink)
+        remote = self.repo.existing([self.repo.path(f.key) for f in files])
+        staged = self.stager.stage(files, sink, remote)
         if not staged or sink.cancelled():
             return
         items = list(staged.values())
@@ -91,13 +96,17 @@ class HfTarget:
         state = _trainer_state([s.f for s in items])
         what = unit or ", ".join(sorted(s.f.key for s in items)[:3]) + (" ..." if len(items) > 3 else "")
         msg = f"{unit_summary(what, state)} ({len(items)} file{'s' if len(items) != 1 else ''})"
-        self.committer.land([(unit, items, None)], sink, msg)
+        self.committer.land([(unit, items, None)], sink, remote, msg)
 
     def put_units(self, units: list[UnitPut], sink: UploadSink) -> UnitsPut:
         """Files and manifests of several units in one commit (see base.put_units)."""
         if not units:
             return UnitsPut()
-        staged = self.stager.stage([f for u in units for f in u.files], sink)
+        files = [f for u in units for f in u.files]
+        # one question for the whole batch: what the branch holds at its files' and manifests' paths
+        remote = self.repo.existing([self.repo.path(f.key) for f in files]
+                                    + [self.repo.path(manifest_key(u.key)) for u in units if u.manifest is not None])
+        staged = self.stager.stage(files, sink, remote)
         out = UnitsPut()
         if sink.cancelled():
             return out
@@ -108,7 +117,8 @@ class HfTarget:
             whole = len(mine) == len(u.files)
             manifest = None
             if whole and u.manifest is not None:
-                manifest = u.manifest({s.f.key: Uploaded(s.sha256, s.etag, s.sent) for s in mine})
+                # (the etag, LFS sha256 or blob id, is read from the tree after the commit)
+                manifest = u.manifest({s.f.key: Uploaded(s.sha256, "", s.sent) for s in mine})
             if not mine and manifest is None:
                 continue
             plans.append((u.key, mine, manifest))
@@ -119,7 +129,7 @@ class HfTarget:
         message = names[0] if len(names) == 1 else f"{len(names)} units: " + ", ".join(
             n.split(":")[0] for n in names)
         description = "\n".join(names) if len(names) > 1 else ""
-        commits = self.committer.land(plans, sink, message, description)
+        commits = self.committer.land(plans, sink, remote, message, description)
         for unit, _, manifest in plans:
             out.commits[unit] = commits.get(unit, "")
             if manifest is not None:
@@ -135,7 +145,8 @@ class HfTarget:
                                     f"{unit_key}: complete ({MANIFEST_NAME} beside it)")
         state = self._state_from_manifest(data)
         msg = f"{unit_summary(unit_key or '(top)', state)} (complete: {MANIFEST_NAME})"
-        return self.committer.land([(unit_key, [], data)], NoSink(), msg).get(unit_key)
+        remote = self.repo.existing([self.repo.path(manifest_key(unit_key))])
+        return self.committer.land([(unit_key, [], data)], NoSink(), remote, msg).get(unit_key)
 
     def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
         path = self.repo.path(manifest_key(unit_key, kind))

@@ -64,6 +64,9 @@ class HubRepo:
         self._created = False
         self._warning = ""
         self.head_sha: str | None = None
+        # the paths at the branch's head as this process knows them (the repo's listing at first
+        # contact, then its own commits); None: not known, ask. A path known absent is not asked about.
+        self.known: set[str] | None = None
         self.stats = {"commits": 0, "commit_429": 0, "inline_waits_s": 0.0}
 
     def hub(self) -> Any:
@@ -195,11 +198,13 @@ class HubRepo:
             private = bool(info.private)
             if self.revision == "main" and info.sha:
                 self.head_sha = str(info.sha)  # the restore's listing pins this commit without asking again
+            self.known = listed(info) if self.revision == "main" else None
         except errors.RepositoryNotFoundError:
             self.call("repo create", api.create_repo, self.repo_id, repo_type=self.repo_type,
                       private=self.cfg.hf_private, exist_ok=True)
             private = self.cfg.hf_private
             self._created = True
+            self.known = set()
             log.info("hf_repo_created", repo=self.repo_id, repo_type=self.repo_type, private=private)
         except Exception as e:  # noqa: BLE001
             raise self.error("repo info", e) from None
@@ -247,8 +252,44 @@ class HubRepo:
                 if self.closing.wait(e.retry_after):
                     raise TargetError("closing while waiting out the Hub's rate limit") from None
                 continue
+            except TargetError:
+                # it may have landed (a lost reply): the branch's paths are not known any more;
+                # the next ensure() lists them again
+                self.known, self._ready = None, False
+                raise
             self.stats["commits"] += 1
+            self._note(ops)
             return str(ci.oid)
+
+    def _note(self, ops: list[Any]) -> None:
+        """What a commit that landed changed in the branch's paths."""
+        if self.known is None:
+            return
+        hh = self.hub()
+        for op in ops:
+            if isinstance(op, hh.CommitOperationAdd):
+                self.known.add(op.path_in_repo)
+            elif isinstance(op, hh.CommitOperationDelete) and op.is_folder:
+                pre = op.path_in_repo.rstrip("/") + "/"
+                self.known = {k for k in self.known if not k.startswith(pre)}
+            elif isinstance(op, hh.CommitOperationDelete):
+                self.known.discard(op.path_in_repo)
+
+    def head(self) -> str:
+        """The branch's head commit now (for a batch with nothing left to commit)."""
+        api = self.ensure()
+        info = self.call("repo info", api.repo_info, self.repo_id, repo_type=self.repo_type, revision=self.revision)
+        self.known = listed(info)
+        return str(info.sha)
+
+    def existing(self, paths: list[str]) -> dict[str, Any]:
+        """What the branch holds at these paths (get_paths_info), asking only about the paths
+        not known to be absent: a new checkpoint's files cost no request."""
+        if not paths:
+            return {}
+        self.ensure()
+        ask = sorted(set(paths) if self.known is None else set(paths) & self.known)
+        return self.paths_info(ask, self.revision)
 
     def paths_info(self, paths: list[str], revision: str) -> dict[str, Any]:
         api = self.ensure()
@@ -281,6 +322,12 @@ class HubRepo:
                 "folder": self.prefix, "endpoint": self.endpoint, "upload_path": self.upload_path,
                 "upload_path_reason": self.upload_path_why, "private": self._private, "created": self._created,
                 "token_from": self._token_from or None, "warning": self._warning or None}
+
+
+def listed(info: Any) -> set[str] | None:
+    """The file paths a repo_info answer lists (its siblings); None when it lists none."""
+    sib = getattr(info, "siblings", None)
+    return None if sib is None else {s.rfilename for s in sib}
 
 
 _timeouts_installed = False

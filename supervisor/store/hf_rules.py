@@ -1,7 +1,8 @@
 """The Hugging Face Hub's rules the hf:// target follows, apart from its network code: which
 upload path the client takes (Xet or LFS) and why, where the token comes from (and how to name
 that without showing it; find_token reads the file, the rest are pure), how a commit is named
-after a checkpoint, and the git blob id the Hub's tree lists for a regular file."""
+after a checkpoint, and the ids the Hub's tree lists: the git blob id of a regular file, the
+sha256 of an LFS one."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ from supervisor.untrusted import Unreadable, json_object
 def git_blob_id(data: bytes) -> str:
     """The git object id of a regular file, as the Hub's tree lists it."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def remote_etag(o: Any) -> str | None:
+    """What the Hub's tree lists for a file (a get_paths_info entry): its LFS sha256, else its git
+    blob id; None for a folder."""
+    lfs = getattr(o, "lfs", None)
+    if lfs is not None:
+        return lfs.sha256
+    return getattr(o, "blob_id", None)
 
 
 def choose_upload_path(env: dict[str, str], xet_installed: bool) -> tuple[str, str]:

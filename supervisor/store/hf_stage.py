@@ -1,9 +1,13 @@
 """Content onto the Hub before any commit: each file is hashed (large ones from the journal when an
 interrupted run already did), grouped, and handed to HfApi.preupload_lfs_files, which asks the Hub
-what it already holds (the remote oid of a file in the tree, the LFS batch API for an object
-uploaded earlier) and sends only the rest. After a kill -9 a finished file is therefore never sent
-again, only committed. Nothing here commits; a file the trainer rewrote meanwhile is reported to
-the sink and left out."""
+how to store each file and sends what the Hub lacks. What the branch already holds with the same
+content (HfApi.get_paths_info, asked by the caller: `remote`) is not handed over at all, and stays
+out of the commit. After a kill -9 a finished file is therefore never sent again, only committed.
+Nothing here commits; a file the trainer rewrote meanwhile is reported to the sink and left out.
+
+Only huggingface_hub's public API: how the Hub stored a file (LFS or a regular blob) is read back
+from the tree after the commit (hf_commit.py), so every file that may become a regular blob (the
+Hub keeps none above 10 MiB) is read here once, into memory, and committed from those bytes."""
 
 from __future__ import annotations
 
@@ -26,23 +30,23 @@ from supervisor.store.base import (
     sha256_fd,
 )
 from supervisor.store.hf_repo import HubRepo
-from supervisor.store.hf_rules import git_blob_id
+from supervisor.store.hf_rules import git_blob_id, remote_etag
 
 log = get_logger("sync.hf")
 
-SMALL = 4 << 20                 # files up to this are read once into memory: hashed and sent from the same bytes
+SMALL = 10 << 20                # files up to this (the Hub's largest regular blob) are read once into memory
 HASH_CHUNK = 8 << 20
-GROUP_BYTES = 1 << 30           # content per preupload call (a cancel point and a progress step)
+GROUP_BYTES = 1 << 30           # content per preupload call (a cancel point, a progress step, the memory bound)
 GROUP_FILES = 256               # the preupload endpoint takes at most 256 files per call
 
 
 @dataclass
 class Staged:
     f: LocalFile
-    op: Any                  # CommitOperationAdd
+    path: str                # in the repo
+    op: Any                  # the CommitOperationAdd to commit; None: the branch holds this content already
     sha256: str
-    etag: str                # what the tree must show: sha256 (LFS) or git blob id (regular)
-    lfs: bool
+    blob: str                # git blob id of the bytes read here ("" for a file sent from its path)
     sent: int                # bytes handed to the client for upload (0: the tree held it already)
 
 
@@ -50,131 +54,109 @@ class Stager:
     def __init__(self, repo: HubRepo):
         self.repo = repo
 
-    def stage(self, files: list[LocalFile], sink: UploadSink) -> dict[str, Staged]:
+    def stage(self, files: list[LocalFile], sink: UploadSink, remote: dict[str, Any]) -> dict[str, Staged]:
         """Get the content of `files` onto the Hub, group by group (a group's small files are read
-        only when its turn comes, so memory stays bounded). Nothing is committed here."""
+        only when its turn comes, so memory stays bounded). `remote`: path -> what get_paths_info
+        says the branch holds there. Nothing is committed here."""
         if not files:
             return {}
         self.repo.ensure()
         big = [f for f in files if f.size > SMALL]
         hashes = self._hash_large(big, sink) if self.repo.upload_path == "lfs" else {}
         out: dict[str, Staged] = {}
-        sent_sha: dict[str, Any] = {}   # sha256 -> the op that got that content up, in this batch
+        sent_sha: set[str] = set()   # content handed to preupload in this batch
+        twins = 0
         for group in groups(files):
             if sink.cancelled():
                 return out
-            prepared = []
+            fresh: list[Staged] = []
             for f in group:
                 try:
-                    prepared.append(self._prepare(f, hashes.get(f.key, "")))
+                    st = self._prepare(f, hashes.get(f.key, ""))
                 except SourceProblem as e:
                     sink.problem(f, e)
                     continue
-                sink.begin(f, {"mode": "hf", "sha256": prepared[-1][2]})
-            for item, twin in self._preupload_once(prepared, sink, sent_sha):
+                sink.begin(f, {"mode": "hf", "sha256": st.sha256})
+                if in_tree(st, remote.get(st.path)):
+                    st.op, st.sent = None, 0
+                    out[f.key] = st
+                    sink.progress(f, 0)
+                elif st.sha256 and st.sha256 in sent_sha:
+                    # a twin (two checkpoints' identical training_args.bin): not handed to preupload,
+                    # which would PUT the same object twice; the commit finds its content on the Hub
+                    st.sent = 0
+                    twins += 1
+                    out[f.key] = st
+                    sink.progress(f, 0)
+                else:
+                    fresh.append(st)
+                    if st.sha256:
+                        sent_sha.add(st.sha256)
+            for st in self._preupload(fresh, sink):
                 try:
-                    st = self._staged(*item)
+                    self._after(st, remote.get(st.path))
                 except SourceProblem as e:
-                    sink.problem(item[0], e)
+                    sink.problem(st.f, e)
                     continue
-                if twin:
-                    st.sent = 0   # its content went up with its twin's
                 out[st.f.key] = st
                 sink.progress(st.f, st.sent)
+        if twins:
+            log.info("hf_twins", files=twins, why="same sha256 as another file of the batch")
         return out
 
-    def _preupload_once(self, prepared: list, sink: UploadSink, sent_sha: dict[str, Any]) -> list:
-        """_preupload, sending each distinct content once per batch: a file whose sha256 another of
-        the batch already got up (two checkpoints' identical training_args.bin or rng_state.pth)
-        is not handed to the client (which would PUT the same object twice) but takes over how
-        its twin was staged. [(item, is_twin)]."""
-        fresh, twins, here = [], [], set()
-        for p in prepared:
-            sha = p[2]
-            if sha and (sha in sent_sha or sha in here):
-                twins.append(p)
-            else:
-                fresh.append(p)
-                if sha:
-                    here.add(sha)
-        done = [(p, False) for p in self._preupload(fresh, sink)]
-        for p, _ in done:
-            if p[2]:
-                sent_sha.setdefault(p[2], p[1])
-        orphans = [p for p in twins if p[2] not in sent_sha]   # its twin was dropped (changed meanwhile)
-        if orphans:
-            for p in self._preupload(orphans, sink):
-                done.append((p, False))
-                sent_sha.setdefault(p[2], p[1])
-        for p in twins:
-            if p in orphans:
-                continue
-            src, op = sent_sha[p[2]], p[1]
-            op._upload_mode, op._should_ignore = src._upload_mode, src._should_ignore
-            op._is_uploaded = getattr(src, "_is_uploaded", False)
-            done.append((p, True))
-        if twins:
-            log.info("hf_twins", files=len(twins) - len(orphans), why="same sha256 as another file of the batch")
-        return done
-
-    def _prepare(self, f: LocalFile, hashed: Any) -> tuple[LocalFile, Any, str, bytes | None]:
-        """(file, CommitOperationAdd, sha256 or "" when hf_xet will compute it, bytes for small files)."""
+    def _prepare(self, f: LocalFile, hashed: Any) -> Staged:
+        """The file's CommitOperationAdd: from its bytes (read once, hashed, blob id known) when small,
+        else from its path with the sha256 hashed or journalled ("" when hf_xet will compute it)."""
         hh = self.repo.hub()
+        path = self.repo.path(f.key)
         try:
             if f.size <= SMALL:
                 data = read_whole(f)
-                return f, hh.CommitOperationAdd(path_in_repo=self.repo.path(f.key), path_or_fileobj=data), \
-                    hashlib.sha256(data).hexdigest(), data
+                return Staged(f, path, hh.CommitOperationAdd(path_in_repo=path, path_or_fileobj=data),
+                              hashlib.sha256(data).hexdigest(), git_blob_id(data), f.size)
             if isinstance(hashed, SourceProblem):
                 raise hashed
             check_path(f)
-            op = hh.CommitOperationAdd(path_in_repo=self.repo.path(f.key), path_or_fileobj=f.path)
+            op = hh.CommitOperationAdd(path_in_repo=path, path_or_fileobj=f.path)
         except ValueError as e:  # a path the Hub does not take
             raise SourceProblem("unreadable", f.path, str(e)) from None
         if hashed:
             op.upload_info.sha256 = bytes.fromhex(hashed)
-        return f, op, hashed or "", None
+        return Staged(f, path, op, hashed or "", "", f.size)
 
-    def _preupload(self, prepared: list, sink: UploadSink) -> list:
+    def _preupload(self, fresh: list[Staged], sink: UploadSink) -> list[Staged]:
         """preupload_lfs_files for one group; a file the trainer rewrote meanwhile is reported and
         the rest tried once more."""
         api = self.repo.ensure()
         for attempt in (1, 2):
-            if not prepared:
+            if not fresh:
                 return []
             try:
-                self.repo.call("upload", api.preupload_lfs_files, self.repo.repo_id, additions=[p[1] for p in prepared],
+                self.repo.call("upload", api.preupload_lfs_files, self.repo.repo_id, additions=[s.op for s in fresh],
                                repo_type=self.repo.repo_type, revision=self.repo.revision,
                                num_threads=max(1, self.repo.cfg.concurrency), free_memory=True)
-                return prepared
+                return fresh
             except TargetError:
-                changed = [p for p in prepared if p[3] is None and not unchanged(p[0])]
+                changed = [s for s in fresh if not s.blob and not unchanged(s.f)]
                 if not changed or attempt == 2:
                     raise
-                for p in changed:  # not the target's fault: the source moved under us
-                    sink.problem(p[0], SourceProblem("changed", p[0].path, "while uploading"))
-                prepared = [p for p in prepared if p not in changed]
-        return prepared
+                for s in changed:  # not the target's fault: the source moved under us
+                    sink.problem(s.f, SourceProblem("changed", s.f.path, "while uploading"))
+                fresh = [s for s in fresh if s not in changed]
+        return fresh
 
-    def _staged(self, f: LocalFile, op: Any, sha: str, data: bytes | None) -> Staged:
-        hh = self.repo.hub()
-        lfs = op._upload_mode == "lfs"
-        if data is None:
-            if not unchanged(f):
-                raise SourceProblem("changed", f.path, "while uploading")
-            if not lfs:
-                # a large text file the Hub keeps as a regular blob: its content goes in the commit
-                # itself, so read it now, once, and commit exactly those bytes
-                data = read_whole(f)
-                remote = op._remote_oid
-                op = hh.CommitOperationAdd(path_in_repo=op.path_in_repo, path_or_fileobj=data)
-                op._upload_mode, op._remote_oid, op._should_ignore = "regular", remote, False
-                sha = hashlib.sha256(data).hexdigest()
-            elif not sha:
-                sha = op.upload_info.sha256.hex()  # computed by hf_xet while it read the file
-        etag = sha if lfs else git_blob_id(data or b"")
-        in_tree = op._remote_oid is not None and op._remote_oid == (sha if lfs else etag)
-        return Staged(f, op, sha, etag, lfs, 0 if in_tree else f.size)
+    def _after(self, st: Staged, remote: Any) -> None:
+        """A file sent from its path is still the version judged complete, and its sha256 is known
+        (hf_xet computes it while it reads); content the branch turned out to hold stays out of the commit."""
+        if st.blob:
+            return
+        if not unchanged(st.f):
+            raise SourceProblem("changed", st.f.path, "while uploading")
+        if not st.sha256:
+            info = st.op.upload_info
+            st.sha256 = info.sha256.hex() if info.is_hashed else hash_file(st.f)
+        if in_tree(st, remote):
+            st.op, st.sent = None, 0
 
     def _hash_large(self, files: list[LocalFile], sink: UploadSink) -> dict[str, Any]:
         """sha256 of each large file (the LFS batch API needs it before any byte goes), from the
@@ -246,6 +228,15 @@ def unchanged(f: LocalFile) -> bool:
     except SourceProblem:
         return False
     return True
+
+
+def in_tree(st: Staged, o: Any) -> bool:
+    """The branch holds this file's content at its path: same size, and the sha256 (LFS) or git
+    blob id (a regular file) the Hub lists equals ours."""
+    if o is None or getattr(o, "size", None) != st.f.size:
+        return False
+    mine = st.sha256 if getattr(o, "lfs", None) is not None else st.blob
+    return bool(mine) and remote_etag(o) == mine
 
 
 def groups(files: list[LocalFile]) -> list[list[LocalFile]]:
