@@ -1,22 +1,21 @@
-"""The boto3-less S3 read client (supervisor/store/s3_light.py): its signature against
-botocore's own signer, its GETs and listings against the real SeaweedFS (which checks every
-signature), the setups it leaves to boto3, and the switch to boto3 on an answer it does not know."""
+"""The one S3 client (supervisor/store/s3_light.py): its signature against botocore's own signer,
+its GETs and listings against the real SeaweedFS (which checks every signature), static keys found
+without botocore, and a start-up that never imports it. Other setups: tests/test_s3_setups.py."""
 
 from __future__ import annotations
 
 import datetime as dt
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from supervisor.store.base import TargetError
-from supervisor.store.s3_light import LightS3, Unsupported, parse_listing, sign, static_keys
+from supervisor.store.credentials import static_keys
+from supervisor.store.s3_light import LightS3, parse_listing, sign
 from supervisor.store.s3_wire import NotFound, Refused
 from tests.fixtures.s3 import ACCESS_KEY, SECRET_KEY
 
@@ -70,13 +69,14 @@ def test_static_keys_are_found_the_way_botocore_finds_them(tmp_path):
     assert static_keys(str(f), {}) == ("AK", "SK", "")
     assert static_keys(str(f), {"AWS_ACCESS_KEY_ID": "EA", "AWS_SECRET_ACCESS_KEY": "ES",
                                 "AWS_SESSION_TOKEN": "T"}) == ("EA", "ES", "T")  # the environment first
-    assert static_keys("", {}) is None                          # ~/.aws, an instance role: boto3's chain
-    assert static_keys(str(f), {"AWS_PROFILE": "other"}) is None
-    assert static_keys(str(f), {"HTTPS_PROXY": "http://proxy:3128"}) is None
-    assert static_keys(str(f), {"AWS_ENDPOINT_URL": "http://elsewhere"}) is None
+    assert static_keys("", {}) is None                          # ~/.aws, an instance role: the chain's
+    assert static_keys(str(f), {"AWS_PROFILE": "other"}) is None  # the profile names the keys
+    # where the requests go is no business of the keys' (s3_endpoint.py)
+    assert static_keys(str(f), {"HTTPS_PROXY": "http://proxy:3128"}) == ("AK", "SK", "")
+    assert static_keys(str(f), {"AWS_ENDPOINT_URL": "http://elsewhere"}) == ("AK", "SK", "")
     assert static_keys(str(f), {"AWS_ACCESS_KEY_ID": "only-half"}) is None
     f.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\nrole_arn = arn:aws:iam::1:role/x\n")
-    assert static_keys(str(f), {}) is None                      # an assumed role: boto3
+    assert static_keys(str(f), {}) is None                      # an assumed role: the chain's
     f.write_text("[other]\naws_access_key_id = AK\n")
     assert static_keys(str(f), {}) is None
     assert static_keys(str(tmp_path / "missing"), {}) is None
@@ -88,7 +88,7 @@ def test_a_listing_page_with_url_encoded_keys():
             b"<Contents><Key>run/a%20b%2Bc/x</Key><Size>5</Size><ETag>&quot;abc&quot;</ETag></Contents>"
             b"<NextContinuationToken>tok</NextContinuationToken></ListBucketResult>")
     assert parse_listing(body) == ([("run/a b+c/x", 5, "abc")], "tok")
-    with pytest.raises(Unsupported):
+    with pytest.raises(TargetError, match="not XML"):
         parse_listing(b"<html>a proxy's login page")
 
 
@@ -158,47 +158,6 @@ def test_a_released_connection_serves_the_next_pool_of_threads(s3_server, s3_pre
     assert fresh.read(keys[0], 10) == data[:10]  # left half read: closed, not released
     fresh.release()
     assert fresh.read(keys[1], 1 << 20) == data and len(made) == before + 2
-
-
-class _Redirecting(http.server.BaseHTTPRequestHandler):
-    """What AWS answers a request signed for the wrong region: a 301 with PermanentRedirect."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = b"<Error><Code>PermanentRedirect</Code><Message>use the other endpoint</Message></Error>"
-        self.send_response(301)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-def test_an_answer_it_does_not_know_hands_the_restore_to_boto3(s3_server, s3_prefix, tmp_path):
-    from supervisor.config import load
-    from supervisor.config.target import parse_target
-    from supervisor.store import make_target
-    from tests.fixtures.toml_writer import to_toml
-
-    c = s3_server.client()
-    c.put_object(Bucket=s3_server.bucket, Key=f"{s3_prefix}/checkpoint-1/a.bin", Body=b"abc")
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        cfgf = tmp_path / "c.toml"
-        cfgf.write_text(to_toml({"state_dir": str(tmp_path / "state"),
-                                 "sync": {**s3_server.sync_config(s3_prefix), "watch": [str(tmp_path / "out")]}}))
-        cfg = load(str(cfgf))
-        t = make_target(parse_target(cfg.sync.target), cfg.sync, cfg.state_dir)
-        assert isinstance(t._light(), LightS3)
-        t._light_client = LightS3(f"http://127.0.0.1:{srv.server_address[1]}", s3_server.bucket, "us-east-1", KEYS)
-        assert t.reader.read_file("checkpoint-1/a.bin") == b"abc"  # through boto3, after the 301
-        assert t._light_client is False
-        assert t.reader.list_keys() == {"checkpoint-1/a.bin": 3}
-        t.close()
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_a_restore_process_never_imports_boto3(s3_server, s3_prefix, tmp_path):

@@ -1,7 +1,8 @@
 """The store wing: bytes on the target, for sync (which puts them) and resume (which gets them).
 
 One interface (`base.Target`: put verified, put manifest, list, get into, delete) with one adapter per
-kind of `sync.target`: S3 (`s3`, its client `s3_client`, `s3_multipart`, `s3_read`), a Hugging Face Hub
+kind of `sync.target`: S3 (`s3`, its connection `s3_client`, the one S3 client `s3_light` and where it
+connects `s3_endpoint`, `s3_multipart`, `s3_read`), a Hugging Face Hub
 repo (`hf*`), rsync over SSH (`rsync*`), a local folder (`local`). `credentials` watches where the
 keys come from; `_log` is the lazy logger the one-shot CLIs share. `make_target` builds the adapter from
 the parsed `sync.target` (`config.target`, core: the config checks parse it too); `target_identity`
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # nothing of the store at the top: `python -m supervisor.sync --once` imports `_log` from here, and its
-# no-change pass (cli/sync_stamp.py) must not pay for the adapters, the credentials or boto3
+# no-change pass (cli/sync_stamp.py) must not pay for the adapters, the credentials or botocore
 if TYPE_CHECKING:
     from supervisor.config import SyncConfig
     from supervisor.config.target import TargetURL

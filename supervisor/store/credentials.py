@@ -204,3 +204,105 @@ def run_key(path: str) -> tuple[bytes | None, str]:
         return None, f"{path}: {getattr(e, 'strerror', None) or e}"
     redact.register(key.decode("utf-8", "replace"))
     return key, ""
+
+
+# --- S3 keys: static ones read here, every other setup through botocore's credential chain -------------
+# botocore is a credentials library here, never an S3 client: no client is made from it (one S3 client:
+# s3_light.py). It is imported only when the keys are not static, so the one-shot no-change pass and a
+# plain setup's start-up never pay for it.
+CHAIN_ENV = ("AWS_PROFILE",)  # with it set, the profile names the keys: the chain reads them
+
+
+def static_keys(credentials_file: str, env: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """(access key, secret, session token) when they are static and found the way botocore finds
+    them (the environment first, then the configured file's [default]); None: the chain's to find."""
+    import configparser
+
+    if any(env.get(k) for k in CHAIN_ENV):
+        return None
+    ak, sk = env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", "")
+    if ak and sk:
+        return ak, sk, env.get("AWS_SESSION_TOKEN", "") or env.get("AWS_SECURITY_TOKEN", "")
+    if ak or sk or not credentials_file:
+        return None
+    cp = configparser.RawConfigParser()
+    try:
+        with open(credentials_file, encoding="utf-8") as fh:
+            cp.read_file(fh)
+        sec = cp["default"]
+    except (OSError, configparser.Error, KeyError, UnicodeDecodeError):
+        return None  # the chain says what is wrong with it, in its words
+    ak, sk = sec.get("aws_access_key_id", "").strip(), sec.get("aws_secret_access_key", "").strip()
+    if not ak or not sk or set(sec) - {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"}:
+        return None
+    return ak, sk, sec.get("aws_session_token", "").strip()
+
+
+class KeysUnavailable(Exception):
+    """No keys: none found (`missing`), or a source that failed (an expired SSO token, a role whose
+    refresh failed, a profile that does not exist): the words say which."""
+
+    def __init__(self, words: str, missing: bool):
+        super().__init__(words)
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class S3Keys:
+    """Where one S3 target's requests get their keys, and what the profile says about the store.
+
+    `get()` is called for every request: the chain's credentials are frozen per request, so a
+    role's keys refresh when they near their expiry. `config`: the profile's own settings that
+    name the store (region, endpoint_url, ca_bundle, use_fips_endpoint, use_dualstack_endpoint,
+    s3 = ...), empty for static keys."""
+    get: Callable[[], tuple[str, str, str]]
+    source: str
+    config: Mapping[str, object]
+
+
+def s3_keys(credentials_file: str, env: Mapping[str, str], overrides: Mapping[str, str]) -> S3Keys:
+    """Static keys when there are (no botocore), else botocore's chain: a profile (AWS_PROFILE, SSO,
+    an assumed role, credential_process), ~/.aws, the container's or the instance's role (IMDSv2).
+    `overrides`: the environment file's credential names (they win over the inherited ones)."""
+    keys = static_keys(credentials_file, env)
+    if keys is not None:
+        return S3Keys(lambda: keys, "static", {})
+    return _chain(credentials_file, env, overrides)
+
+
+def _chain(credentials_file: str, env: Mapping[str, str], over: Mapping[str, str]) -> S3Keys:
+    import botocore.session
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        bs = botocore.session.Session()
+        for var, name in (("AWS_SHARED_CREDENTIALS_FILE", "credentials_file"), ("AWS_CONFIG_FILE", "config_file"),
+                          ("AWS_PROFILE", "profile")):
+            if over.get(var):
+                bs.set_config_variable(name, os.path.expanduser(over[var]))
+        if credentials_file:
+            bs.set_config_variable("credentials_file", credentials_file)
+        if over.get("AWS_ACCESS_KEY_ID") and over.get("AWS_SECRET_ACCESS_KEY"):
+            bs.set_credentials(over["AWS_ACCESS_KEY_ID"], over["AWS_SECRET_ACCESS_KEY"],
+                               over.get("AWS_SESSION_TOKEN") or over.get("AWS_SECURITY_TOKEN") or None)
+        creds = bs.get_credentials()
+        config = dict(bs.get_scoped_config())
+        for name in ("region", "ca_bundle", "use_fips_endpoint", "use_dualstack_endpoint"):
+            v = bs.get_config_variable(name)
+            if v not in (None, ""):
+                config[name] = v
+    except BotoCoreError as e:
+        raise KeysUnavailable(f"{type(e).__name__}: {e}", missing=False) from None
+    if creds is None:
+        raise KeysUnavailable("none found", missing=True)
+    method = str(getattr(creds, "method", "") or "chain")
+
+    def get() -> tuple[str, str, str]:
+        try:
+            f = creds.get_frozen_credentials()  # refreshes a role's keys near their expiry
+        except BotoCoreError as e:
+            raise KeysUnavailable(f"{method}: {type(e).__name__}: {e}", missing=False) from None
+        return f.access_key, f.secret_key, f.token or ""
+
+    log.info("s3_credentials_chain", source=method, profile=bs.profile or "default")
+    return S3Keys(get, method, config)

@@ -1,4 +1,4 @@
-"""S3 and S3-compatible stores through boto3.
+"""S3 and S3-compatible stores, through the one S3 client (s3_light.py, over s3_client.py's connection).
 
 Integrity: every request carries a checksum of its body that the store verifies before accepting
 it (CRC32 with `request_checksum_calculation = "when_supported"`, Content-MD5 with
@@ -16,9 +16,8 @@ optimizer in 4-6 part requests costs more than it saves); larger ones in `part_s
 `concurrency` connections while this thread hashes the file (sha256 for the manifest) in
 parallel. A single PUT above BUFFER_MAX is streamed from the file (its checksum computed in a
 first read, the sha256 of the bytes as they go out), so 16 of them in flight hold no more memory
-than 16 parts do. boto3 is imported on first use, so a pass with nothing to send never pays for it,
-and with static keys the PUTs, copies and listings go through s3_light.py (no boto3 at all for a
-run of small files: its import and per-request cost were a third of a LoRA run's upload CPU).
+than 16 parts do. The client is built at the first request, so a pass with nothing to send never
+pays for it.
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ class S3Target(S3Connection):
         is reported (to the ledger) the moment the store has it, so a crash re-sends nothing
         that was finished. The window keeps the order: the caller's first folder completes
         first instead of all of them at the end."""
-        self.pools()  # the boto3 client is built by the first request that needs it (s3_light.py)
+        self.pools()  # the client is built by the first request (s3_client.py)
         assert self.pool is not None and self._files is not None
         queue = list(reversed(files))
         running: set[Future] = set()
@@ -120,7 +119,7 @@ class S3Target(S3Connection):
             return
         except (TargetError, MemoryError):
             raise
-        except Exception as e:  # noqa: BLE001 - anything else from boto/urllib3 is a failed upload
+        except Exception as e:  # noqa: BLE001 - anything else on the way is a failed upload
             raise TargetError(f"S3 upload of {f.key}: {type(e).__name__}: {e}") from None
         if res is not None:
             sink.done(f, res)
@@ -159,8 +158,7 @@ class S3Target(S3Connection):
         sink.begin(f, {"mode": "put"})
         if self.limiter and isinstance(body, bytes):
             self.limiter.take(len(body))  # a FileBody takes its share as it is read
-        extra = {"ChecksumCRC32": cs} if self.crc else {"ContentMD5": cs}
-        resp = self.call("put_object", Bucket=self.bucket, Key=key, Body=body, **extra)
+        resp = self.call("put_object", key, body, {"x-amz-checksum-crc32": cs} if self.crc else {"Content-MD5": cs})
         etag = etag_of(resp.get("ETag"))
         if self.crc:
             echoed = resp.get("ChecksumCRC32")
@@ -196,10 +194,8 @@ class S3Target(S3Connection):
         else:
             return None  # a multipart or encrypted source's ETag is no MD5: it would prove nothing
         sink.begin(f, {"mode": "copy"})
-        extra = {"ChecksumAlgorithm": "CRC32"} if self.crc else {}
         try:
-            resp = self.call("copy_object", Bucket=self.bucket, Key=key,
-                              CopySource={"Bucket": self.bucket, "Key": self.full_key(src)}, **extra)
+            res = self.call("copy_object", key, self.full_key(src), self.crc)
         except NotFound:
             return None  # keep_last (or someone) deleted the source meanwhile
         except Refused as e:
@@ -209,7 +205,6 @@ class S3Target(S3Connection):
         except TargetError as e:
             log.info("s3_copy_failed", key=key, error=str(e), note="sending the bytes")
             return None
-        res = resp.get("CopyObjectResult") or {}
         etag, crc = etag_of(res.get("ETag")), res.get("ChecksumCRC32")
         if (crc == cs) if (self.crc and crc) else (etag == want):
             return Uploaded(sha, etag, 0)  # no bytes went out: no progress to report
@@ -234,7 +229,7 @@ class S3Target(S3Connection):
 
     def _holds_single(self, key: str, size: int, cs: str) -> str | None:
         try:
-            h = self.call("head_object", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            h = self.call("head_object", key, checksum=True)
         except NotFound:
             return None
         if int(h.get("ContentLength", -1)) != size:

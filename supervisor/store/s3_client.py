@@ -1,16 +1,13 @@
-"""The S3 connection: the boto3 client built once (on a thread of its own while the scan runs),
-every call's errors turned into the target's, and the listing, manifest and delete requests. The
-plain requests of a pass (PUT, server-side copy, list) go through s3_light.py instead when the
-setup allows it, so a pass of small files never imports boto3."""
+"""The S3 connection: the one client (s3_light.py) built at the first request from the credential
+sources as they are then, every call's refusal turned into a fresh look at the keys, and the
+listing, manifest and delete requests."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from supervisor.config import SyncConfig
 from supervisor.config.target import TargetURL
@@ -25,23 +22,20 @@ from supervisor.store.base import (
 from supervisor.store.credentials import CredentialWatch
 from supervisor.store.keys import manifest_key
 from supervisor.store.s3_wire import (
-    AUTH_CODES,
-    LOOPBACK,
     NotFound,
     Refused,
     crc32_b64,
     etag_of,
     md5_b64,
-    no_expect_for_small_bodies,
 )
 
 if TYPE_CHECKING:
+    from supervisor.store.credentials import KeysUnavailable
     from supervisor.store.s3_light import LightS3
 
 log = get_logger("sync.s3")
 
 LIST_WHOLE_AFTER = 4  # folders in one missing() above which the whole target is listed once
-LIGHT_OPS = frozenset({"put_object", "copy_object", "list_objects_v2", "delete_object"})
 
 
 class S3Connection:
@@ -57,32 +51,15 @@ class S3Connection:
         self.crc = cfg.request_checksum_calculation == "when_supported"
         self.single_put_max = cfg.multipart_threshold
         self.limiter = TokenBucket(cfg.bandwidth_limit) if cfg.bandwidth_limit else None
-        self._client: Any = None
+        self._client: LightS3 | None = None
         self.pool: ThreadPoolExecutor | None = None
         self._files: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self._prep_lock = threading.Lock()
         self._preparing = False
+        self._static = True  # the client's keys are static ones (renew() reads them again)
         self._copies = True  # server-side copies of content the target holds; off once refused
 
     # --- plumbing -------------------------------------------------------------------------------
-    _light_client: LightS3 | bool | None = None  # None: not decided yet; False: boto3 for good
-
-    def _light(self) -> LightS3 | None:
-        """The boto3-less client when this setup allows it (s3_light.py says when)."""
-        if self._light_client is None:
-            # imported here: a pass with nothing to send needs no client of either kind
-            from supervisor.store.s3_light import LightS3
-
-            self._light_client = LightS3.for_target(self.cfg.endpoint_url, self.bucket, self.cfg.region,
-                                                    self.cfg.credentials_file, self.creds.env()) or False
-        return self._light_client or None
-
-    def _not_light(self, why: Exception) -> None:
-        if self._light_client:
-            log.info("s3_with_boto3", why=str(why))
-        self._light_client = False
-
     def pools(self) -> None:
         with self._lock:
             if self.pool is None:
@@ -90,36 +67,73 @@ class S3Connection:
                 # large files: one thread each to create, hash and complete; parts go to pool
                 self._files = ThreadPoolExecutor(min(4, self.cfg.concurrency), thread_name_prefix="s3-file")
 
-    def client(self) -> Any:
+    def client(self) -> LightS3:
+        """The client, built at the first request after a (re)load from the credential sources as
+        they are then: static keys read here, any other setup through botocore's chain (a
+        profile, SSO, a role), whose keys are asked for at every request so they refresh."""
         with self._lock:
             if self._client is None:
                 self._client = self._make_client()
-            client = self._client
-        self.pools()
-        return client
+            return self._client
+
+    def _make_client(self) -> LightS3:
+        from supervisor.store.credentials import KeysUnavailable, s3_keys
+        from supervisor.store.s3_endpoint import region_of
+        from supervisor.store.s3_light import LightS3
+
+        env = self.creds.env()
+        try:
+            found = s3_keys(self.cfg.credentials_file, env, self.creds.overrides())
+        except KeysUnavailable as e:
+            raise self._no_keys(e) from None  # no client made: the next request looks again
+
+        def keys() -> tuple[str, str, str]:
+            try:
+                return found.get()
+            except KeysUnavailable as e:  # a role's refresh failed: look at the sources afresh
+                self.reload_credentials(f"credentials: {e}")
+                raise self._no_keys(e) from None
+
+        region = region_of(self.cfg.region, env, found.config)
+        self._static = found.source == "static"
+        return LightS3(self.cfg.endpoint_url, self.bucket, region, keys, env, found.config)
+
+    def _no_keys(self, e: KeysUnavailable) -> TargetError:
+        if e.missing:
+            return NoCredentials(f"no S3 credentials for {self.display}: {self.creds.looks().words('s3')}")
+        return NoCredentials(f"no usable S3 credentials for {self.display} ({e}): {self.creds.looks().words('s3')}")
 
     def reload_credentials(self, why: str) -> None:
-        """Build both clients again at the next request, from the credential sources as they are
-        then (boto3 reads its chain once, when the client is made): after a refusal, when a
-        source changed, or when the user asks for a sync, keys written down later must work
-        without a daemon restart."""
-        reread = self._light_client is not None
-        self._light_client = None  # the light client's keys too, at its next request
+        """Build the client again at the next request, from the credential sources as they are
+        then: after a refusal, when a source changed, or when the user asks for a sync, keys
+        written down later must work without a daemon restart."""
         with self._lock:
-            if self._client is not None:
-                self._client = None
-                reread = True
-        if reread:
+            old, self._client = self._client, None
+        if old is not None:
+            old.close()
             log.info("s3_credentials_reread", why=why)
 
+    def renew(self) -> None:
+        """Static keys read afresh at the next request (a credentials file fixed meanwhile), for a
+        restore's survey; the chain's keys refresh by themselves and keep their client."""
+        with self._lock:
+            old = self._client if self._static else None
+            if old is not None:
+                self._client = None
+        if old is not None:
+            old.close()
+
+    def release(self) -> None:
+        """This thread's connection to the next thread that needs one (LightS3.release)."""
+        c = self._client
+        if c is not None:
+            c.release()
+
     def prepare(self) -> None:
-        """Build the client on a thread of its own (importing boto3 takes a CPU-tenth of a
-        second) while the scan still runs; the first request then finds it ready."""
-        # not self._lock: client() holds it while the client is built, and the scan calling
-        # this for every unit must not wait for that
-        if self._light():
-            return  # the requests a pass makes go without boto3; it is built only if one needs it
-        with self._prep_lock:
+        """Build the client on a thread of its own while the scan still runs: with keys from the
+        chain, importing botocore and asking an instance's metadata service take their time; the
+        first request then finds it ready."""
+        with self._lock:
             if self._client is not None or self._preparing:
                 return
             self._preparing = True
@@ -130,122 +144,21 @@ class S3Connection:
             self.client()
         except Exception as e:  # noqa: BLE001 - the first real request reports it
             log.debug("s3_prepare_failed", error=str(e))
-
-    def _make_client(self) -> Any:
-        import boto3
-        import botocore.session
-        from botocore.config import Config
-
-        bs = botocore.session.Session()
-        over = self.creds.overrides()  # the environment file's word wins over the inherited one
-        for var, name in (("AWS_SHARED_CREDENTIALS_FILE", "credentials_file"), ("AWS_CONFIG_FILE", "config_file"),
-                          ("AWS_PROFILE", "profile")):
-            if over.get(var):
-                bs.set_config_variable(name, os.path.expanduser(over[var]))
-        if self.cfg.credentials_file:
-            bs.set_config_variable("credentials_file", self.cfg.credentials_file)
-        if over.get("AWS_ACCESS_KEY_ID") and over.get("AWS_SECRET_ACCESS_KEY"):
-            bs.set_credentials(over["AWS_ACCESS_KEY_ID"], over["AWS_SECRET_ACCESS_KEY"],
-                               over.get("AWS_SESSION_TOKEN") or over.get("AWS_SECURITY_TOKEN") or None)
-        region = over.get("AWS_REGION") or over.get("AWS_DEFAULT_REGION")
-        if region and not self.cfg.region:
-            bs.set_config_variable("region", region)
-        # Timestamps stay the strings the store sent (as the AWS CLI does for its own listings):
-        # botocore parses each LastModified with dateutil, 45 us an object, most of a listing's
-        # cost, and no decision here reads them.
-        bs.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
-        session = boto3.Session(botocore_session=bs)
-        s3cfg: dict[str, Any] = {}
-        ep = self.cfg.endpoint_url
-        if ep:
-            s3cfg["addressing_style"] = "path"
-            host = urlparse(ep).hostname or ""
-            if host in LOOPBACK:
-                # Payload signing guards bytes in transit; loopback has no transit, and the body
-                # checksum the store verifies still covers integrity.
-                s3cfg["payload_signing_enabled"] = False
-        conf = Config(
-            region_name=self.cfg.region or None,
-            max_pool_connections=self.cfg.concurrency * 2 + 4,
-            retries={"total_max_attempts": 3, "mode": "standard"},
-            connect_timeout=10,
-            read_timeout=120,
-            tcp_keepalive=True,
-            request_checksum_calculation=self.cfg.request_checksum_calculation,
-            response_checksum_validation="when_required",
-            s3=s3cfg,
-        )
-        kw: dict[str, Any] = {"config": conf}
-        if ep:
-            kw["endpoint_url"] = ep
-        if not self.cfg.region and not session.region_name:
-            kw["region_name"] = "us-east-1"
-        client = session.client("s3", **kw)
-        client.meta.events.register("before-sign.s3.PutObject", no_expect_for_small_bodies)
-        client.meta.events.register("before-sign.s3.UploadPart", no_expect_for_small_bodies)
-        return client
+        finally:
+            self._preparing = False
 
     def full_key(self, k: str) -> str:
         return join_key(self.prefix, k)
 
-    def call(self, op: str, **kw: Any) -> Any:
-        light = self._light() if op in LIGHT_OPS else None
-        if light:
-            from supervisor.store.s3_light import Unsupported
-
-            try:
-                return self._light_call(light, op, kw)
-            except Unsupported as e:
-                self._not_light(e)
-            except Refused:
-                if op != "copy_object":
-                    self.reload_credentials(f"{op} refused")
-                raise
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            NoCredentialsError,
-            PartialCredentialsError,
-        )
-
+    def call(self, op: str, *args: Any, **kw: Any) -> Any:
+        """One operation of the client; a refusal has the keys read again at the next request
+        (not a refused copy: a key that may not copy is refused that for good, s3.py)."""
         try:
-            return getattr(self.client(), op)(**kw)
-        except ClientError as e:
-            err = e.response.get("Error", {})
-            code = err.get("Code", "?")
-            if code in ("NoSuchUpload", "NoSuchKey", "404", "NotFound"):
-                raise NotFound(code) from None
-            msg = err.get("Message", "") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-            if code in AUTH_CODES:
-                if op != "copy_object":  # a key that may not copy is refused that for good (s3.py)
-                    self.reload_credentials(f"{op} refused: {code}")
-                raise Refused(f"S3 {op} {kw.get('Key', '')}: {code}: {msg} (check the credentials and the "
-                               "bucket's permissions)".strip()) from None
-            raise TargetError(f"S3 {op} {kw.get('Key', '')}: {code}: {msg}".strip()) from None
-        except (NoCredentialsError, PartialCredentialsError) as e:
-            self.reload_credentials(f"{op}: {e}")
-            raise NoCredentials(f"no S3 credentials for {self.display} ({e}): "
-                                f"{self.creds.looks().words('s3')}") from None
-        except BotoCoreError as e:
-            raise TargetError(f"S3 {op}: {e}") from None
-
-    def _light_call(self, light: LightS3, op: str, kw: dict[str, Any]) -> Any:
-        """The operation through the light client, answered in boto3's shape."""
-        if op == "put_object":
-            cs = {"x-amz-checksum-crc32": kw["ChecksumCRC32"]} if "ChecksumCRC32" in kw else {}
-            if "ContentMD5" in kw:
-                cs["Content-MD5"] = kw["ContentMD5"]
-            return light.put_object(kw["Key"], kw["Body"], cs, kw.get("ContentType", ""))
-        if op == "copy_object":
-            src = kw["CopySource"]
-            if src["Bucket"] != self.bucket:
-                from supervisor.store.s3_light import Unsupported
-
-                raise Unsupported("a copy from another bucket")
-            return light.copy_object(kw["Key"], src["Key"], self.bucket, kw.get("ChecksumAlgorithm") == "CRC32")
-        if op == "delete_object":
-            return light.delete_object(kw["Key"])
-        return light.list_page(kw["Prefix"], kw.get("ContinuationToken"))
+            return getattr(self.client(), op)(*args, **kw)
+        except Refused:
+            if op != "copy_object":
+                self.reload_credentials(f"{op} refused")
+            raise
 
     # --- manifests, checks, deletes ------------------------------------------------------------
     def write_manifest(self, unit_key: str, data: bytes, kind: str = "dir") -> None:
@@ -254,13 +167,13 @@ class S3Connection:
     def write_object(self, rel: str, data: bytes) -> None:
         """A small object in one PUT the store checks by its checksum (a manifest, a heartbeat)."""
         key = self.full_key(rel)
-        extra = {"ChecksumCRC32": crc32_b64(data)} if self.crc else {"ContentMD5": md5_b64(data)}
-        self.call("put_object", Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **extra)
+        cs = {"x-amz-checksum-crc32": crc32_b64(data)} if self.crc else {"Content-MD5": md5_b64(data)}
+        self.call("put_object", key, data, cs, "application/json")
 
     def delete_manifest(self, unit_key: str, kind: str = "dir") -> None:
         key = self.full_key(manifest_key(unit_key, kind))
         try:
-            self.call("delete_object", Bucket=self.bucket, Key=key)
+            self.call("delete_object", key)
         except NotFound:
             pass
 
@@ -273,11 +186,8 @@ class S3Connection:
         token = None
         base = (self.prefix.strip("/") + "/") if self.prefix.strip("/") else ""
         while True:
-            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
-            if token:
-                kw["ContinuationToken"] = token
             try:
-                resp = self.call("list_objects_v2", **kw)
+                resp = self.call("list_page", full, token)
             except NotFound as e:
                 raise TargetError(f"S3 list {full}: {e}") from None
             for o in resp.get("Contents") or []:
@@ -313,7 +223,7 @@ class S3Connection:
     def delete_file(self, key: str) -> None:
         """One object (a single-file unit the trainer deleted, sync.follow_deletions)."""
         try:
-            self.call("delete_object", Bucket=self.bucket, Key=self.full_key(key))
+            self.call("delete_object", self.full_key(key))
         except NotFound:
             pass
 
@@ -323,8 +233,7 @@ class S3Connection:
         self.delete_manifest(unit_key)
         keys = sorted(self.listing(unit_key.rstrip("/") + "/"))
         for i in range(0, len(keys), 1000):
-            batch = [{"Key": self.full_key(k)} for k in keys[i:i + 1000]]
-            self.call("delete_objects", Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            self.call("delete_objects", [self.full_key(k) for k in keys[i:i + 1000]])
 
     def close(self) -> None:
         with self._lock:

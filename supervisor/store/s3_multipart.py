@@ -73,9 +73,7 @@ class MultipartPut:
                 # recorded before the create: after a crash in between, the upload it made is
                 # found by its key and aborted, not left behind on the store
                 sink.begin(f, {"mode": "mp", "upload_id": "", "part_size": psize})
-                extra = {"ChecksumAlgorithm": "CRC32"} if self.c.crc else {}
-                resp = self.c.call("create_multipart_upload", Bucket=self.c.bucket, Key=key, **extra)
-                upload_id = resp["UploadId"]
+                upload_id = self.c.call("create_multipart_upload", key, self.c.crc)
                 sink.begin(f, {"mode": "mp", "upload_id": upload_id, "part_size": psize})
             else:
                 log.info("s3_resume", key=key, parts_kept=len(have), parts=nparts)
@@ -103,15 +101,8 @@ class MultipartPut:
                 raise first_err
             have.update(results)
             check_unchanged(fd, f)
-            parts = []
-            for n in range(1, nparts + 1):
-                etag, cs = have[n]
-                p = {"PartNumber": n, "ETag": f'"{etag}"'}
-                if self.c.crc:
-                    p["ChecksumCRC32"] = cs
-                parts.append(p)
-            resp = self.c.call("complete_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
-                              MultipartUpload={"Parts": parts})
+            parts = [(n, have[n][0], have[n][1] if self.c.crc else "") for n in range(1, nparts + 1)]
+            resp = self.c.call("complete_multipart_upload", key, upload_id, parts)
             checks = [have[n][1] for n in range(1, nparts + 1)]
             etag = etag_of(resp.get("ETag"))
             self._verify_complete(key, f.size, checks, resp.get("ChecksumCRC32"), etag)
@@ -135,7 +126,7 @@ class MultipartPut:
             if etag != want:
                 raise TargetError(f"S3 complete {key}: ETag {etag}, expected {want}")
             return  # likewise: the multipart ETag is made of our parts' MD5s
-        h = self.c.call("head_object", Bucket=self.c.bucket, Key=key)
+        h = self.c.call("head_object", key)
         if int(h.get("ContentLength", -1)) != size:
             raise TargetError(f"S3 {key}: store holds {h.get('ContentLength')} bytes, expected {size}")
 
@@ -151,7 +142,7 @@ class MultipartPut:
             if len(journal) == nparts:
                 checks = [journal[n][1] for n in range(1, nparts + 1)]
                 try:
-                    h = self.c.call("head_object", Bucket=self.c.bucket, Key=key, ChecksumMode="ENABLED")
+                    h = self.c.call("head_object", key, checksum=True)
                 except NotFound:
                     return None, {}, None
                 if int(h.get("ContentLength", -1)) == size:
@@ -172,32 +163,27 @@ class MultipartPut:
         out: dict[int, tuple[str, int]] = {}
         marker = 0
         while True:
-            resp = self.c.call("list_parts", Bucket=self.c.bucket, Key=key, UploadId=upload_id,
-                              PartNumberMarker=marker, MaxParts=1000)
-            for p in resp.get("Parts") or []:
-                out[int(p["PartNumber"])] = (etag_of(p.get("ETag")), int(p.get("Size", -1)))
-            if not resp.get("IsTruncated"):
-                return out
-            marker = int(resp.get("NextPartNumberMarker") or 0)
+            page, marker = self.c.call("list_parts", key, upload_id, marker)
+            out.update(page)
             if not marker:
                 return out
 
     def _abort_unrecorded(self, key: str) -> None:
         """Abort the multipart uploads of exactly `key` (one was created, its id never recorded)."""
         try:
-            resp = self.c.call("list_multipart_uploads", Bucket=self.c.bucket, Prefix=key)
+            uploads = self.c.call("list_multipart_uploads", key)
         except (NotFound, TargetError) as e:
             log.debug("s3_list_uploads_failed", key=key, error=str(e))
             return
-        for u in resp.get("Uploads") or []:
-            if u.get("Key") == key:
-                self._abort(key, u.get("UploadId"))
+        for k, upload_id in uploads:
+            if k == key:
+                self._abort(key, upload_id)
 
     def _abort(self, key: str, upload_id: str | None) -> None:
         if not upload_id:
             return
         try:
-            self.c.call("abort_multipart_upload", Bucket=self.c.bucket, Key=key, UploadId=upload_id)
+            self.c.call("abort_multipart_upload", key, upload_id)
         except (NotFound, TargetError) as e:
             log.debug("s3_abort_failed", key=key, error=str(e))
 
@@ -219,9 +205,8 @@ class MultipartPut:
         cs = crc32_b64(data) if self.c.crc else md5_b64(data)
         if self.c.limiter:
             self.c.limiter.take(ln)
-        extra = {"ChecksumCRC32": cs} if self.c.crc else {"ContentMD5": cs}
-        resp = self.c.call("upload_part", Bucket=self.c.bucket, Key=key, UploadId=upload_id, PartNumber=n,
-                          Body=data, **extra)
+        resp = self.c.call("upload_part", key, upload_id, n, data,
+                           {"x-amz-checksum-crc32": cs} if self.c.crc else {"Content-MD5": cs})
         etag = etag_of(resp.get("ETag"))
         if self.c.crc:
             echoed = resp.get("ChecksumCRC32")

@@ -1,5 +1,5 @@
 """The S3 target's read side (resume): listing, small reads, and downloads by parallel ranged GETs,
-through s3_light when the keys allow it, else the connection's one boto3 client.
+through the connection's client (s3_light.py).
 
 A file larger than one part is fetched in `part_size` ranges (at least RANGE_MIN) written in place
 with pwrite (base.write_all) into a file of its final size, all files of the unit sharing one pool
@@ -36,49 +36,28 @@ class S3Reader:
         self.c = c  # the connection: its client, pools, keys and listings
 
     def list_keys(self) -> dict[str, int]:
-        if self.c._light_client is not False:
-            self.c._light_client = None  # each survey reads the keys afresh (a credentials file fixed meanwhile)
-        keys = {k: o.size for k, o in self.c.listing("").items()}  # through s3_light when it may
-        if self.c._light_client:
-            self.c._light_client.release()  # for the survey's first thread
+        self.c.renew()  # each survey reads static keys afresh (a credentials file fixed meanwhile)
+        keys = {k: o.size for k, o in self.c.listing("").items()}
+        self.c.release()  # for the survey's first thread
         return keys
 
     def list_versions(self) -> dict[str, tuple[int, str]]:
         """key -> (size, ETag): a reader that polls small records (the run ledger) reads again only
         those whose ETag changed."""
-        if self.c._light_client is not False:
-            self.c._light_client = None
+        self.c.renew()
         out = {k: (o.size, o.etag) for k, o in self.c.listing("").items()}
-        if self.c._light_client:
-            self.c._light_client.release()
+        self.c.release()
         return out
 
     def read_file(self, key: str) -> bytes | None:
-        light = self.c._light()
-        if light:
-            from supervisor.store.s3_light import Unsupported
-
-            try:
-                data = light.read(self.c.full_key(key), SMALL_MAX)
-            except NotFound:
-                light.release()  # a 404's short body was read: the connection is fit for another
-                return None
-            except Unsupported as e:
-                self.c._not_light(e)
-            else:
-                light.release()
-                return data
+        light = self.c.client()
         try:
-            resp = self.c.call("get_object", Bucket=self.c.bucket, Key=self.c.full_key(key))
+            data = light.read(self.c.full_key(key), SMALL_MAX)
         except NotFound:
+            light.release()  # a 404's short body was read: the connection is fit for another
             return None
-        body = resp["Body"]
-        try:
-            return body.read(SMALL_MAX)
-        except Exception as e:  # noqa: BLE001 - a connection dropped mid-body
-            raise TargetError(f"S3 get {key}: {type(e).__name__}: {e}") from None
-        finally:
-            body.close()
+        light.release()
+        return data
 
     def download(self, unit_key: str, files: list[tuple[str, int]], into: Into,
                  progress: Callable[[int], None]) -> dict[str, str]:
@@ -141,11 +120,10 @@ class S3Reader:
                 progress(got)
         finally:
             body.close()
-            if light is not None:
-                if whole_body:
-                    light.release()
-                else:
-                    light.drop()  # a body left half read must not meet the connection's next request
+            if whole_body:
+                light.release()
+            else:
+                light.drop()  # a body left half read must not meet the connection's next request
         if end >= 0 and off != end + 1:
             raise TargetError(f"S3 get {key}: range {start}-{end} came back short ({off - start} bytes)")
         if whole is not None:
@@ -153,20 +131,10 @@ class S3Reader:
         else:
             oh.done(start, off)
 
-    def _open(self, key: str, start: int, end: int) -> tuple[Any, LightS3 | None]:
+    def _open(self, key: str, start: int, end: int) -> tuple[Any, LightS3]:
         """The body of a GET of key (the range start..end, inclusive, when end >= 0)."""
-        light = self.c._light()
-        if light:
-            from supervisor.store.s3_light import Unsupported
-
-            try:
-                return light.get(key, start, end), light
-            except Unsupported as e:
-                self.c._not_light(e)
-        kw: dict[str, Any] = {"Bucket": self.c.bucket, "Key": key}
-        if end >= 0:
-            kw["Range"] = f"bytes={start}-{end}"
-        return self.c.call("get_object", **kw)["Body"], None
+        light = self.c.client()
+        return light.get(key, start, end), light
 
 
 _local = threading.local()

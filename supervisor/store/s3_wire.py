@@ -1,5 +1,5 @@
 """S3 on the wire: the checksums and ETags a store computes, part sizing, a file as a streamed
-request body, and the errors the target tells apart. No client here; s3_client.py holds it."""
+request body, and the errors the target tells apart. No client here: s3_light.py is the client, s3_client.py the connection."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import math
 import re
 import struct
 import zlib
-from typing import Any
 
 from supervisor.store.base import (
     AccessDenied,
@@ -60,22 +59,8 @@ def etag_of(v: str | None) -> str:
     return (v or "").strip('"')
 
 
-def no_expect_for_small_bodies(request: Any, **_kw: Any) -> None:
-    """botocore asks for `100-continue` on every PUT: a round trip per file or part before the
-    body goes out, for nothing (a refused body of some MiB costs less than that wait on every
-    accepted one). Bodies above 64 MiB keep it."""
-    if "Expect" not in request.headers:
-        return
-    try:
-        n = len(request.body)
-    except TypeError:
-        return
-    if n <= 64 * 1024 * 1024:
-        del request.headers["Expect"]
-
-
 class FileBody:
-    """A file as a request body that botocore reads as it sends: never more than one read in
+    """A file as a request body that the client reads as it sends: never more than one read in
     memory, the bandwidth limit taken as it goes, and the sha256 of the bytes read once in
     order (a retry that seeks back re-reads without hashing twice)."""
 
@@ -117,7 +102,7 @@ class FileBody:
         return True
 
     def sha256(self) -> str:
-        while self._hashed < self.f.size:  # botocore stopped short: hash the rest from the file
+        while self._hashed < self.f.size:  # the sender stopped short: hash the rest from the file
             self.seek(self._hashed)
             self.read(HASH_CHUNK)
         return self._h.hexdigest()
