@@ -1,9 +1,10 @@
 """Benchmark: the S3 transfer engines that exist, on the same local SeaweedFS and the same data, in one
 run (issue 41: measure them rather than tune ours by hand).
 
-- `light`: our SigV4 client over http.client (supervisor/store/s3_light.py), threads for
-  parallelism, hashing each GET's bytes as they stream (as the restore does);
-- `boto3`: the client our S3 target falls back to, with the same threads;
+- `light`: our SigV4 client over http.client (supervisor/store/s3_light.py, the product's one S3
+  client), threads for parallelism, hashing each GET's bytes as they stream (as the restore does);
+- `boto3`: a peer measured here, with the same threads (the product no longer uses it for S3: this
+  bench chose s3_light, issue 54; each engine runs in its own process, so the peer stays measurable);
 - `obstore`: Rust object_store bindings (its own async runtime; one call per object here);
 - `awscrt`: the AWS CRT S3 client (native parallel ranged GETs and multipart PUTs).
 
