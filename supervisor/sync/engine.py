@@ -161,7 +161,7 @@ class SyncEngine:
         self.thread.start()
         if watch:
             log.info("sync_started", target=self.display, watch=[r.path for r in self.roots])
-            # the first checkpoint must not wait 0.25 s for boto3 (bench_daemon_sync.py); one-shot: only if needed
+            # the first checkpoint must not wait for the keys and the connection (bench_daemon_sync.py); one-shot: only if needed
             getattr(self.target, "prepare", lambda: None)()
 
     def close(self, timeout: float = 10.0) -> None:
