@@ -2,7 +2,7 @@
 
 Each returns an Observation or None, never guesses and never raises (supervisor.progress.parse
 calls them for the lines its own parsers did not take). The lines below are what the real writers
-printed to a log that is no TTY (Lightning 2.6.6, tqdm, rich; tests/test_progress_trainers.py):
+printed to a log that is no TTY (Lightning 2.6.6, tqdm, rich; tests/progress/test_progress_trainers.py):
 
 * **Lightning's TQDMProgressBar** counts ONE epoch, numbered from 0 (trainer.current_epoch); the
   run's epochs are never printed::

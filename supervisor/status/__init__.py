@@ -6,7 +6,7 @@ into `status --json` (the SPEC's contract: the same keys and values as the wing'
 a socket or from a file and read it back with `from_json`: each declared field from its key, by its
 annotation; a missing key, a wrong type or an unknown key is "not reported" (the field's default),
 never an exception. Then they assemble: `lines(view)` for the status text, `metrics(view)` for
-Prometheus. No reader looks a key up by name: a renamed key fails tests/test_status_blocks.py (every key
+Prometheus. No reader looks a key up by name: a renamed key fails tests/core/test_status_blocks.py (every key
 a block writes must be a declared field) instead of silently dropping a line or a metric.
 """
 
@@ -174,7 +174,7 @@ class Block(Record):
 
     KEY: ClassVar[str | None] = None
     # Declared fields that may not leave the machine in shared_json() (a webhook): a command line may
-    # carry a token. tests/test_status_blocks.py checks each is a declared field.
+    # carry a token. tests/core/test_status_blocks.py checks each is a declared field.
     PRIVATE: ClassVar[tuple[str, ...]] = ()
     _present: bool = field(default=False, repr=False, compare=False)
     _null: bool = field(default=False, repr=False, compare=False)  # KEY's value was null (or absent)

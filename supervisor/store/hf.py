@@ -3,7 +3,7 @@
 Built on huggingface_hub's public API only (HfApi.get_paths_info, preupload_lfs_files,
 create_commit with CommitOperationAdd and CommitOperationDelete, repo_info); the Hub protocol is
 never written by hand here, and no private part of the library is read or set
-(tests/test_layout.py checks). The parts:
+(tests/core/test_layout.py checks). The parts:
 hf_repo.py (token, client, repo and branch, errors, commit with the inline 429 wait, tree listing),
 hf_stage.py (content onto the Hub before any commit, never sending what it holds), hf_commit.py
 (landing units in commits and checking the tree at each), hf_rules.py (the pure rules).

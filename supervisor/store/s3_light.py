@@ -1,7 +1,7 @@
 """The S3 client: SigV4-signed requests over http.client, every operation the store wing uses (PUT,
 server-side copy, list v2, HEAD, GET whole or ranged, delete one or many, multipart create / part /
 complete / abort / list parts / list uploads). The only S3 client in the product, and the only place
-SigV4 is computed for it (tests/test_layout.py checks both).
+SigV4 is computed for it (tests/core/test_layout.py checks both).
 
 Why this and not boto3 (measured, tests/bench/bench_engines.py --quick on 2 cores, light vs boto3):
 a 400 x 128 KiB LoRA tree puts in 1.46 vs 2.35 s and gets in 0.56 vs 1.84 s, lists 4.4x faster,

@@ -8,7 +8,7 @@ file name that would make a loop run for ever. None of those is a ValueError, so
 catches ValueError lets them through and one file stops every sync pass.
 
 Every reader here returns its declared result or raises `Unreadable` (a ValueError whose message
-says why), whatever the input; nothing else ever escapes (tests/test_untrusted_fuzz.py holds them
+says why), whatever the input; nothing else ever escapes (tests/core/test_untrusted_fuzz.py holds them
 to it with random and mutated real files). A caller that parses such bytes goes through these.
 """
 

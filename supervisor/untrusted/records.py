@@ -10,7 +10,7 @@ FIELDS_MAX fields, so the cost of one call is bounded whatever the bytes.
 
 Unreadable from a framing reader means the file is not of its kind (TFRecord lengths no writer
 makes, no W&B header): the caller leaves the file alone. A bad record is the caller's to skip.
-Nothing but Unreadable escapes (tests/test_trackers_hostile.py feeds random and mutated real files).
+Nothing but Unreadable escapes (tests/progress/test_trackers_hostile.py feeds random and mutated real files).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class Sample:
 WRITER = """
 import json, os, struct, sys, time
 sys.path.insert(0, {repo!r})
-from tests.test_progress_sources import event, record
+from tests.progress.test_progress_sources import event, record
 out = {out!r}
 os.makedirs(out + "/runs/a", exist_ok=True)
 os.makedirs(out + "/mlruns/0/r1/metrics/train", exist_ok=True)

@@ -1,6 +1,6 @@
 """The kill -9 resume tally: the S3 engine killed three times mid-upload, N runs of each variant.
 
-Not a timing: it counts. Each run is tests/test_sync_s3.py's
+Not a timing: it counts. Each run is tests/store/test_sync_s3.py's
 test_kill9_mid_upload_resumes_and_sends_nothing_twice (a real SeaweedFS, the sync engine as a
 child process killed with SIGKILL in a multipart upload, between files and among the small files;
 nothing the store held at a kill may be sent again, nothing may be missing or done twice), once
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-TEST = "tests/test_sync_s3.py::test_kill9_mid_upload_resumes_and_sends_nothing_twice"
+TEST = "tests/store/test_sync_s3.py::test_kill9_mid_upload_resumes_and_sends_nothing_twice"
 VARIANTS = ["2x5M", "16x8M", "16x64M-put"]
 
 
