@@ -415,3 +415,16 @@ def test_exactly_one_s3_client():
     assert botocore_users <= {"supervisor.store.credentials", BOTO_EC2}, sorted(botocore_users)
     assert not clients, f"a boto3/botocore client made outside the EC2 stop action: {clients}"
     assert signers == {"supervisor.store.s3_light"}, f"SigV4 for S3 computed in {sorted(signers)}"
+
+
+def test_tests_live_by_wing():
+    """tests/<wing>/ for each wing, plus core, daemon, cli and e2e: no test file left flat in tests/."""
+    tests = PKG.parent / "tests"
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not flat, f"test files directly in tests/ (put each in tests/<wing>/): {flat}"
+    allowed = set(WINGS) | {"core", "daemon", "cli", "e2e"}
+    for p in tests.rglob("test_*.py"):
+        folder = p.relative_to(tests).parts[0]
+        if folder in ("bench", "fixtures", "writers"):
+            continue
+        assert folder in allowed, f"{p.relative_to(tests)}: tests/{folder}/ is not a wing's folder"
