@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--last", choices=["true", "link"], default="true")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--flush", type=int, default=100, help="CSVLogger's flush_logs_every_n_steps")
+    ap.add_argument("--hold", default="", help="after fit, wait (at most 120 s) until this file exists: a test "
+                                               "releases the run once it has seen what it watches for")
     a = ap.parse_args()
     torch.manual_seed(0)
     x = torch.randn(a.batches * 4, 16)
@@ -61,6 +63,9 @@ def main() -> None:
     trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, default_root_dir=a.out,
                          callbacks=[ckpt], logger=logger, log_every_n_steps=1, enable_model_summary=False)
     trainer.fit(Tiny(a.sleep), data, ckpt_path=os.environ.get("TRAIN_SUPERVISOR_RESUME_FROM") or None)
+    deadline = time.monotonic() + 120
+    while a.hold and not os.path.exists(a.hold) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":
