@@ -64,7 +64,10 @@ def test_runpod_finish_stop_is_confirmed_and_said_everywhere(tmp_path, make_daem
     subject, body = wait_mail(smtp_server, "stopping now (training finished)", timeout=60)
     assert "final sync verified" in subject
     assert f"Stop action: RunPod API: stop pod {pod.instance} (ends GPU billing; 50 GB volume still billed" in body
-    wait_until(lambda: d.status()["stop"]["confirmed"], 60, what="the provider's confirmation")
+    # the confirmation is recorded by the stop worker; the idle machine reads STOPPED from it at its next
+    # poll (a loaded fresh machine showed the two a poll apart): wait for both, then look
+    wait_until(lambda: (lambda st: st["stop"]["confirmed"] and st["idle"]["state"] == "STOPPED")(d.status()), 60,
+               what="the provider's confirmation, and the machine STOPPED")
     st = d.status()
     assert st["stop"]["confirmed"]["state"] == "EXITED" and st["idle"]["state"] == "STOPPED"
     assert pod.mutations() == [("POST", f"/v1/pods/{pod.instance}/stop")]          # one call
