@@ -167,7 +167,9 @@ def _wandb_chunks(b: bytes, base: int, skipping: bool, limit: int, items: int) -
             if start >= 0:
                 skipped += 1  # a record its writer never ended (it restarted): dropped
             parts, start, size, skipping = [], -1, 0, False
-            if typ == FULL:
+            if typ == FULL and length > limit:
+                skipped += 1  # one chunk holds up to a block: the record cap holds for it too
+            elif typ == FULL:
                 out.append(data)
                 ends.append(i)
             else:

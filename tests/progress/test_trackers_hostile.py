@@ -25,7 +25,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from supervisor.progress import trackers
@@ -479,6 +479,9 @@ def test_fuzz_tensorboard(data):
 
 @FUZZ
 @given(mutated("run-offline.wandb"), st.sampled_from([0, 7, 100, BLOCK - 3]), st.booleans())
+# fresh machine 12-07: seven zero bytes inside a chunk header made one FULL chunk of 6,260 bytes, which
+# came out whole past the 4,096-byte cap (the cap held for records of several chunks only)
+@example(_mutate(SEED["run-offline.wandb"], [(226, "insert", b"\x00" * 7)]), 0, False)
 def test_fuzz_wandb(data, base, skipping):
     try:
         f = rec.wandb_chunks(data, base, skipping=skipping, limit=4096)
