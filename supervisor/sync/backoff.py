@@ -22,6 +22,7 @@ class Backoff:
     failures: int = 0
     since: float | None = None   # when the current run of failures began; None while healthy
     next_try: float = 0.0
+    asked: bool = False          # retry_now came while a try was under way: its failure retries at once
 
     @property
     def failing(self) -> bool:
@@ -37,18 +38,30 @@ class Backoff:
         d = delay(self.failures, cap, jitter)
         if retry_after is not None and retry_after > 0:
             d = max(d, min(retry_after, RETRY_AFTER_MAX_S))
+        elif self.asked:
+            # the owner asked (or new keys came) after this try began: the try that failed is not the
+            # one asked for, so the next one goes at once instead of swallowing the request. Not past a
+            # target's Retry-After: that is the target's word
+            d = 0.0
+        self.asked = False
         self.next_try = now + d
         return d
 
     def recovered(self, now: float) -> float | None:
         """Healthy again; returns how long it had been failing (None when it was not)."""
         was = None if self.since is None else now - self.since
-        self.failures, self.since = 0, None
+        self.failures, self.since, self.asked = 0, None, False
         return was
 
     def retry_now(self) -> None:
-        """The user asked: try at once, whatever the backoff said."""
+        """The user asked: try at once, whatever the backoff said; asked while a try is under way,
+        the try after it (see `failed`)."""
         self.next_try = 0.0
+        self.asked = True
+
+    def begin_try(self) -> None:
+        """A try starts: it answers every request made before it."""
+        self.asked = False
 
     def waiting(self, now: float) -> bool:
         """Failing and the next try is not due yet."""

@@ -22,6 +22,7 @@ class Board:
     def __init__(self, lock: threading.RLock, enabled: bool):
         self.lock = lock
         self.state = SyncState.IDLE if enabled else SyncState.DISABLED
+        self._retrying = False          # an upload began while failing: FAILING until a file gets through
         self.last_ok_at: float | None = None
         self.last_error = ""
         self.last_error_at: float | None = None
@@ -39,9 +40,13 @@ class Board:
 
     def move(self, new: SyncState, failing: bool) -> None:
         """The one place the state changes. While the target is failing, idle and scanning show
-        as FAILING: the person reading status must see the failure, not a quiet engine."""
+        as FAILING: the person reading status must see the failure, not a quiet engine. So does a
+        retry's upload until a file gets through (`uploaded`): a try against a down or refusing
+        target is no upload, and a word that flips to "uploading" at each retry resets a fleet's
+        `sync_state{state="failing"}` alert rule (`for: 10m`) before it fires."""
         with self.lock:
-            if failing and new in (SyncState.IDLE, SyncState.SCANNING):
+            self._retrying = failing and new == SyncState.UPLOADING
+            if failing and new in (SyncState.IDLE, SyncState.SCANNING, SyncState.UPLOADING):
                 new = SyncState.FAILING
             check_sync_move(self.state, new)
             self.state = new
@@ -57,6 +62,10 @@ class Board:
 
     def uploaded(self, sent: int) -> None:
         with self.lock:
+            if self._retrying and self.state == SyncState.FAILING:  # the target took a file: back
+                check_sync_move(self.state, SyncState.UPLOADING)
+                self.state = SyncState.UPLOADING
+            self._retrying = False
             self.uploaded_session += 1
             self.stats["files_uploaded"] += 1
             self.stats["bytes_uploaded"] += sent

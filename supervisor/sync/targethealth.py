@@ -93,6 +93,8 @@ class Health:
 
     def begin_try(self) -> None:
         self._counted = False
+        with self.board.lock:
+            self.backoff.begin_try()
 
     def recovered(self, contacted: bool = True) -> None:
         """The target answered (contacted) or nothing is left that could fail."""

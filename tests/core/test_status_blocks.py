@@ -159,3 +159,15 @@ def test_the_fleet_and_the_webhook_read_the_blocks_a_real_daemon_writes(real_sta
     shared = facts_for("training_failed", st)["training"]
     assert "command" in st["training"] and "command" not in shared
     assert shared == {k: v for k, v in st["training"].items() if k != "command"}
+
+
+def test_the_health_block_reads_every_field_a_gpu_health_reading_has():
+    # status/health.py HealthGpu is the read side of gpu/health.py GpuHealth (frozen, `index` required,
+    # built from NVML): it reads another daemon's JSON, where any field may be missing, so it is its
+    # own type; the two must not drift apart
+    from supervisor.gpu.health import GpuHealth
+    from supervisor.status.health import HealthGpu
+
+    assert [f.name for f in dataclasses.fields(HealthGpu) if not f.name.startswith('_')] == [f.name for f in dataclasses.fields(GpuHealth)]
+    g = GpuHealth(index=3, name="H100", ecc_uncorrected_volatile=2, temp_c=71, power_w=650.5)
+    assert HealthGpu.read(dataclasses.asdict(g)) == HealthGpu(**dataclasses.asdict(g))

@@ -75,6 +75,27 @@ def test_backoff_state():
     assert not b.failing and b.failures == 0
 
 
+def test_a_request_during_a_failing_try_is_not_swallowed_by_its_failure():
+    # CI: `supervisorctl sync` (or new keys) came while a try against a down server was under way;
+    # that try's failure set the next try 8 s away and the request was lost with it
+    b = backoff.Backoff()
+    b.failed(100.0, 300, 1.0)
+    b.begin_try()
+    b.retry_now()                                   # asked while the try runs
+    assert b.failed(150.0, 300, 1.0) == 0.0 and b.due(150.0)
+    b.begin_try()                                   # the try after it answers the request
+    assert b.failed(151.0, 300, 1.0) == 8.0 and not b.due(158.0) and b.due(159.0)
+    b.retry_now()
+    b.begin_try()                                   # asked before the try began: that try answers it
+    assert b.failed(160.0, 300, 1.0) == 16.0
+    b.begin_try()
+    b.retry_now()                                   # a target's Retry-After still wins
+    assert b.failed(170.0, 300, 1.0, retry_after=60.0) == 60.0 and not b.asked
+    b.retry_now()
+    b.recovered(200.0)
+    assert not b.asked and b.failed(300.0, 300, 1.0) == 2.0
+
+
 # --- status board --------------------------------------------------------------------------------
 
 def test_rate():
@@ -93,7 +114,14 @@ def test_board_moves_and_shows_failing():
     b.move(SyncState.SCANNING, failing=False)
     b.move(SyncState.IDLE, failing=True)
     assert b.state == SyncState.FAILING
-    b.move(SyncState.UPLOADING, failing=True)
+    b.move(SyncState.UPLOADING, failing=True)   # a retry: no upload until the target takes a file
+    assert b.state == SyncState.FAILING
+    b.uploaded(10)
+    assert b.state == SyncState.UPLOADING
+    b.move(SyncState.IDLE, failing=False)
+    b.uploaded(10)                               # an upload not begun while failing moves nothing
+    assert b.state == SyncState.IDLE
+    b.move(SyncState.UPLOADING, failing=False)
     assert b.state == SyncState.UPLOADING
     off = Board(threading.RLock(), False)
     with pytest.raises(IllegalTransition):
