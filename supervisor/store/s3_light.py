@@ -44,6 +44,7 @@ NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 UNRESERVED = "-_.~"
 ATTEMPTS = 3
 IDLE_KEPT = 16         # connections released for another thread's next request (release())
+XML_MAX = 16 << 20     # an XML answer's bytes at most: a page of 1,000 keys of 1 KiB is ~1.5 MiB
 RETRY_CODES = ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable")
 DIGEST_CODES = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch")
 Keys = tuple[str, str, str]
@@ -95,6 +96,16 @@ def _text(el: ET.Element, name: str) -> str:
     return el.findtext(NS + name) or el.findtext(name) or ""
 
 
+def _int(el: ET.Element, name: str, what: str, default: str = "") -> int:
+    """A number in a store's answer; one that is none is the store's error, not ours (a ValueError
+    would end the pass as an internal error, retried every second instead of backed off)."""
+    v = _text(el, name) or default
+    try:
+        return int(v)
+    except ValueError:
+        raise TargetError(f"S3 {what}: {name} {v[:40]!r} is not a number") from None
+
+
 def _each(root: ET.Element, name: str) -> Iterator[ET.Element]:
     yield from root.iter(NS + name)
     yield from root.iter(name)
@@ -102,12 +113,15 @@ def _each(root: ET.Element, name: str) -> Iterator[ET.Element]:
 
 def parse_listing(body: bytes) -> tuple[list[tuple[str, int, str]], str | None]:
     """(key, size, etag) of a ListObjectsV2 page (keys url-encoded, as asked) and the next token."""
-    root = _xml(body, "list")
+    return _listing(_xml(body, "list"))
+
+
+def _listing(root: ET.Element) -> tuple[list[tuple[str, int, str]], str | None]:
     url = _text(root, "EncodingType") == "url"
     out = []
     for c in _each(root, "Contents"):
         k = _text(c, "Key")
-        out.append((urllib.parse.unquote(k) if url else k, int(_text(c, "Size") or -1), _text(c, "ETag").strip('"')))
+        out.append((urllib.parse.unquote(k) if url else k, _int(c, "Size", "list", "-1"), _text(c, "ETag").strip('"')))
     more = _text(root, "IsTruncated").lower() == "true"
     return out, (_text(root, "NextContinuationToken") or None if more else None)
 
@@ -251,10 +265,13 @@ class LightS3:
 
     def _xml_answer(self, r: http.client.HTTPResponse, what: str) -> ET.Element:
         try:
-            body = r.read()
+            body = r.read(XML_MAX + 1)
         except (OSError, http.client.HTTPException) as e:
             self.drop()
             raise TargetError(f"S3 {what}: {type(e).__name__}: {e}") from None
+        if len(body) > XML_MAX:
+            self.drop()  # what is left of the body must not meet the next request
+            raise TargetError(f"S3 {what}: an answer over {XML_MAX >> 20} MiB: not an S3 store's")
         root = _xml(body, what)
         if root.tag.rsplit("}", 1)[-1] == "Error":  # S3 may fail a copy or a complete after its 200
             code = _text(root, "Code")
@@ -311,12 +328,7 @@ class LightS3:
         q = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
         if token:
             q["continuation-token"] = token
-        r = self.request(None, q, what="list")
-        try:
-            page, nxt = parse_listing(r.read())
-        except (OSError, http.client.HTTPException) as e:
-            self.drop()
-            raise TargetError(f"S3 list {prefix}: {type(e).__name__}: {e}") from None
+        page, nxt = _listing(self._xml_answer(self.request(None, q, what="list"), f"list {prefix}"))
         out: dict[str, Any] = {"Contents": [{"Key": k, "Size": size, "ETag": etag} for k, size, etag in page],
                                "IsTruncated": nxt is not None}
         if nxt:
@@ -386,10 +398,11 @@ class LightS3:
         r = self.request(key, {"uploadId": upload_id, "part-number-marker": str(marker), "max-parts": "1000"},
                          what="list parts")
         root = self._xml_answer(r, f"list parts {key}")
-        parts = {int(_text(p, "PartNumber")): (_text(p, "ETag").strip('"'), int(_text(p, "Size") or -1))
+        what = f"list parts {key}"
+        parts = {_int(p, "PartNumber", what): (_text(p, "ETag").strip('"'), _int(p, "Size", what, "-1"))
                  for p in _each(root, "Part")}
         more = _text(root, "IsTruncated").lower() == "true"
-        return parts, (int(_text(root, "NextPartNumberMarker") or 0) if more else 0)
+        return parts, (_int(root, "NextPartNumberMarker", what, "0") if more else 0)
 
     def list_multipart_uploads(self, prefix: str) -> list[tuple[str, str]]:
         """(key, upload id) of the uploads in progress under prefix (the first 1,000)."""

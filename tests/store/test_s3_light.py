@@ -196,6 +196,50 @@ def test_a_dead_endpoint_is_a_target_error_after_the_attempts():
         light.read("k", 10)
 
 
+@pytest.fixture
+def odd_store():
+    """A loopback store whose 200 answers are what the test sets: a proxy's page, a broken store."""
+    import http.server
+    import threading
+
+    answer = {"body": b""}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer["body"])))
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield answer, LightS3(f"http://127.0.0.1:{srv.server_address[1]}", "b", "us-east-1", KEYS)
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_store_answer_that_is_no_s3_answer_is_a_target_error_never_a_crash_or_a_heap(odd_store):
+    # a ValueError would end the pass as an internal error, retried every second with no backoff
+    answer, light = odd_store
+    listing = b"<ListBucketResult><Contents><Key>k</Key><Size>%s</Size></Contents></ListBucketResult>"
+    answer["body"] = listing % b"5"
+    assert light.list("p") == [("k", 5, "")]
+    answer["body"] = listing % b"five"
+    with pytest.raises(TargetError, match="Size 'five' is not a number"):
+        light.list("p")
+    answer["body"] = b"<ListPartsResult><Part><PartNumber>1e999</PartNumber></Part></ListPartsResult>"
+    with pytest.raises(TargetError, match="PartNumber '1e999' is not a number"):
+        light.list_parts("k", "u", 0)
+    answer["body"] = b"<ListBucketResult>" + b" " * (16 << 20) + b"</ListBucketResult>"
+    with pytest.raises(TargetError, match="an answer over 16 MiB"):
+        light.list("p")
+    answer["body"] = listing % b"7"
+    assert light.list("p") == [("k", 7, "")]  # the connection the big answer left is not reused
+
+
 def test_an_upload_pass_of_small_files_never_imports_boto3(s3_server, s3_prefix, tmp_path):
     """A LoRA run's files are all below the multipart threshold: PUTs, the tokenizer's server-side
     copies, the manifests and the verifying listing all go without boto3, and land verified."""
