@@ -58,8 +58,7 @@ class Committer:
         etags: dict[str, str] = {}
         for s in staged:
             o = have.get(s.path)
-            lfs = getattr(o, "lfs", None) is not None
-            etags[s.path] = s.sha256 if lfs else s.blob
+            etags[s.path] = s.ours(o)
             self._check(s.path, o, s.f.size, etags[s.path], commit)
         for path, (size, etag) in extra.items():
             self._check(path, have.get(path), size, etag, commit)
@@ -112,8 +111,8 @@ class Committer:
         if remote == git_blob_id(mine):
             return len(mine), remote
         theirs = self.repo.download(path)
-        if theirs is not None and manifest_digest(theirs) is not None and manifest_digest(theirs) == manifest_digest(mine) \
-                and git_blob_id(theirs) == remote:
+        digest = manifest_digest(theirs) if theirs is not None else None
+        if digest is not None and digest == manifest_digest(mine) and git_blob_id(theirs) == remote:
             return len(theirs), remote
         return None
 

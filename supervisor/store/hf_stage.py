@@ -49,6 +49,12 @@ class Staged:
     blob: str                # git blob id of the bytes read here ("" for a file sent from its path)
     sent: int                # bytes handed to the client for upload (0: the tree held it already)
 
+    def ours(self, o: Any) -> str:
+        """The id of ours the Hub's tree must list for this file, as it keeps it (`o`, a
+        get_paths_info entry): the sha256 of an LFS file, else the git blob id of our bytes
+        ("" when a file sent from its path became a regular blob: no id of ours to match)."""
+        return self.sha256 if getattr(o, "lfs", None) is not None else self.blob
+
 
 class Stager:
     def __init__(self, repo: HubRepo):
@@ -235,7 +241,7 @@ def in_tree(st: Staged, o: Any) -> bool:
     blob id (a regular file) the Hub lists equals ours."""
     if o is None or getattr(o, "size", None) != st.f.size:
         return False
-    mine = st.sha256 if getattr(o, "lfs", None) is not None else st.blob
+    mine = st.ours(o)
     return bool(mine) and remote_etag(o) == mine
 
 
